@@ -1,0 +1,73 @@
+//! The `lanefs` command.
+
+mod mount_cmd;
+mod options;
+mod stats_cmd;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "lanefs",
+    version,
+    about = "A FUSE file system that keeps scaling: many queues, parallel writes, seeks that never wait",
+    after_help = "Also invoked by mount(8) as `lanefs SOURCE MOUNTPOINT -o OPTIONS` (type fuse.lanefs): that form runs as a daemon."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount a file system: `null:` (the overhead probe) or a host directory (passthrough).
+    Mount(mount_cmd::MountArgs),
+    /// Unmount a lanefs mount; its daemon then exits.
+    Umount {
+        mountpoint: PathBuf,
+        /// Detach now even if files are open; the daemon exits once they are closed.
+        #[arg(long, short = 'l')]
+        lazy: bool,
+    },
+    /// Show a mount's per-operation counts and latencies, protocol and queues.
+    Stats {
+        mountpoint: PathBuf,
+        /// Print the raw JSON document.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let args: Vec<String> = std::env::args().collect();
+    let result = match mount_cmd::fstab_form(&args) {
+        Some(mount_args) => mount_cmd::run(mount_args),
+        None => match Cli::parse().command {
+            Command::Mount(mount_args) => mount_cmd::run(mount_args),
+            Command::Umount { mountpoint, lazy } => mount_cmd::umount(&mountpoint, lazy),
+            Command::Stats { mountpoint, json } => stats_cmd::run(&mountpoint, json),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lanefs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr (the daemon's is the --log file); LANEFS_LOG sets the filter.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LANEFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

@@ -1,0 +1,293 @@
+//! `lanefs mount`, its mount(8) form, the daemon mode, and `lanefs umount`.
+
+use std::io::{self, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use clap::{Args, Parser};
+use lanefs_fs::null::{NullFs, NullOptions};
+use lanefs_fuse::mount::{self, MountSpec};
+use lanefs_fuse::session::{self, MAX_MAX_WRITE, Mounted};
+use lanefs_fuse::{Filesystem, Labels, SessionOptions};
+
+use crate::options;
+
+/// Set in the environment of the re-executed daemon: its stdout is the readiness pipe.
+const DAEMON_CHILD_ENV: &str = "LANEFS_DAEMON_CHILD";
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// `null:` for the null file system, or a host directory to pass through.
+    pub source: String,
+    pub mountpoint: PathBuf,
+    /// Run in the background; return once the mount is ready.
+    #[arg(long, short = 'd')]
+    pub daemon: bool,
+    /// Worker threads, each with its own /dev/fuse queue [default: online CPUs].
+    #[arg(long)]
+    pub queues: Option<usize>,
+    /// Pin each worker to a CPU, spread over NUMA nodes.
+    #[arg(long)]
+    pub pin: bool,
+    /// Serialise direct writes to a file (seed 000 off, for A/B runs).
+    #[arg(long)]
+    pub no_parallel_writes: bool,
+    /// Size of null's `data` file [default: 1T].
+    #[arg(long, value_parser = options::parse_size)]
+    pub size: Option<u64>,
+    /// Largest write request, 4k..1M [default: 1M].
+    #[arg(long, value_parser = options::parse_size)]
+    pub max_write: Option<u64>,
+    /// Background requests the kernel keeps in flight [default: 128].
+    #[arg(long)]
+    pub max_background: Option<u16>,
+    /// Let other users use the mount (always on as root).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Let the kernel check permissions from file modes (always on as root).
+    #[arg(long)]
+    pub default_permissions: bool,
+    /// Mount read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Honour set-user-id bits (off by default, like fusermount).
+    #[arg(long)]
+    pub suid: bool,
+    /// Honour device files (off by default, like fusermount).
+    #[arg(long)]
+    pub dev: bool,
+    #[arg(long)]
+    pub noexec: bool,
+    #[arg(long)]
+    pub noatime: bool,
+    /// The mount's source as shown by df and findmnt [default: SOURCE].
+    #[arg(long)]
+    pub fsname: Option<String>,
+    /// Where the daemon logs [default: nowhere].
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+    /// Options in mount(8) form: queues=N,pin,no_parallel_writes,size=1T,ro,...
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// Fault injection for the engine's tests: null panics when this name is looked up.
+    #[arg(long, hide = true)]
+    pub panic_on_lookup: Option<String>,
+}
+
+#[derive(Parser)]
+#[command(name = "lanefs", no_binary_name = true)]
+struct FstabForm {
+    #[command(flatten)]
+    args: MountArgs,
+    /// Foreground (mount.fuse3 never passes it; for debugging the fstab form).
+    #[arg(short = 'f')]
+    foreground: bool,
+}
+
+/// Recognises `lanefs SOURCE MOUNTPOINT -o ...`, the form mount.fuse3 runs; it daemonizes.
+pub fn fstab_form(argv: &[String]) -> Option<MountArgs> {
+    let first = argv.get(1)?;
+    let subcommands = ["mount", "umount", "stats", "bench", "help"];
+    if first.starts_with('-') || subcommands.contains(&first.as_str()) || argv.len() < 3 {
+        return None;
+    }
+    let form = FstabForm::try_parse_from(&argv[1..]).unwrap_or_else(|e| e.exit());
+    let mut args = form.args;
+    args.daemon = !form.foreground;
+    Some(args)
+}
+
+pub fn run(mut args: MountArgs) -> io::Result<()> {
+    let lists = std::mem::take(&mut args.options);
+    options::apply(&mut args, &lists).map_err(invalid)?;
+    let child = std::env::var_os(DAEMON_CHILD_ENV).is_some();
+    if args.daemon && !child {
+        return spawn_daemon(&args);
+    }
+    let mountpoint = mount::absolute(&args.mountpoint)?;
+    let source = args.source.clone();
+    let session_options = session_options(&args)?;
+    let spec = mount_spec(&args, &mountpoint);
+    if child {
+        // Do not keep the caller's working directory (and its file system) busy.
+        std::env::set_current_dir("/")?;
+    }
+    let ready = move |mounted: &Mounted| {
+        if child {
+            report_ready(&format!("OK {}", mounted.line));
+        } else {
+            println!("{}", mounted.line);
+        }
+    };
+    let result = if source == "null:" {
+        let fs = NullFs::new(NullOptions {
+            size: args.size.unwrap_or(NullOptions::default().size),
+            parallel_writes: !args.no_parallel_writes,
+            panic_on_lookup: args.panic_on_lookup.clone(),
+        });
+        serve(fs, &spec, &session_options, &source, "null", ready)
+    } else {
+        Err(invalid(format!(
+            "unknown source {source:?}: use `null:` (passthrough of a directory is not built yet)"
+        )))
+    };
+    if let Err(e) = &result
+        && child
+    {
+        report_ready(&format!("ERR {e}"));
+    }
+    result
+}
+
+fn serve<F: Filesystem>(
+    fs: F,
+    spec: &MountSpec,
+    opts: &SessionOptions,
+    source: &str,
+    filesystem: &str,
+    ready: impl FnOnce(&Mounted),
+) -> io::Result<()> {
+    let labels = Labels {
+        source: source.to_owned(),
+        filesystem: filesystem.to_owned(),
+    };
+    session::run(Arc::new(fs), spec, opts, labels, ready)
+}
+
+fn session_options(args: &MountArgs) -> io::Result<SessionOptions> {
+    let mut opts = SessionOptions::default();
+    if let Some(queues) = args.queues {
+        if queues == 0 || queues > 1024 {
+            return Err(invalid(format!("--queues {queues}: use 1..1024")));
+        }
+        opts.queues = queues;
+    }
+    opts.pin = args.pin;
+    if let Some(max_write) = args.max_write {
+        if !(4096..=MAX_MAX_WRITE as u64).contains(&max_write) || max_write % 4096 != 0 {
+            return Err(invalid(format!(
+                "--max-write {max_write}: use a multiple of 4k from 4k to 1M"
+            )));
+        }
+        opts.max_write = max_write as u32;
+    }
+    if let Some(max_background) = args.max_background {
+        opts.max_background = max_background.max(1);
+    }
+    Ok(opts)
+}
+
+fn mount_spec(args: &MountArgs, mountpoint: &Path) -> MountSpec {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut flags = 0;
+    for (set, flag) in [
+        (!args.suid, libc::MS_NOSUID),
+        (!args.dev, libc::MS_NODEV),
+        (args.read_only, libc::MS_RDONLY),
+        (args.noexec, libc::MS_NOEXEC),
+        (args.noatime, libc::MS_NOATIME),
+    ] {
+        if set {
+            flags |= flag;
+        }
+    }
+    MountSpec {
+        mountpoint: mountpoint.to_owned(),
+        fsname: args.fsname.clone().unwrap_or_else(|| args.source.clone()),
+        allow_other: args.allow_other || root,
+        default_permissions: args.default_permissions || root,
+        flags,
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg.into())
+}
+
+/// The daemon tells its parent how mounting went on its stdout (a pipe), then points stdout
+/// at /dev/null so the parent sees end-of-file.
+fn report_ready(line: &str) {
+    let mut stdout = io::stdout().lock();
+    let _ = writeln!(stdout, "{line}");
+    let _ = stdout.flush();
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: both fds are open; dup2 atomically replaces fd 1.
+        unsafe { libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO) };
+    }
+}
+
+/// Re-executes this command in a new session with its stdout as a pipe, and waits until the
+/// child says the mount is ready (or why it is not).
+fn spawn_daemon(args: &MountArgs) -> io::Result<()> {
+    let log = match &args.log {
+        Some(path) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("log file {}: {e}", path.display()))
+                })?,
+        ),
+        None => Stdio::null(),
+    };
+    let mut command = Command::new(std::env::current_exe()?);
+    command
+        .args(std::env::args_os().skip(1))
+        .env(DAEMON_CHILD_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our terminal.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn()?;
+    let mut report = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout is piped")
+        .read_to_string(&mut report)?;
+    let report = report.trim_end();
+    if let Some(line) = report.strip_prefix("OK ") {
+        println!("{line} (daemon pid {})", child.id());
+        return Ok(());
+    }
+    let status = child.wait()?;
+    match report.strip_prefix("ERR ") {
+        Some(msg) => Err(io::Error::other(msg.to_owned())),
+        None => Err(io::Error::other(format!(
+            "the daemon exited ({status}) before the mount was ready{}",
+            args.log
+                .as_ref()
+                .map(|l| format!("; see {}", l.display()))
+                .unwrap_or_default()
+        ))),
+    }
+}
+
+pub fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
+    let mountpoint = mount::absolute(mountpoint)?;
+    match mount::find_mount(&mountpoint)? {
+        Some(info) if info.fstype.starts_with("fuse") => mount::unmount(&mountpoint, lazy),
+        Some(info) => Err(invalid(format!(
+            "{} is a {} mount, not a FUSE one",
+            mountpoint.display(),
+            info.fstype
+        ))),
+        None => Err(invalid(format!(
+            "{} is not a mount point",
+            mountpoint.display()
+        ))),
+    }
+}

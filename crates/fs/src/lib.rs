@@ -1,0 +1,3 @@
+//! lanefs's file systems: `null` (the overhead probe) and `passthrough` (a host directory).
+
+pub mod null;

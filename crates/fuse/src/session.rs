@@ -1,0 +1,483 @@
+//! A mounted session: mount, answer INIT, open one queue per worker, serve until the
+//! connection ends, then tear down.
+//!
+//! Threads of a session: one worker per queue (each blocking on its own /dev/fuse fd), the
+//! control-socket listener, and a signal thread that turns SIGINT/SIGTERM/SIGHUP into a lazy
+//! unmount. Workers share nothing mutable but the file system itself; each owns its read
+//! buffer, allocated after it is pinned so the memory comes from its own NUMA node.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::abi::{self, init_flags, opcode};
+use crate::control::{self, ControlSocket};
+use crate::dev::{self, DevSink, ReadOutcome};
+use crate::filesystem::{Connection, Filesystem, InitRequest};
+use crate::mount::{self, MountSpec};
+use crate::reply::{QueueHandle, Reply};
+use crate::request::{self, Operation, WireFormat};
+use crate::stats::{self, QueueSnapshot, StatsSnapshot};
+use crate::topology::{self, Topology};
+
+/// The newest protocol minor version we speak.
+pub const PROTOCOL_MINOR: u32 = 45;
+/// The oldest kernel protocol we accept (Linux 5.10 speaks 7.32).
+const MIN_KERNEL_MINOR: u32 = 31;
+/// The largest max_write the kernel accepts (its FUSE_MAX_MAX_PAGES of 256 pages).
+pub const MAX_MAX_WRITE: u32 = 256 * 4096;
+/// Extra read-buffer room beyond max_write: headers, and SETXATTR's 64 KiB value limit.
+const BUFFER_SLACK: usize = 64 * 1024 + 8192;
+/// How long a signalled daemon waits for open files to close before aborting the connection.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How to run a session.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// Worker threads, each with its own /dev/fuse fd.
+    pub queues: usize,
+    /// Pin each worker to one CPU, spread across NUMA nodes.
+    pub pin: bool,
+    /// Largest write the kernel sends in one request (4 KiB..1 MiB).
+    pub max_write: u32,
+    /// Background requests (async reads, async direct I/O) the kernel keeps in flight.
+    pub max_background: u16,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            queues: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            pin: false,
+            max_write: MAX_MAX_WRITE,
+            max_background: 128,
+        }
+    }
+}
+
+/// Names shown in the mount line and in `lanefs stats`.
+#[derive(Debug, Clone)]
+pub struct Labels {
+    /// What is mounted (`null:`, a directory).
+    pub source: String,
+    /// Which file system serves it (`null`, `passthrough`).
+    pub filesystem: String,
+}
+
+/// The flags the engine itself implements, whatever the file system.
+const ENGINE_FLAGS: u64 = init_flags::ASYNC_READ
+    | init_flags::BIG_WRITES
+    | init_flags::MAX_PAGES
+    | init_flags::PARALLEL_DIROPS
+    | init_flags::ASYNC_DIO
+    | init_flags::DIRECT_IO_ALLOW_MMAP
+    | init_flags::INIT_EXT;
+
+/// The INIT flags the kernel offers (flags2 holds bits 32-63 when INIT_EXT is set).
+pub fn offered_flags(kernel: &abi::InitIn) -> u64 {
+    let mut offered = kernel.flags as u64;
+    if offered & init_flags::INIT_EXT != 0 {
+        offered |= (kernel.flags2 as u64) << 32;
+    }
+    offered
+}
+
+/// Settles INIT: the answer to the kernel and the connection the file system will see.
+pub fn negotiate(
+    kernel: &abi::InitIn,
+    fs_want: InitRequest,
+    opts: &SessionOptions,
+) -> io::Result<(abi::InitOut, Connection)> {
+    if kernel.major != 7 || kernel.minor < MIN_KERNEL_MINOR {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "the kernel speaks FUSE {}.{}; lanefs needs 7.{MIN_KERNEL_MINOR} or newer",
+                kernel.major, kernel.minor
+            ),
+        ));
+    }
+    let flags = (ENGINE_FLAGS | fs_want.want) & offered_flags(kernel);
+    let max_write = opts.max_write.clamp(4096, MAX_MAX_WRITE);
+    let mut out = abi::InitOut {
+        major: 7,
+        minor: kernel.minor.min(PROTOCOL_MINOR),
+        max_readahead: kernel.max_readahead,
+        flags: flags as u32,
+        flags2: (flags >> 32) as u32,
+        max_background: opts.max_background.max(1),
+        congestion_threshold: (opts.max_background.max(1) as u32 * 3 / 4).max(1) as u16,
+        max_write,
+        time_gran: 1,
+        ..Default::default()
+    };
+    if flags & init_flags::MAX_PAGES != 0 {
+        out.max_pages = max_write.div_ceil(4096) as u16;
+    }
+    if flags & init_flags::PASSTHROUGH != 0 {
+        out.max_stack_depth = fs_want.max_stack_depth.max(1);
+    }
+    let conn = Connection {
+        minor: out.minor,
+        flags,
+        max_write,
+        session_fd: -1,
+    };
+    Ok((out, conn))
+}
+
+/// What the mount line says once a session serves.
+pub struct Mounted {
+    pub line: String,
+    pub mountpoint: PathBuf,
+}
+
+/// Blocks the shutdown signals in the calling thread (and so in every thread it starts), so
+/// that only the session's signal thread receives them.
+fn shutdown_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        set
+    }
+}
+
+/// Mounts `fs` and serves it until the file system is unmounted (by `umount`, `lanefs
+/// umount`, or a signal). `ready` runs once the mount answers requests.
+pub fn run<F: Filesystem>(
+    fs: Arc<F>,
+    spec: &MountSpec,
+    opts: &SessionOptions,
+    labels: Labels,
+    ready: impl FnOnce(&Mounted),
+) -> io::Result<()> {
+    let signals = shutdown_signals();
+    // SAFETY: signals is an initialised set; blocking signals has no memory effects.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
+
+    let session_fd = Arc::new(mount::mount(spec)?);
+    // From here on, a failure before serving must not leave a dead mount behind.
+    let unmount_on_error = |e: io::Error| {
+        if let Err(u) = mount::unmount(&spec.mountpoint, true) {
+            tracing::warn!("{u}");
+        }
+        e
+    };
+    let topology = Topology::read().unwrap_or_else(|e| {
+        tracing::warn!("cannot read the CPU topology ({e}); assuming one node");
+        Topology::single(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    });
+    let queues = opts.queues.max(1);
+    let cpus = opts.pin.then(|| topology.spread(queues));
+    let queue_handle = |id: usize, fd: &Arc<OwnedFd>| {
+        let cpu = cpus.as_ref().map(|c| c[id]);
+        Arc::new(QueueHandle {
+            sink: Box::new(DevSink { fd: fd.clone() }),
+            stats: stats::QueueStats::new(id, cpu, cpu.and_then(|c| topology.node_of(c))),
+        })
+    };
+
+    // Queue 0 serves on the session fd; the others on clones, whose replies go back on them.
+    let mut handles = vec![queue_handle(0, &session_fd)];
+    let conn = answer_init(&*fs, &session_fd, &handles[0], opts).map_err(unmount_on_error)?;
+    let wire = WireFormat {
+        setxattr_ext: conn.flags & init_flags::SETXATTR_EXT != 0,
+    };
+    fs.connected(&conn);
+    let mut queue_fds = vec![session_fd.clone()];
+    for id in 1..queues {
+        let fd = Arc::new(mount::clone_queue_fd(session_fd.as_raw_fd()).map_err(|e| {
+            unmount_on_error(io::Error::new(
+                e.kind(),
+                format!("cloning a /dev/fuse queue failed: {e}"),
+            ))
+        })?);
+        handles.push(queue_handle(id, &fd));
+        queue_fds.push(fd);
+    }
+    let handles = Arc::new(handles);
+
+    let control = start_control(&spec.mountpoint, &fs, &handles, &labels, &conn);
+    let finished = Arc::new(AtomicBool::new(false));
+    let signal_thread = {
+        let finished = finished.clone();
+        let mountpoint = spec.mountpoint.clone();
+        std::thread::Builder::new()
+            .name("lanefs-signals".into())
+            .spawn(move || wait_for_shutdown(signals, &mountpoint, &finished))?
+    };
+
+    let buffer_size = conn.max_write as usize + BUFFER_SLACK;
+    let workers: Vec<_> = queue_fds
+        .into_iter()
+        .zip(handles.iter().cloned())
+        .map(|(fd, handle)| {
+            let fs = fs.clone();
+            std::thread::Builder::new()
+                .name(format!("lanefs-q{}", handle.stats.id))
+                .spawn(move || {
+                    if let Some(cpu) = handle.stats.cpu
+                        && let Err(e) = topology::pin_current_thread(cpu)
+                    {
+                        tracing::warn!(queue = handle.stats.id, "pinning to CPU {cpu} failed: {e}");
+                    }
+                    // Allocated and first touched here, after pinning: node-local memory.
+                    let mut buf = vec![0u8; buffer_size];
+                    if let Err(e) = dev::serve_queue(&*fs, wire, &fd, &handle, &mut buf) {
+                        tracing::error!(queue = handle.stats.id, "queue stopped: {e}");
+                    }
+                })
+        })
+        .collect::<io::Result<_>>()?;
+
+    let pinned = if opts.pin { ", pinned" } else { "" };
+    ready(&Mounted {
+        line: format!(
+            "mounted {} on {} ({} queue{}{pinned}, transport /dev/fuse)",
+            labels.source,
+            spec.mountpoint.display(),
+            queues,
+            if queues == 1 { "" } else { "s" },
+        ),
+        mountpoint: spec.mountpoint.clone(),
+    });
+
+    for worker in workers {
+        if worker.join().is_err() {
+            tracing::error!("a queue worker panicked outside a request");
+        }
+    }
+    finished.store(true, Ordering::Release);
+    drop(control);
+    fs.destroy();
+    let _ = signal_thread.join();
+    tracing::info!("{} unmounted; exiting", spec.mountpoint.display());
+    Ok(())
+}
+
+/// Reads INIT from the session fd, negotiates and answers it.
+fn answer_init<F: Filesystem>(
+    fs: &F,
+    session_fd: &OwnedFd,
+    queue: &Arc<QueueHandle>,
+    opts: &SessionOptions,
+) -> io::Result<Connection> {
+    let mut buf = vec![0u8; opts.max_write as usize + BUFFER_SLACK];
+    let n = loop {
+        match dev::read_request(session_fd, &mut buf)? {
+            ReadOutcome::Request(n) => break n,
+            ReadOutcome::Retry => continue,
+            ReadOutcome::Ended => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the kernel closed the connection before INIT",
+                ));
+            }
+        }
+    };
+    let started = Instant::now();
+    let (header, body) = request::split_header(&buf[..n])
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad INIT: {e}")))?;
+    let reply = Reply::new(header.unique, 0, header.opcode, started, queue.clone());
+    let kernel = match request::decode(header.opcode, body, WireFormat::default()) {
+        Ok(Operation::Init { arg }) => arg,
+        other => {
+            reply.error(libc::EPROTO);
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "expected INIT from the kernel, got {} ({:?})",
+                    opcode::name(header.opcode),
+                    other.err()
+                ),
+            ));
+        }
+    };
+    let (out, mut conn) = match negotiate(&kernel, fs.init(offered_flags(&kernel)), opts) {
+        Ok(settled) => settled,
+        Err(e) => {
+            reply.error(libc::EPROTO);
+            return Err(e);
+        }
+    };
+    conn.session_fd = session_fd.as_raw_fd();
+    tracing::debug!(
+        kernel = format!("7.{}", kernel.minor),
+        flags = init_flags::describe(conn.flags),
+        "INIT"
+    );
+    reply.init(&out);
+    Ok(conn)
+}
+
+fn start_control<F: Filesystem>(
+    mountpoint: &Path,
+    fs: &Arc<F>,
+    queues: &Arc<Vec<Arc<QueueHandle>>>,
+    labels: &Labels,
+    conn: &Connection,
+) -> Option<ControlSocket> {
+    let info = match mount::find_mount(mountpoint) {
+        Ok(Some(info)) => info,
+        other => {
+            tracing::warn!("cannot find our mount in mountinfo ({other:?}); no `lanefs stats`");
+            return None;
+        }
+    };
+    let path = control::socket_path(&info);
+    let (fs, queues, labels, conn) = (fs.clone(), queues.clone(), labels.clone(), *conn);
+    let mountpoint = mountpoint.display().to_string();
+    let snapshot = move || StatsSnapshot {
+        source: labels.source.clone(),
+        mountpoint: mountpoint.clone(),
+        filesystem: labels.filesystem.clone(),
+        transport: "/dev/fuse".into(),
+        protocol: format!("7.{}", conn.minor),
+        flags: init_flags::describe(conn.flags),
+        max_write: conn.max_write,
+        queues: queues
+            .iter()
+            .map(|q| QueueSnapshot {
+                id: q.stats.id,
+                cpu: q.stats.cpu,
+                node: q.stats.node,
+                requests: q.stats.requests(),
+            })
+            .collect(),
+        ops: stats::merge_ops(&queues.iter().map(|q| &q.stats).collect::<Vec<_>>()),
+        counters: fs.counters(),
+    };
+    match ControlSocket::start(&path, snapshot) {
+        Ok(socket) => Some(socket),
+        Err(e) => {
+            tracing::warn!("control socket {} unavailable: {e}", path.display());
+            None
+        }
+    }
+}
+
+/// The signal thread: a shutdown signal unmounts lazily, so the queues see the connection end
+/// once the last open file closes; if files stay open past the grace period, the connection
+/// is aborted through fusectl so the daemon still exits.
+fn wait_for_shutdown(signals: libc::sigset_t, mountpoint: &Path, finished: &AtomicBool) {
+    let tick = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 200_000_000,
+    };
+    let mut signalled_at: Option<Instant> = None;
+    while !finished.load(Ordering::Acquire) {
+        // SAFETY: signals is initialised and blocked in this thread; info is writable.
+        let sig = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::sigtimedwait(&signals, &mut info, &tick)
+        };
+        if sig > 0 && signalled_at.is_none() {
+            tracing::info!("signal {sig}: unmounting {}", mountpoint.display());
+            signalled_at = Some(Instant::now());
+            let device = mount::find_mount(mountpoint).ok().flatten();
+            if let Err(e) = mount::unmount(mountpoint, true) {
+                tracing::warn!("{e}");
+            }
+            if let Some(device) = device {
+                let finished_wait = Instant::now();
+                while !finished.load(Ordering::Acquire) && finished_wait.elapsed() < SHUTDOWN_GRACE
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if !finished.load(Ordering::Acquire) {
+                    tracing::warn!(
+                        "files still open after {SHUTDOWN_GRACE:?}; aborting the connection"
+                    );
+                    abort_connection(device.minor);
+                }
+            }
+        }
+    }
+}
+
+/// Aborts a FUSE connection through fusectl (/sys/fs/fuse/connections/N/abort).
+fn abort_connection(device_minor: u32) {
+    let abort = format!("/sys/fs/fuse/connections/{device_minor}/abort");
+    if let Err(e) = std::fs::write(&abort, "1") {
+        tracing::error!("cannot abort the connection via {abort}: {e}; exiting anyway");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(minor: u32, flags: u64) -> abi::InitIn {
+        abi::InitIn {
+            major: 7,
+            minor,
+            max_readahead: 131072,
+            flags: flags as u32,
+            flags2: (flags >> 32) as u32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn negotiate_intersects_with_what_the_kernel_offers() {
+        let offered = ENGINE_FLAGS | init_flags::PASSTHROUGH | init_flags::POSIX_LOCKS;
+        let want = InitRequest {
+            want: init_flags::PASSTHROUGH | init_flags::WRITEBACK_CACHE,
+            max_stack_depth: 1,
+        };
+        let (out, conn) =
+            negotiate(&kernel(45, offered), want, &SessionOptions::default()).unwrap();
+        assert_eq!(out.minor, 45);
+        assert_ne!(conn.flags & init_flags::PASSTHROUGH, 0);
+        // Asked for, not offered.
+        assert_eq!(conn.flags & init_flags::WRITEBACK_CACHE, 0);
+        // Offered, not asked for.
+        assert_eq!(conn.flags & init_flags::POSIX_LOCKS, 0);
+        assert_eq!(out.flags2, (conn.flags >> 32) as u32);
+        assert_eq!(out.max_stack_depth, 1);
+        assert_eq!(out.max_write, MAX_MAX_WRITE);
+        assert_eq!(out.max_pages, 256);
+    }
+
+    #[test]
+    fn negotiate_speaks_the_older_minor_and_clamps_max_write() {
+        let opts = SessionOptions {
+            max_write: 10,
+            ..Default::default()
+        };
+        let (out, conn) =
+            negotiate(&kernel(38, ENGINE_FLAGS), InitRequest::default(), &opts).unwrap();
+        assert_eq!(out.minor, 38);
+        assert_eq!(conn.max_write, 4096);
+        assert_eq!(out.max_pages, 1);
+        assert_eq!(out.max_stack_depth, 0);
+    }
+
+    #[test]
+    fn negotiate_without_init_ext_ignores_flags2() {
+        let mut k = kernel(45, init_flags::ASYNC_READ);
+        k.flags2 = u32::MAX;
+        let (out, conn) =
+            negotiate(&k, InitRequest::default(), &SessionOptions::default()).unwrap();
+        assert_eq!(conn.flags, init_flags::ASYNC_READ);
+        assert_eq!(out.flags2, 0);
+    }
+
+    #[test]
+    fn negotiate_refuses_old_kernels() {
+        let err = negotiate(
+            &kernel(26, 0),
+            InitRequest::default(),
+            &SessionOptions::default(),
+        );
+        assert!(err.unwrap_err().to_string().contains("7.26"));
+    }
+}
