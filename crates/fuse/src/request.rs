@@ -248,7 +248,7 @@ pub fn split_header(buf: &[u8]) -> Result<(RequestHeader, &[u8]), DecodeError> {
     };
     let (header, _) = abi::InHeader::ref_from_prefix(buf).map_err(|_| bad_length(0))?;
     let len = header.len as usize;
-    if len < size_of::<abi::InHeader>() || len > buf.len() {
+    if len < size_of::<abi::InHeader>() || len != buf.len() {
         return Err(bad_length(header.len));
     }
     // Extensions (security context, supplementary groups) follow the op's arguments; we do not
@@ -487,7 +487,7 @@ mod tests {
     #[test]
     fn extensions_are_stripped_from_the_body() {
         let mut buf = request(opcode::LOOKUP, b"name\0\x01\x02\x03\x04\x05\x06\x07\x08");
-        buf[32] = 1; // total_extlen = 1 (8 bytes)
+        buf[36] = 1; // total_extlen = 1 (8 bytes)
         let (_, body) = split_header(&buf).unwrap();
         assert_eq!(body, b"name\0");
     }

@@ -22,6 +22,7 @@ use crate::reply::{QueueHandle, Reply};
 use crate::request::{self, Operation, WireFormat};
 use crate::stats::{self, QueueSnapshot, StatsSnapshot};
 use crate::topology::{self, Topology};
+use zerocopy::IntoBytes;
 
 /// The newest protocol minor version we speak.
 pub const PROTOCOL_MINOR: u32 = 45;
@@ -228,9 +229,11 @@ pub fn run<F: Filesystem>(
                     {
                         tracing::warn!(queue = handle.stats.id, "pinning to CPU {cpu} failed: {e}");
                     }
-                    // Allocated and first touched here, after pinning: node-local memory.
-                    let mut buf = vec![0u8; buffer_size];
-                    if let Err(e) = dev::serve_queue(&*fs, wire, &fd, &handle, &mut buf) {
+                    // Allocated and first touched here, after pinning: node-local memory. Words,
+                    // so that the argument structs in it are aligned for zero-copy decoding.
+                    let mut words = vec![0u64; buffer_size.div_ceil(8)];
+                    let buf = words.as_mut_bytes();
+                    if let Err(e) = dev::serve_queue(&*fs, wire, &fd, &handle, buf) {
                         tracing::error!(queue = handle.stats.id, "queue stopped: {e}");
                     }
                 })
@@ -269,9 +272,10 @@ fn answer_init<F: Filesystem>(
     queue: &Arc<QueueHandle>,
     opts: &SessionOptions,
 ) -> io::Result<Connection> {
-    let mut buf = vec![0u8; opts.max_write as usize + BUFFER_SLACK];
+    let mut words = vec![0u64; (opts.max_write as usize + BUFFER_SLACK).div_ceil(8)];
+    let buf = words.as_mut_bytes();
     let n = loop {
-        match dev::read_request(session_fd, &mut buf)? {
+        match dev::read_request(session_fd, buf)? {
             ReadOutcome::Request(n) => break n,
             ReadOutcome::Retry => continue,
             ReadOutcome::Ended => {
@@ -402,9 +406,27 @@ fn wait_for_shutdown(signals: libc::sigset_t, mountpoint: &Path, finished: &Atom
     }
 }
 
-/// Aborts a FUSE connection through fusectl (/sys/fs/fuse/connections/N/abort).
+/// Aborts a FUSE connection through fusectl (/sys/fs/fuse/connections/N/abort), mounting
+/// fusectl first if nobody has.
 fn abort_connection(device_minor: u32) {
-    let abort = format!("/sys/fs/fuse/connections/{device_minor}/abort");
+    const FUSECTL: &str = "/sys/fs/fuse/connections";
+    let abort = format!("{FUSECTL}/{device_minor}/abort");
+    if !Path::new(&abort).exists() {
+        let target = std::ffi::CString::new(FUSECTL).expect("no NUL");
+        // SAFETY: all pointers are valid NUL-terminated strings; data may be null.
+        let rc = unsafe {
+            libc::mount(
+                c"fusectl".as_ptr(),
+                target.as_ptr(),
+                c"fusectl".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            tracing::warn!("mounting fusectl on {FUSECTL}: {}", io::Error::last_os_error());
+        }
+    }
     if let Err(e) = std::fs::write(&abort, "1") {
         tracing::error!("cannot abort the connection via {abort}: {e}; exiting anyway");
         std::process::exit(1);

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets up a Debian 12 machine (as root), builds lanefs, installs it as /usr/local/bin/lanefs
+# (so that `mount -t fuse.lanefs` and fstab find it), mounts it and shows it working.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release --locked
+install -m 755 target/release/lanefs /usr/local/bin/lanefs
+
+run() { echo "+ $*"; "$@"; }
+mnt=$(mktemp -d /tmp/lanefs-demo.XXXXXX)
+trap 'lanefs umount --lazy "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true' EXIT
+
+echo "== the null file system: the engine's overhead probe"
+run lanefs mount --daemon null: "$mnt"
+run ls -l "$mnt"
+run fio --name=randread --filename="$mnt/data" --rw=randread --bs=4k --direct=1 \
+  --ioengine=psync --numjobs=2 --size=256M --runtime=3 --time_based --group_reporting \
+  --output-format=terse --terse-version=3 | awk -F';' '{printf "4k randread, 2 jobs: %s IOPS\n", $8}'
+run lanefs stats "$mnt"
+run lanefs umount "$mnt"
