@@ -24,7 +24,11 @@ fn null_reads_and_writes_of_known_sizes() {
             .collect();
         assert_eq!(names, ["data"]);
 
-        let file = OpenOptions::new().read(true).write(true).open(&data).unwrap();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&data)
+            .unwrap();
         let mut buf = vec![1u8; MIB];
         assert_eq!(file.read_at(&mut buf, 0).unwrap(), MIB);
         assert!(buf.iter().all(|&b| b == 0), "null reads zeros");
@@ -96,7 +100,10 @@ fn fio_matrix_on_one_and_four_queues() {
             .map(|q| q["requests"].as_u64().unwrap())
             .collect();
         assert_eq!(per_queue.len(), queues.parse::<usize>().unwrap());
-        assert!(per_queue.iter().all(|&r| r > 0), "idle queue: {per_queue:?}");
+        assert!(
+            per_queue.iter().all(|&r| r > 0),
+            "idle queue: {per_queue:?}"
+        );
         m.unmount();
     }
 }
@@ -203,9 +210,16 @@ fn stats_show_ops_protocol_and_queues() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for expected in ["FUSE 7.", "PARALLEL_DIROPS", "queue", "write", "p99 us"] {
-        assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
     }
     m.unmount();
 }
@@ -238,7 +252,10 @@ fn bad_mount_points_get_an_explanation() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("already a FUSE mount"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("already a FUSE mount"),
+        "{err}"
+    );
     m.unmount();
 }
 
@@ -254,7 +271,10 @@ fn a_dead_mount_is_explained_and_can_be_cleared() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("dead FUSE mount"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("dead FUSE mount"),
+        "{err}"
+    );
     let status = Command::new(common::lanefs())
         .arg("umount")
         .arg(&m.mountpoint)
@@ -285,7 +305,11 @@ fn mount_8_and_its_options_reach_lanefs() {
         .output()
         .unwrap();
     let guard = scopeguard(&mountpoint);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         std::fs::metadata(mountpoint.join("data")).unwrap().size(),
         1 << 30
@@ -297,7 +321,13 @@ fn mount_8_and_its_options_reach_lanefs() {
         .unwrap();
     let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
     assert_eq!(stats["queues"].as_array().unwrap().len(), 3);
-    assert!(Command::new("umount").arg(&mountpoint).status().unwrap().success());
+    assert!(
+        Command::new("umount")
+            .arg(&mountpoint)
+            .status()
+            .unwrap()
+            .success()
+    );
     drop(guard);
 }
 
@@ -312,4 +342,86 @@ fn scopeguard(path: &std::path::Path) -> impl Drop + '_ {
         }
     }
     Guard(path)
+}
+
+#[test]
+fn a_regular_user_mounts_through_fusermount3() {
+    use std::os::unix::fs::PermissionsExt;
+    if Command::new("setpriv").arg("--version").output().is_err()
+        || Command::new("fusermount3").arg("-V").output().is_err()
+    {
+        eprintln!("setpriv or fusermount3 missing: skipping");
+        return;
+    }
+    // Some VMs create /dev/fuse 0600; Debian's udev makes it 0666. Open it up for this test.
+    let original = std::fs::metadata("/dev/fuse").unwrap().permissions();
+    struct Restore(std::fs::Permissions);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::set_permissions("/dev/fuse", self.0.clone());
+        }
+    }
+    let _restore = Restore(original.clone());
+    std::fs::set_permissions(
+        "/dev/fuse",
+        std::fs::Permissions::from_mode(original.mode() | 0o666),
+    )
+    .unwrap();
+
+    let dir = TempDir::new("user");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The test binary's directory may not be reachable by nobody: use a copy.
+    let bin = dir.path().join("lanefs");
+    std::fs::copy(common::lanefs(), &bin).unwrap();
+    let mountpoint = dir.path().join("mnt");
+    std::fs::create_dir(&mountpoint).unwrap();
+    Command::new("chown")
+        .args(["nobody"])
+        .arg(&mountpoint)
+        .status()
+        .unwrap();
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                "env",
+                "XDG_RUNTIME_DIR=",
+            ])
+            .arg(&bin)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mp = mountpoint.to_str().unwrap();
+    let out = as_nobody(&["mount", "--daemon", "--queues", "2", "null:", mp]);
+    let guard = scopeguard(&mountpoint);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    let pid: u32 = line
+        .rsplit_once("(daemon pid ")
+        .and_then(|(_, rest)| rest.trim().trim_end_matches(')').parse().ok())
+        .unwrap();
+    let info = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let ours = info.lines().find(|l| l.contains(mp)).expect("mounted");
+    assert!(ours.contains("user_id=65534"), "{ours}");
+    let stats = as_nobody(&["stats", mp]);
+    assert!(
+        stats.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stats.stderr)
+    );
+    let umount = as_nobody(&["umount", mp]);
+    assert!(
+        umount.status.success(),
+        "{}",
+        String::from_utf8_lossy(&umount.stderr)
+    );
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
+    drop(guard);
 }

@@ -304,13 +304,15 @@ fn mount_fusermount(spec: &MountSpec) -> io::Result<OwnedFd> {
     if spec.flags & libc::MS_RDONLY != 0 {
         opts.push("ro".into());
     }
-    let status = Command::new("fusermount3")
+    // Its stderr is captured so that its reason reaches the user in daemon mode too.
+    let output = Command::new("fusermount3")
         .arg("-o")
         .arg(opts.join(","))
         .arg("--")
         .arg(&spec.mountpoint)
         .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
-        .status()
+        .stdin(std::process::Stdio::null())
+        .output()
         .map_err(|e| {
             explained(
                 e.kind(),
@@ -318,12 +320,15 @@ fn mount_fusermount(spec: &MountSpec) -> io::Result<OwnedFd> {
             )
         })?;
     drop(theirs);
-    if !status.success() {
+    if !output.status.success() {
+        let reason = String::from_utf8_lossy(&output.stderr);
         return Err(explained(
             io::ErrorKind::PermissionDenied,
             format!(
-                "fusermount3 could not mount {} ({status}); see its message above",
-                spec.mountpoint.display()
+                "fusermount3 could not mount {} ({}): {}",
+                spec.mountpoint.display(),
+                output.status,
+                reason.trim()
             ),
         ));
     }
