@@ -424,7 +424,10 @@ fn abort_connection(device_minor: u32) {
             )
         };
         if rc != 0 {
-            tracing::warn!("mounting fusectl on {FUSECTL}: {}", io::Error::last_os_error());
+            tracing::warn!(
+                "mounting fusectl on {FUSECTL}: {}",
+                io::Error::last_os_error()
+            );
         }
     }
     if let Err(e) = std::fs::write(&abort, "1") {

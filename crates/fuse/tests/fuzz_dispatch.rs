@@ -11,12 +11,12 @@ use std::io::IoSlice;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lanefs_fuse::Filesystem;
 use lanefs_fuse::abi::{self, opcode};
 use lanefs_fuse::dispatch::dispatch;
 use lanefs_fuse::reply::{QueueHandle, ReplySink};
 use lanefs_fuse::request::WireFormat;
 use lanefs_fuse::stats::QueueStats;
-use lanefs_fuse::Filesystem;
 use zerocopy::IntoBytes;
 
 struct Nothing;

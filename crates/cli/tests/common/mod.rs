@@ -138,7 +138,11 @@ impl Mount {
             .arg(&self.mountpoint)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).expect("stats JSON")
     }
 
@@ -174,7 +178,9 @@ impl Drop for Mount {
         if is_mounted(&self.mountpoint) {
             lazy_unmount(&self.mountpoint);
         }
-        if process_alive(self.pid) && !wait_until(Duration::from_secs(3), || !process_alive(self.pid)) {
+        if process_alive(self.pid)
+            && !wait_until(Duration::from_secs(3), || !process_alive(self.pid))
+        {
             // SAFETY: sending a signal has no memory effects.
             unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
         }
@@ -207,7 +213,10 @@ impl Foreground {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        assert!(line.starts_with("mounted "), "unexpected first line {line:?}");
+        assert!(
+            line.starts_with("mounted "),
+            "unexpected first line {line:?}"
+        );
         Foreground {
             dir,
             mountpoint,
