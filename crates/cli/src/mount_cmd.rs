@@ -43,6 +43,10 @@ pub struct MountArgs {
     /// Background requests the kernel keeps in flight [default: 128].
     #[arg(long)]
     pub max_background: Option<u16>,
+    /// Microseconds an idle worker keeps polling its queue before sleeping; 0 never polls
+    /// [default: 50].
+    #[arg(long, value_name = "MICROSECONDS")]
+    pub poll_us: Option<u64>,
     /// Let other users use the mount (always on as root).
     #[arg(long)]
     pub allow_other: bool,
@@ -172,6 +176,9 @@ fn session_options(args: &MountArgs) -> io::Result<SessionOptions> {
             )));
         }
         opts.max_write = max_write as u32;
+    }
+    if let Some(poll_us) = args.poll_us {
+        opts.poll = std::time::Duration::from_micros(poll_us.min(1_000_000));
     }
     if let Some(max_background) = args.max_background {
         opts.max_background = max_background.max(1);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::abi::{self, init_flags, opcode};
 use crate::control::{self, ControlSocket};
-use crate::dev::{self, DevSink, ReadOutcome};
+use crate::dev::{self, DevSink, PollPolicy, ReadOutcome};
 use crate::filesystem::{Connection, Filesystem, InitRequest};
 use crate::mount::{self, MountSpec};
 use crate::reply::{QueueHandle, Reply};
@@ -32,6 +32,9 @@ const MIN_KERNEL_MINOR: u32 = 31;
 pub const MAX_MAX_WRITE: u32 = 256 * 4096;
 /// Extra read-buffer room beyond max_write: headers, and SETXATTR's 64 KiB value limit.
 const BUFFER_SLACK: usize = 64 * 1024 + 8192;
+/// How long an idle worker polls its queue before sleeping. Measured on 2 vCPUs (null, fio
+/// 4k psync, 1 job): 65k IOPS without polling, 95k with 50 us on one queue.
+pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
 /// How long a signalled daemon waits for open files to close before aborting the connection.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -46,6 +49,8 @@ pub struct SessionOptions {
     pub max_write: u32,
     /// Background requests (async reads, async direct I/O) the kernel keeps in flight.
     pub max_background: u16,
+    /// How long an idle worker keeps polling its queue before it sleeps (0: never polls).
+    pub poll: Duration,
 }
 
 impl Default for SessionOptions {
@@ -55,6 +60,7 @@ impl Default for SessionOptions {
             pin: false,
             max_write: MAX_MAX_WRITE,
             max_background: 128,
+            poll: DEFAULT_POLL,
         }
     }
 }
@@ -216,11 +222,16 @@ pub fn run<F: Filesystem>(
     };
 
     let buffer_size = conn.max_write as usize + BUFFER_SLACK;
+    let poll = Arc::new(PollPolicy {
+        window: opts.poll,
+        poller: AtomicBool::new(false),
+    });
     let workers: Vec<_> = queue_fds
         .into_iter()
         .zip(handles.iter().cloned())
         .map(|(fd, handle)| {
             let fs = fs.clone();
+            let poll = poll.clone();
             std::thread::Builder::new()
                 .name(format!("lanefs-q{}", handle.stats.id))
                 .spawn(move || {
@@ -233,7 +244,7 @@ pub fn run<F: Filesystem>(
                     // so that the argument structs in it are aligned for zero-copy decoding.
                     let mut words = vec![0u64; buffer_size.div_ceil(8)];
                     let buf = words.as_mut_bytes();
-                    if let Err(e) = dev::serve_queue(&*fs, wire, &fd, &handle, buf) {
+                    if let Err(e) = dev::serve_queue(&*fs, wire, &fd, &handle, buf, &poll) {
                         tracing::error!(queue = handle.stats.id, "queue stopped: {e}");
                     }
                 })
@@ -277,7 +288,7 @@ fn answer_init<F: Filesystem>(
     let n = loop {
         match dev::read_request(session_fd, buf)? {
             ReadOutcome::Request(n) => break n,
-            ReadOutcome::Retry => continue,
+            ReadOutcome::Retry | ReadOutcome::Empty => continue,
             ReadOutcome::Ended => {
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionAborted,
