@@ -1,5 +1,6 @@
 //! The `lanefs` command.
 
+mod bench;
 mod mount_cmd;
 mod options;
 mod stats_cmd;
@@ -39,6 +40,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Benchmark lanefs against native file systems and existing FUSE servers (the seeds).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
             Command::Mount(mount_args) => mount_cmd::run(mount_args),
             Command::Umount { mountpoint, lazy } => mount_cmd::umount(&mountpoint, lazy),
             Command::Stats { mountpoint, json } => stats_cmd::run(&mountpoint, json),
+            Command::Bench(bench_args) => bench::run(bench_args),
         },
     };
     match result {

@@ -1,0 +1,72 @@
+//! Seed 004: dd with 4 up to 8x cores processes writing, then reading, one mount in 1 MiB
+//! blocks; aggregate MiB/s.
+
+use super::SuitePlan;
+use crate::bench::Suite;
+use crate::bench::anchors::Example;
+use crate::bench::model::{SuiteResult, Unit};
+use crate::bench::runner::{Ctx, Plan, Settings};
+use crate::bench::systems::{Mode, SystemSpec};
+use crate::bench::workloads::{Kind, Metric, Workload};
+
+pub fn plan(ctx: &Ctx) -> SuitePlan {
+    let cores = ctx.settings.cores;
+    let total_mib: u64 = if ctx.settings.quick { 64 } else { 4096 };
+    let mut result = SuiteResult::new(
+        Suite::Dd,
+        "Many processes on one mount",
+        "Seed 004: dd processes, 4 up to 8x the cores, each writing its own file (on null: its \
+         own region of data) in 1 MiB blocks, then reading it back; aggregate MiB/s from the \
+         first start to the last exit.",
+    );
+    let workloads: Vec<Workload> = Settings::powers_of_two(4, 8 * cores as u32)
+        .into_iter()
+        .map(|procs| {
+            let mib_each = (total_mib / u64::from(procs)).max(1);
+            let metric = |what: &str| Metric {
+                key: format!("{what}, {procs} processes"),
+                family: what.to_owned(),
+                unit: Unit::MIBS,
+            };
+            Workload {
+                metrics: vec![metric("dd write 1M"), metric("dd read 1M")],
+                numjobs: procs,
+                config: serde_json::json!({"tool": "dd", "bs": "1M", "processes": procs,
+                    "mib_each": mib_each}),
+                kind: Kind::Dd { procs, mib_each },
+            }
+        })
+        .collect();
+    let plans = [
+        SystemSpec::NativeTmpfs,
+        SystemSpec::Libfuse {
+            example: Example::Null,
+            mode: Mode::Multi,
+        },
+        SystemSpec::Libfuse {
+            example: Example::PassthroughLl,
+            mode: Mode::Multi,
+        },
+        SystemSpec::LanefsNull {
+            queues: cores,
+            parallel_writes: true,
+            size: None,
+        },
+        SystemSpec::LanefsPassthrough {
+            queues: cores,
+            parallel_writes: true,
+        },
+    ]
+    .into_iter()
+    .map(|system| Plan {
+        system,
+        workloads: workloads.clone(),
+    })
+    .collect();
+    result.note(format!(
+        "{total_mib} MiB in all per phase, split over the processes. dd is buffered as in the \
+         seed: on tmpfs and libfuse passthrough_ll (no direct_io) the reads come from the page \
+         cache; null servers see every block."
+    ));
+    SuitePlan { result, plans }
+}

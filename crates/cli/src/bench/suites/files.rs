@@ -1,0 +1,275 @@
+//! Seed 003: creates and untar. 10,000 `echo foobarbaz > $DIR/$i` in one bash; untar of
+//! Debian's linux-source tarball (decompressed once into the cache, so decompression is not
+//! timed) and `rm -rf` of the tree.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::SuitePlan;
+use crate::bench::Suite;
+use crate::bench::anchors::Example;
+use crate::bench::model::{SuiteResult, Unit};
+use crate::bench::runner::{Ctx, Plan};
+use crate::bench::systems::{Mode, SystemSpec};
+use crate::bench::workloads::{Kind, Metric, Workload};
+
+/// The systems both suites compare: native, lanefs passthrough, libfuse's passthroughs.
+fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
+    vec![
+        SystemSpec::NativeTmpfs,
+        SystemSpec::NativeDisk,
+        SystemSpec::Libfuse {
+            example: Example::PassthroughLl,
+            mode: Mode::Multi,
+        },
+        SystemSpec::Libfuse {
+            example: Example::PassthroughFh,
+            mode: Mode::Multi,
+        },
+        SystemSpec::LanefsPassthrough {
+            queues: ctx.settings.cores,
+            parallel_writes: true,
+        },
+    ]
+}
+
+pub fn plan_create(ctx: &Ctx) -> SuitePlan {
+    let files: u32 = if ctx.settings.quick { 1000 } else { 10_000 };
+    let mut result = SuiteResult::new(
+        Suite::Create,
+        "Creating small files",
+        "Seed 003: `for i in `seq 1 N`; do echo \"foobarbaz\" > $DIR/$i; done` in one bash \
+         (real time).",
+    );
+    let w = Workload {
+        metrics: vec![Metric {
+            key: format!("{files} x echo foobarbaz > $i"),
+            family: "create".into(),
+            unit: Unit::SECONDS,
+        }],
+        numjobs: 1,
+        config: serde_json::json!({"tool": "bash", "files": files}),
+        kind: Kind::Create { files },
+    };
+    let plans = systems(ctx)
+        .into_iter()
+        .map(|system| Plan {
+            system,
+            workloads: vec![w.clone()],
+        })
+        .collect();
+    result.skip("lanefs null: it cannot create files");
+    result.note(
+        "libfuse's passthrough examples and lanefs passthrough serve a directory on the \
+         bench's tmpfs; passthrough_fh mirrors all of / and is used through that path.",
+    );
+    SuitePlan { result, plans }
+}
+
+/// Debian's linux-source tarball, if installed.
+fn kernel_tarball() -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/src")
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("linux-source-") && n.ends_with(".tar.xz"))
+        })
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+fn tarball_dir(ctx: &Ctx) -> PathBuf {
+    ctx.cache.join("tarballs")
+}
+
+fn untar_workload(label: &str, tar: PathBuf, what: &str) -> Workload {
+    let metric = |verb: &str| Metric {
+        key: format!("{verb} {label}"),
+        family: verb.to_owned(),
+        unit: Unit::SECONDS,
+    };
+    Workload {
+        metrics: vec![metric("untar"), metric("rm -rf")],
+        numjobs: 1,
+        config: serde_json::json!({"tool": "tar xf, then rm -rf", "tarball": tar,
+            "what": what}),
+        kind: Kind::Untar { tar },
+    }
+}
+
+/// The generated tarball's file count.
+fn generated_files(quick: bool) -> u32 {
+    if quick { 2000 } else { 20_000 }
+}
+
+pub fn plan_untar(ctx: &Ctx) -> SuitePlan {
+    let quick = ctx.settings.quick;
+    let mut result = SuiteResult::new(
+        Suite::Untar,
+        "Untar and rm -rf of a source tree",
+        "Seed 003: untar of a Linux kernel tarball (uncompressed beforehand), then rm -rf of \
+         the tree; real time of each.",
+    );
+    let mut workloads = Vec::new();
+    match (quick, kernel_tarball()) {
+        (false, Some(xz)) => {
+            let name = xz
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("linux-source.tar.xz")
+                .trim_end_matches(".xz")
+                .to_owned();
+            workloads.push(untar_workload(
+                &name.replace(".tar", ""),
+                tarball_dir(ctx).join(&name),
+                "Debian's linux-source",
+            ));
+        }
+        (false, None) => {
+            result.skip(
+                "the kernel untar: Debian's linux-source is not installed (apt-get install \
+                 linux-source puts /usr/src/linux-source-*.tar.xz in place); a generated \
+                 tree stands in below",
+            );
+        }
+        (true, _) => result.note("--quick: a small generated tarball instead of the kernel's"),
+    }
+    if quick || workloads.is_empty() {
+        let n = generated_files(quick);
+        workloads.push(untar_workload(
+            &format!("generated tree ({n} files)"),
+            tarball_dir(ctx).join(format!("generated-{n}.tar")),
+            "generated by lanefs bench: files of 0..16 KiB in directories of 50",
+        ));
+    }
+    let plans = systems(ctx)
+        .into_iter()
+        .map(|system| Plan {
+            system,
+            workloads: workloads.clone(),
+        })
+        .collect();
+    result.skip("lanefs null: it cannot create files");
+    result.note(format!(
+        "libfuse's passthrough_ll keeps an open fd per inode the kernel knows: on a kernel \
+         tree it can run into the open-file limit (here {}) and tar fails (EMFILE, or errors \
+         that follow from it); a failed run is reported with tar's error, and no workaround \
+         (such as dropping the inode caches during the untar) is applied.",
+        ctx.machine.open_file_limit
+    ));
+    SuitePlan { result, plans }
+}
+
+/// Makes the tarballs the plan needs (decompressing or generating them once, into the
+/// cache); a workload whose tarball cannot be had is dropped with a note.
+pub fn prepare_tarballs(
+    ctx: &mut Ctx,
+    result: &mut SuiteResult,
+    mut plans: Vec<Plan>,
+) -> Vec<Plan> {
+    let mut failed: Vec<PathBuf> = Vec::new();
+    let mut tars: Vec<PathBuf> = Vec::new();
+    for p in &plans {
+        for w in &p.workloads {
+            if let Kind::Untar { tar } = &w.kind
+                && !tars.contains(tar)
+            {
+                tars.push(tar.clone());
+            }
+        }
+    }
+    for tar in tars {
+        if tar.exists() {
+            continue;
+        }
+        let made = if tar
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("generated-"))
+        {
+            let files = generated_files(ctx.settings.quick);
+            let scratch = ctx.work_path("tree");
+            generate_tarball(&scratch, &tar, files)
+        } else {
+            decompress_kernel(&tar)
+        };
+        if let Err(e) = made {
+            result.skip(format!("untar of {}: {e}", tar.display()));
+            failed.push(tar);
+        }
+    }
+    for p in &mut plans {
+        p.workloads
+            .retain(|w| !matches!(&w.kind, Kind::Untar { tar } if failed.contains(tar)));
+    }
+    plans
+}
+
+fn decompress_kernel(tar: &Path) -> Result<(), String> {
+    let name = tar
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or("bad tarball name")?;
+    let xz = Path::new("/usr/src").join(format!("{name}.xz"));
+    std::fs::create_dir_all(tar.parent().unwrap_or(Path::new("."))).map_err(|e| e.to_string())?;
+    let part = tar.with_extension("part");
+    let out = std::fs::File::create(&part).map_err(|e| format!("{}: {e}", part.display()))?;
+    let status = Command::new("xz")
+        .arg("-dc")
+        .arg(&xz)
+        .stdout(out)
+        .stderr(Stdio::inherit())
+        .status()
+        .map_err(|e| format!("xz: {e} (apt-get install xz-utils)"))?;
+    if !status.success() {
+        let _ = std::fs::remove_file(&part);
+        return Err(format!("xz -dc {} failed ({status})", xz.display()));
+    }
+    std::fs::rename(&part, tar).map_err(|e| e.to_string())
+}
+
+/// A deterministic tree of `files` files (0..16 KiB) in directories of 50, tarred.
+fn generate_tarball(scratch: &Path, tar: &Path, files: u32) -> Result<(), String> {
+    let root = scratch.join("tree");
+    let result = (|| -> std::io::Result<()> {
+        let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
+        let data = vec![b'x'; 16 << 10];
+        for i in 0..files {
+            let dir = root.join(format!("d{:03}/s{:02}", i / 1000, i / 50 % 20));
+            if i % 50 == 0 {
+                std::fs::create_dir_all(&dir)?;
+            }
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let len = (rng % (16 << 10)) as usize;
+            std::fs::write(dir.join(format!("f{i}.c")), &data[..len])?;
+        }
+        Ok(())
+    })();
+    let outcome = result
+        .map_err(|e| format!("generating a tree: {e}"))
+        .and_then(|()| {
+            std::fs::create_dir_all(tar.parent().unwrap_or(Path::new(".")))
+                .map_err(|e| e.to_string())?;
+            let part = tar.with_extension("part");
+            let status = Command::new("tar")
+                .arg("-cf")
+                .arg(&part)
+                .arg("-C")
+                .arg(&root)
+                .arg(".")
+                .status()
+                .map_err(|e| format!("tar: {e}"))?;
+            if !status.success() {
+                return Err(format!("tar -cf failed ({status})"));
+            }
+            std::fs::rename(&part, tar).map_err(|e| e.to_string())
+        });
+    let _ = std::fs::remove_dir_all(scratch);
+    outcome
+}

@@ -1,0 +1,82 @@
+//! Seed 001: fio 4k seq and rand, read and write, libaio iodepth 16 and psync, numjobs 1 and
+//! 4, on null and file backends: lanefs with 1 queue against N queues, and the seed's own
+//! system, qemu-storage-daemon's FUSE export, when installed.
+
+use super::{SuitePlan, fio_4k};
+use crate::bench::Suite;
+use crate::bench::anchors::Example;
+use crate::bench::model::SuiteResult;
+use crate::bench::runner::{Ctx, Plan};
+use crate::bench::systems::{Mode, SystemSpec};
+
+pub fn plan(ctx: &Ctx) -> SuitePlan {
+    let quick = ctx.settings.quick;
+    let cores = ctx.settings.cores;
+    let mut result = SuiteResult::new(
+        Suite::Queues,
+        "Many request queues: 1 queue against one per core",
+        "Seed 001: fio 4k seq/rand read/write, libaio (iodepth 16) and psync, numjobs 1 and \
+         4, null and file backends; one cloned /dev/fuse queue per server thread.",
+    );
+    let mut workloads = Vec::new();
+    for engine in ["libaio", "psync"] {
+        for rw in ["read", "randread", "write", "randwrite"] {
+            for nj in [1, 4] {
+                workloads.push(fio_4k(rw, engine, nj, quick));
+            }
+        }
+    }
+    let mut queue_counts = vec![1, cores];
+    queue_counts.dedup();
+    let mut plans = vec![
+        Plan {
+            system: SystemSpec::NativeTmpfs,
+            workloads: workloads.clone(),
+        },
+        Plan {
+            system: SystemSpec::Libfuse {
+                example: Example::Null,
+                mode: Mode::Multi,
+            },
+            workloads: workloads.clone(),
+        },
+        Plan {
+            system: SystemSpec::Qsd { null: true },
+            workloads: workloads.clone(),
+        },
+        Plan {
+            system: SystemSpec::Qsd { null: false },
+            workloads: workloads.clone(),
+        },
+    ];
+    for &queues in &queue_counts {
+        plans.push(Plan {
+            system: SystemSpec::LanefsNull {
+                queues,
+                parallel_writes: true,
+                size: None,
+            },
+            workloads: workloads.clone(),
+        });
+    }
+    for &queues in &queue_counts {
+        plans.push(Plan {
+            system: SystemSpec::LanefsPassthrough {
+                queues,
+                parallel_writes: true,
+            },
+            workloads: workloads.clone(),
+        });
+    }
+    result.skip(
+        "lanefs over FUSE io_uring (the seed's \"cloned fds vs io_uring\" comparison): lanefs \
+         has no io_uring transport yet, so only cloned /dev/fuse queues are measured",
+    );
+    result.note(
+        "Null backends: lanefs null, libfuse's null example (multi-threaded, the anchor that \
+         is always there) and qemu-storage-daemon's null-co driver; file backends: lanefs \
+         passthrough over tmpfs and qemu-storage-daemon exporting a raw file on tmpfs. The \
+         best-anchor ratio compares with the best anchor of either kind.",
+    );
+    SuitePlan { result, plans }
+}

@@ -1,0 +1,71 @@
+//! Seed 000: 1 MiB direct randwrite:256 to one shared file and to a file per job, numjobs
+//! 1, 2, 4 ... 2x cores; lanefs null and passthrough with parallel writes on and off (the
+//! seed's patched and unpatched kernels), native tmpfs and libfuse's passthrough_ll.
+
+use super::{SuitePlan, fio_seed000};
+use crate::bench::Suite;
+use crate::bench::anchors::Example;
+use crate::bench::model::SuiteResult;
+use crate::bench::runner::{Ctx, Plan, Settings};
+use crate::bench::systems::{Mode, SystemSpec};
+
+pub fn plan(ctx: &Ctx) -> SuitePlan {
+    let quick = ctx.settings.quick;
+    let cores = ctx.settings.cores;
+    let mut result = SuiteResult::new(
+        Suite::Ssf,
+        "Parallel direct writes to one file",
+        "Seed 000: fio 1 MiB direct writes (randwrite:256, rw_sequencer=sequential), one \
+         shared file and file-per-job, numjobs 1 up to 2x the cores. The seed disabled the \
+         backend's writes; here null drops them and passthrough lands them on tmpfs.",
+    );
+    let numjobs = Settings::powers_of_two(1, 2 * cores as u32);
+    let shared: Vec<_> = numjobs
+        .iter()
+        .map(|&nj| fio_seed000(true, nj, quick))
+        .collect();
+    let both: Vec<_> = shared
+        .iter()
+        .cloned()
+        .chain(numjobs.iter().map(|&nj| fio_seed000(false, nj, quick)))
+        .collect();
+    let mut plans = vec![
+        Plan {
+            system: SystemSpec::NativeTmpfs,
+            workloads: both.clone(),
+        },
+        Plan {
+            system: SystemSpec::Libfuse {
+                example: Example::PassthroughLl,
+                mode: Mode::Multi,
+            },
+            workloads: both.clone(),
+        },
+    ];
+    for parallel_writes in [true, false] {
+        plans.push(Plan {
+            system: SystemSpec::LanefsNull {
+                queues: cores,
+                parallel_writes,
+                size: None,
+            },
+            workloads: shared.clone(),
+        });
+    }
+    for parallel_writes in [true, false] {
+        plans.push(Plan {
+            system: SystemSpec::LanefsPassthrough {
+                queues: cores,
+                parallel_writes,
+            },
+            workloads: both.clone(),
+        });
+    }
+    result.skip("lanefs null, file per job: null has one file (data) and creates none");
+    result.note(format!(
+        "lanefs runs with {cores} queues (one per core). libfuse passthrough_ll runs as \
+         shipped (multi-threaded, cache=auto) over a tmpfs directory; it does not set \
+         parallel direct writes."
+    ));
+    SuitePlan { result, plans }
+}

@@ -1,0 +1,430 @@
+//! The workloads: fio jobs, the seek load generator, bash creates, untar + rm -rf, and dd.
+//! Each run returns one number per metric plus the raw figures it came from.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::bench::fio::{self, FioJob};
+use crate::bench::model::Unit;
+use crate::bench::runner::Ctx;
+use crate::bench::seek;
+use crate::bench::systems::{Place, Target, last_lines};
+
+/// One number a workload reports, and the row it goes to.
+#[derive(Clone, Debug)]
+pub struct Metric {
+    /// The row's workload name, unique within the suite.
+    pub key: String,
+    /// The chart it is drawn in.
+    pub family: String,
+    pub unit: Unit,
+}
+
+#[derive(Clone, Debug)]
+pub enum Kind {
+    Fio(FioJob),
+    /// Reader threads doing lseek + pread while one writer extends the file.
+    Seek {
+        readers: u32,
+    },
+    /// `echo foobarbaz > $DIR/$i` for i in 1..=files, in one bash.
+    Create {
+        files: u32,
+    },
+    /// `tar xf` of an uncompressed tarball, then `rm -rf` of the tree.
+    Untar {
+        tar: PathBuf,
+    },
+    /// `procs` dd processes writing `mib_each` MiB each in 1 MiB blocks, then reading back.
+    Dd {
+        procs: u32,
+        mib_each: u64,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub metrics: Vec<Metric>,
+    pub numjobs: u32,
+    pub config: Value,
+    pub kind: Kind,
+}
+
+impl Workload {
+    pub fn fio(key: String, family: String, unit: Unit, job: FioJob) -> Workload {
+        Workload {
+            metrics: vec![Metric { key, family, unit }],
+            numjobs: job.numjobs,
+            config: json!({"tool": "fio", "job": job.config()}),
+            kind: Kind::Fio(job),
+        }
+    }
+
+    pub fn title(&self) -> &str {
+        &self.metrics[0].key
+    }
+
+    /// Whether the target can do it at all (a reason for the report when not).
+    pub fn applicable(&self, target: &Target) -> Result<(), String> {
+        let writes = match &self.kind {
+            Kind::Fio(job) => job.writes(),
+            Kind::Seek { .. } | Kind::Create { .. } | Kind::Untar { .. } | Kind::Dd { .. } => true,
+        };
+        if writes && !target.writable {
+            return Err("its only file is read-only".into());
+        }
+        match (&self.kind, &target.place) {
+            (Kind::Fio(job), Place::File(_)) if !job.shared_file => {
+                Err("file-per-job needs a directory; this server has one file".into())
+            }
+            (Kind::Create { .. } | Kind::Untar { .. }, Place::File(_)) => {
+                Err("it cannot create files".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// One run. `warmup` runs are not recorded (count-based workloads run whole).
+    pub fn run(
+        &self,
+        ctx: &mut Ctx,
+        target: &Target,
+        runtime: Duration,
+        _warmup: bool,
+    ) -> Result<(Vec<f64>, Value), String> {
+        match &self.kind {
+            Kind::Fio(job) => run_fio(ctx, target, job, runtime, self.metrics[0].unit),
+            Kind::Seek { readers } => {
+                let (file, make) = match &target.place {
+                    Place::File(f) => (f.clone(), false),
+                    Place::Dir(d) => (d.join("seek.dat"), true),
+                };
+                let r = seek::run(&file, make, *readers, runtime)?;
+                let raw = serde_json::to_value(&r).unwrap_or(Value::Null);
+                Ok((
+                    vec![r.seeks_per_s, r.p50_ns / 1000.0, r.p99_ns / 1000.0],
+                    raw,
+                ))
+            }
+            Kind::Create { files } => {
+                let Place::Dir(dir) = &target.place else {
+                    return Err("needs a directory".into());
+                };
+                run_create(dir, *files)
+            }
+            Kind::Untar { tar } => {
+                let Place::Dir(dir) = &target.place else {
+                    return Err("needs a directory".into());
+                };
+                run_untar(dir, tar)
+            }
+            Kind::Dd { procs, mib_each } => run_dd(&target.place, *procs, *mib_each),
+        }
+    }
+
+    /// Removes what the workload left on the target (frees the tmpfs' memory). fio's shared
+    /// files stay for the next workload on the same system (no second layout).
+    pub fn cleanup(&self, target: &Target) {
+        let Place::Dir(dir) = &target.place else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if ["fio-job", "dd.", "seek.dat", "create", "untar"]
+                .iter()
+                .any(|p| name.starts_with(p))
+            {
+                let p = e.path();
+                let _ = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+            }
+        }
+    }
+}
+
+/// Output of a finished command: status, stdout, stderr.
+struct Finished {
+    ok: bool,
+    status: String,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `command` to its end or until `limit`, then kills it. Output is read on threads so a
+/// chatty child never blocks.
+fn run_limited(mut command: Command, limit: Duration) -> Result<Finished, String> {
+    let program = format!("{:?}", command.get_program());
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting {program}: {e}"))?;
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let t_out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break Err(format!(
+                    "{program} did not finish within {} s",
+                    limit.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => break Err(format!("waiting for {program}: {e}")),
+        }
+    };
+    let stdout = String::from_utf8_lossy(&t_out.join().unwrap_or_default()).into_owned();
+    let stderr = String::from_utf8_lossy(&t_err.join().unwrap_or_default()).into_owned();
+    let status = status?;
+    Ok(Finished {
+        ok: status.success(),
+        status: status.to_string(),
+        stdout,
+        stderr,
+    })
+}
+
+fn run_fio(
+    ctx: &Ctx,
+    target: &Target,
+    job: &FioJob,
+    runtime: Duration,
+    unit: Unit,
+) -> Result<(Vec<f64>, Value), String> {
+    let (fio_path, _) = ctx.fio.as_ref().map_err(Clone::clone)?;
+    let args = match &target.place {
+        Place::File(f) => job.args(Some(f), None, runtime),
+        Place::Dir(d) => job.args(None, Some(d), runtime),
+    };
+    let mut command = Command::new(fio_path);
+    command.args(&args);
+    // Laying out files can take a while on a slow server.
+    let done = run_limited(command, runtime + Duration::from_secs(180))?;
+    let parsed = fio::parse(&done.stdout).map_err(|e| {
+        let why = last_lines(&done.stderr, 2);
+        if done.ok || why.is_empty() {
+            e
+        } else {
+            format!("fio exited ({}): {why}", done.status)
+        }
+    })?;
+    let value = if unit == Unit::IOPS {
+        parsed.iops()
+    } else {
+        parsed.mib_per_s()
+    };
+    let mut raw = serde_json::to_value(&parsed).unwrap_or(Value::Null);
+    raw["args"] = json!(args);
+    Ok((vec![value], raw))
+}
+
+/// The seed's loop, verbatim but for the directory and count.
+const CREATE_SCRIPT: &str =
+    r#"for i in `seq 1 "$LANEFS_BENCH_FILES"`; do echo "foobarbaz" > "$LANEFS_BENCH_DIR/$i"; done"#;
+
+fn run_create(dir: &Path, files: u32) -> Result<(Vec<f64>, Value), String> {
+    let tree = dir.join("create");
+    if tree.exists() {
+        std::fs::remove_dir_all(&tree).map_err(|e| format!("cleaning {}: {e}", tree.display()))?;
+    }
+    std::fs::create_dir(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
+    let mut command = Command::new("bash");
+    command
+        .args(["-c", CREATE_SCRIPT])
+        .env("LANEFS_BENCH_DIR", &tree)
+        .env("LANEFS_BENCH_FILES", files.to_string());
+    let start = Instant::now();
+    let done = run_limited(command, Duration::from_secs(1800))?;
+    let secs = start.elapsed().as_secs_f64();
+    if !done.ok {
+        return Err(format!(
+            "bash exited ({}): {}",
+            done.status,
+            last_lines(&done.stderr, 1)
+        ));
+    }
+    let count = std::fs::read_dir(&tree).map(|d| d.count()).unwrap_or(0);
+    if count != files as usize {
+        return Err(format!("{count} files instead of {files}"));
+    }
+    let _ = std::fs::remove_dir_all(&tree);
+    Ok((
+        vec![secs],
+        json!({"seconds": secs, "files": files, "files_per_s": f64::from(files) / secs}),
+    ))
+}
+
+fn run_untar(dir: &Path, tar: &Path) -> Result<(Vec<f64>, Value), String> {
+    let tree = dir.join("untar");
+    if tree.exists() {
+        std::fs::remove_dir_all(&tree).map_err(|e| format!("cleaning {}: {e}", tree.display()))?;
+    }
+    std::fs::create_dir(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
+    let mut command = Command::new("tar");
+    command.arg("-xf").arg(tar).arg("-C").arg(&tree);
+    let start = Instant::now();
+    let done = run_limited(command, Duration::from_secs(3600))?;
+    let untar_s = start.elapsed().as_secs_f64();
+    if !done.ok {
+        let why = tar_error(&done.stderr);
+        let _ = std::fs::remove_dir_all(&tree);
+        return Err(format!("tar exited ({}): {why}", done.status));
+    }
+    let mut command = Command::new("rm");
+    command.arg("-rf").arg(&tree);
+    let start = Instant::now();
+    let done = run_limited(command, Duration::from_secs(3600))?;
+    let rm_s = start.elapsed().as_secs_f64();
+    if !done.ok {
+        return Err(format!(
+            "rm -rf exited ({}): {}",
+            done.status,
+            last_lines(&done.stderr, 1)
+        ));
+    }
+    Ok((
+        vec![untar_s, rm_s],
+        json!({"untar_s": untar_s, "rm_s": rm_s, "tarball": tar}),
+    ))
+}
+
+/// The telling line of tar's complaints: EMFILE if it is among them, else the first
+/// "Cannot ..." or "Error ..." line; with the count of such lines.
+fn tar_error(stderr: &str) -> String {
+    let complaints: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("Cannot") || l.contains("Error"))
+        .collect();
+    let pick = complaints
+        .iter()
+        .find(|l| l.contains("Too many open files"))
+        .or(complaints.first())
+        .map(|l| l.to_string())
+        .unwrap_or_else(|| last_lines(stderr, 1));
+    if complaints.len() > 1 {
+        format!("{pick} (and {} more errors)", complaints.len() - 1)
+    } else {
+        pick
+    }
+}
+
+/// Where dd process `i` writes: its own file in a directory, or its own region of the one
+/// file a server offers.
+fn dd_target(place: &Place, i: u32, mib_each: u64) -> (PathBuf, u64) {
+    match place {
+        Place::File(f) => (f.clone(), u64::from(i) * mib_each),
+        Place::Dir(d) => (d.join(format!("dd.{i}")), 0),
+    }
+}
+
+fn run_dd(place: &Place, procs: u32, mib_each: u64) -> Result<(Vec<f64>, Value), String> {
+    let total_mib = (u64::from(procs) * mib_each) as f64;
+    let phase = |write: bool| -> Result<f64, String> {
+        let start = Instant::now();
+        let mut children = Vec::new();
+        for i in 0..procs {
+            let (path, offset) = dd_target(place, i, mib_each);
+            let mut c = Command::new("dd");
+            if write {
+                c.arg("if=/dev/zero")
+                    .arg(format!("of={}", path.display()))
+                    .arg(format!("seek={offset}"))
+                    .arg("conv=notrunc");
+            } else {
+                c.arg(format!("if={}", path.display()))
+                    .arg("of=/dev/null")
+                    .arg(format!("skip={offset}"));
+            }
+            c.args(["bs=1M", &format!("count={mib_each}"), "status=none"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            match c.spawn() {
+                Ok(child) => children.push(child),
+                Err(e) => {
+                    for mut c in children {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return Err(format!("starting dd: {e}"));
+                }
+            }
+        }
+        let mut failure = None;
+        for child in children {
+            match child.wait_with_output() {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => {
+                    failure.get_or_insert_with(|| {
+                        format!(
+                            "dd exited ({}): {}",
+                            out.status,
+                            last_lines(&String::from_utf8_lossy(&out.stderr), 1)
+                        )
+                    });
+                }
+                Err(e) => {
+                    failure.get_or_insert_with(|| format!("waiting for dd: {e}"));
+                }
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(total_mib / secs),
+        }
+    };
+    let write = phase(true)?;
+    let read = phase(false)?;
+    Ok((
+        vec![write, read],
+        json!({"write_mib_s": write, "read_mib_s": read, "procs": procs, "mib_each": mib_each}),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tar_errors_prefer_emfile() {
+        let e = "tar: a: Cannot close: Bad file descriptor\n\
+                 tar: b: Cannot open: Too many open files\n\
+                 tar: Exiting with failure status due to previous errors\n";
+        assert_eq!(
+            tar_error(e),
+            "tar: b: Cannot open: Too many open files (and 1 more errors)"
+        );
+        assert_eq!(
+            tar_error("tar: x: Cannot utime: ENOSYS\n"),
+            "tar: x: Cannot utime: ENOSYS"
+        );
+        assert_eq!(tar_error("odd\nlast words\n"), "last words");
+    }
+}
