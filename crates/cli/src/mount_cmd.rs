@@ -283,18 +283,42 @@ fn spawn_daemon(args: &MountArgs) -> io::Result<()> {
     }
 }
 
+/// How long `lanefs umount` waits for the daemon to finish after unmounting.
+const DAEMON_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Unmounts, then waits for the daemon to finish (its control socket goes last), so that a
+/// script that unmounts can rely on the daemon having flushed and exited.
 pub fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     let mountpoint = mount::absolute(mountpoint)?;
-    match mount::find_mount(&mountpoint)? {
-        Some(info) if info.fstype.starts_with("fuse") => mount::unmount(&mountpoint, lazy),
-        Some(info) => Err(invalid(format!(
-            "{} is a {} mount, not a FUSE one",
-            mountpoint.display(),
-            info.fstype
-        ))),
-        None => Err(invalid(format!(
-            "{} is not a mount point",
-            mountpoint.display()
-        ))),
+    let info = match mount::find_mount(&mountpoint)? {
+        Some(info) if info.fstype.starts_with("fuse") => info,
+        Some(info) => {
+            return Err(invalid(format!(
+                "{} is a {} mount, not a FUSE one",
+                mountpoint.display(),
+                info.fstype
+            )));
+        }
+        None => {
+            return Err(invalid(format!(
+                "{} is not a mount point",
+                mountpoint.display()
+            )));
+        }
+    };
+    let socket = lanefs_fuse::control::socket_path(&info);
+    mount::unmount(&mountpoint, lazy)?;
+    if info.fstype == mount::FSTYPE && !lazy {
+        let start = std::time::Instant::now();
+        while socket.exists() && start.elapsed() < DAEMON_EXIT_WAIT {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        if socket.exists() {
+            eprintln!(
+                "lanefs: unmounted {}, but its daemon has not exited after {DAEMON_EXIT_WAIT:?}",
+                mountpoint.display()
+            );
+        }
     }
+    Ok(())
 }

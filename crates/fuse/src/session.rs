@@ -269,9 +269,10 @@ pub fn run<F: Filesystem>(
         }
     }
     finished.store(true, Ordering::Release);
-    drop(control);
     fs.destroy();
     let _ = signal_thread.join();
+    // Last: `lanefs umount` waits for the socket to go to know the daemon is done.
+    drop(control);
     tracing::info!("{} unmounted; exiting", spec.mountpoint.display());
     Ok(())
 }
