@@ -11,6 +11,17 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 LANEFS_FUZZ_SECONDS=${LANEFS_FUZZ_SECONDS:-30} cargo test --workspace --locked
 
+# Every bench suite at minimal size: checks that each one runs and writes well-formed output
+# (report, JSON, charts), not speed.
+cargo build --release --locked
+bench_out=$(mktemp -d /tmp/lanefs-bench-check.XXXXXX)
+target/release/lanefs bench --quick --no-print --out "$bench_out"
+for f in report.md results.json; do
+  [ -s "$bench_out/$f" ] || { echo "lanefs bench --quick wrote no $f" >&2; exit 1; }
+done
+ls "$bench_out"/*.svg >/dev/null
+rm -rf "$bench_out"
+
 # Nothing may outlive the tests.
 if grep -q 'fuse.lanefs' /proc/mounts || pgrep -x lanefs >/dev/null; then
   echo "tests left lanefs mounts or daemons behind:" >&2
