@@ -43,8 +43,8 @@ pub struct MountArgs {
     /// Background requests the kernel keeps in flight [default: 128].
     #[arg(long)]
     pub max_background: Option<u16>,
-    /// Microseconds an idle worker keeps polling its queue before sleeping; 0 never polls
-    /// [default: 50].
+    /// Microseconds an idle worker keeps polling its queue before sleeping; for daemons with
+    /// CPUs to spare [default: 0, never].
     #[arg(long, value_name = "MICROSECONDS")]
     pub poll_us: Option<u64>,
     /// Let other users use the mount (always on as root).
