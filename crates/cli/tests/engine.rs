@@ -91,7 +91,8 @@ fn fio_matrix_on_one_and_four_queues() {
                 }
             }
         }
-        // Requests arrived on every queue when there are several.
+        // With several queues, the kernel handed requests to more than one of them (which
+        // reader it wakes is its choice, so not necessarily to every one).
         let stats = m.stats();
         let per_queue: Vec<u64> = stats["queues"]
             .as_array()
@@ -100,10 +101,10 @@ fn fio_matrix_on_one_and_four_queues() {
             .map(|q| q["requests"].as_u64().unwrap())
             .collect();
         assert_eq!(per_queue.len(), queues.parse::<usize>().unwrap());
-        assert!(
-            per_queue.iter().all(|&r| r > 0),
-            "idle queue: {per_queue:?}"
-        );
+        if per_queue.len() > 1 {
+            let busy = per_queue.iter().filter(|&&r| r > 0).count();
+            assert!(busy >= 2, "one queue served everything: {per_queue:?}");
+        }
         m.unmount();
     }
 }
@@ -234,29 +235,30 @@ fn bad_mount_points_get_an_explanation() {
         (dir.path().join("missing"), "does not exist"),
     ];
     for (mountpoint, explanation) in cases {
-        let out = Command::new(common::lanefs())
-            .args(["mount", "null:"])
-            .arg(&mountpoint)
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = mount_fails_on(&mountpoint);
         assert!(err.contains(explanation), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
     // On top of a live lanefs mount.
     let m = Mount::null(&[]);
+    let err = mount_fails_on(&m.mountpoint);
+    assert!(err.contains("already a FUSE mount"), "{err}");
+    m.unmount();
+}
+
+/// Mounts null on `mountpoint`, expecting a refusal; returns its message.
+fn mount_fails_on(mountpoint: &std::path::Path) -> String {
     let out = Command::new(common::lanefs())
         .args(["mount", "null:"])
-        .arg(&m.mountpoint)
+        .arg(mountpoint)
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("already a FUSE mount"),
-        "{err}"
+        !out.status.success(),
+        "mounting on {} succeeded",
+        mountpoint.display()
     );
-    m.unmount();
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
@@ -265,16 +267,8 @@ fn a_dead_mount_is_explained_and_can_be_cleared() {
     // SAFETY: killing the daemon we started, to leave a dead mount behind.
     unsafe { libc::kill(m.pid as i32, libc::SIGKILL) };
     assert!(wait_until(Duration::from_secs(5), || !process_alive(m.pid)));
-    let out = Command::new(common::lanefs())
-        .args(["mount", "null:"])
-        .arg(&m.mountpoint)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("dead FUSE mount"),
-        "{err}"
-    );
+    let err = mount_fails_on(&m.mountpoint);
+    assert!(err.contains("dead FUSE mount"), "{err}");
     let status = Command::new(common::lanefs())
         .arg("umount")
         .arg(&m.mountpoint)

@@ -265,40 +265,36 @@ impl DirBuffer {
 
     /// Adds a readdir entry; false when it does not fit (the answer is then complete).
     pub fn push(&mut self, entry: &DirEntry<'_>) -> bool {
-        let len = size_of::<abi::Dirent>() + entry.name.len();
-        if self.buf.len() + Self::padded(len) > self.max {
-            return false;
-        }
-        let dirent = abi::Dirent {
-            ino: entry.ino,
-            off: entry.offset,
-            namelen: entry.name.len() as u32,
-            typ: entry.typ,
-        };
-        self.buf.extend_from_slice(dirent.as_bytes());
-        self.buf.extend_from_slice(entry.name);
-        self.buf.resize(self.buf.len() + Self::padded(len) - len, 0);
-        true
+        self.append(Self::dirent(entry).as_bytes(), entry.name)
     }
 
     /// Adds a readdirplus entry with its lookup answer; false when it does not fit. An entry
     /// whose `nodeid` is 0 gives the kernel the name only (no lookup count is taken).
     pub fn push_plus(&mut self, entry: &DirEntry<'_>, entry_out: &abi::EntryOut) -> bool {
-        let len = size_of::<abi::DirentPlus>() + entry.name.len();
+        let plus = abi::DirentPlus {
+            entry_out: *entry_out,
+            dirent: Self::dirent(entry),
+        };
+        self.append(plus.as_bytes(), entry.name)
+    }
+
+    fn dirent(entry: &DirEntry<'_>) -> abi::Dirent {
+        abi::Dirent {
+            ino: entry.ino,
+            off: entry.offset,
+            namelen: entry.name.len() as u32,
+            typ: entry.typ,
+        }
+    }
+
+    /// Appends a fixed part and its name, padded to 8 bytes, if it fits.
+    fn append(&mut self, fixed: &[u8], name: &[u8]) -> bool {
+        let len = fixed.len() + name.len();
         if self.buf.len() + Self::padded(len) > self.max {
             return false;
         }
-        let plus = abi::DirentPlus {
-            entry_out: *entry_out,
-            dirent: abi::Dirent {
-                ino: entry.ino,
-                off: entry.offset,
-                namelen: entry.name.len() as u32,
-                typ: entry.typ,
-            },
-        };
-        self.buf.extend_from_slice(plus.as_bytes());
-        self.buf.extend_from_slice(entry.name);
+        self.buf.extend_from_slice(fixed);
+        self.buf.extend_from_slice(name);
         self.buf.resize(self.buf.len() + Self::padded(len) - len, 0);
         true
     }
