@@ -4,6 +4,7 @@
 
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -33,6 +34,10 @@ pub fn socket_path(mount: &MountInfo) -> PathBuf {
 /// A listening control socket; dropping it stops the listener and removes the file.
 pub struct ControlSocket {
     path: PathBuf,
+    /// The inode of the socket file we bound: the device number in its name is reused by the
+    /// next mount as soon as ours is gone, so on the way out we remove the file only if it is
+    /// still ours, never a newer daemon's.
+    inode: u64,
     listener: UnixListener,
     thread: Option<JoinHandle<()>>,
 }
@@ -52,6 +57,7 @@ impl ControlSocket {
             _ => {}
         }
         let listener = UnixListener::bind(path)?;
+        let inode = std::fs::metadata(path)?.ino();
         let accepting = listener.try_clone()?;
         let thread = std::thread::Builder::new()
             .name("lanefs-control".into())
@@ -66,6 +72,7 @@ impl ControlSocket {
             })?;
         Ok(ControlSocket {
             path: path.to_owned(),
+            inode,
             listener,
             thread: Some(thread),
         })
@@ -79,7 +86,9 @@ impl Drop for ControlSocket {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
