@@ -23,10 +23,12 @@ ls "$bench_out"/*.svg >/dev/null
 rm -rf "$bench_out"
 
 # Nothing may outlive the tests.
-if grep -q 'fuse.lanefs' /proc/mounts || pgrep -x lanefs >/dev/null; then
+# (Exited daemons may linger as zombies until init reaps them: those do not count.)
+live_daemons() { ps -eo stat=,pid=,args= | awk '$1 !~ /^Z/ && $3 ~ /(^|\/)lanefs$/'; }
+if grep -q 'fuse.lanefs' /proc/mounts || [ -n "$(live_daemons)" ]; then
   echo "tests left lanefs mounts or daemons behind:" >&2
   grep 'fuse.lanefs' /proc/mounts >&2 || true
-  pgrep -a -x lanefs >&2 || true
+  live_daemons >&2
   exit 1
 fi
 echo "all tests passed"
