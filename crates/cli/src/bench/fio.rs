@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-/// One fio job, as the seeds ran it (all direct I/O).
+/// One fio job: the seeds ran all of theirs with direct I/O; buffered jobs measure the page
+/// cache path (and kernel passthrough, which serves only opens without O_DIRECT).
 #[derive(Serialize, Clone, Debug)]
 pub struct FioJob {
     /// fio's rw=, e.g. "randread", "write", "randwrite:256".
@@ -16,6 +17,8 @@ pub struct FioJob {
     pub ioengine: String,
     pub iodepth: u32,
     pub numjobs: u32,
+    /// O_DIRECT (fio's direct=1).
+    pub direct: bool,
     /// All jobs on one file; else a file per job (needs a directory).
     pub shared_file: bool,
     /// Per file, for targets whose files fio lays out (directories).
@@ -39,7 +42,7 @@ impl FioJob {
             format!("--ioengine={}", self.ioengine),
             format!("--iodepth={}", self.iodepth),
             format!("--numjobs={}", self.numjobs),
-            "--direct=1".into(),
+            format!("--direct={}", u8::from(self.direct)),
             "--group_reporting=1".into(),
             "--time_based=1".into(),
             format!("--runtime={ms}ms"),
@@ -257,11 +260,13 @@ mod tests {
             ioengine: "psync".into(),
             iodepth: 1,
             numjobs: 2,
+            direct: true,
             shared_file: true,
             size: "1G".into(),
             region: "4G".into(),
         };
         let a = job.args(Some(Path::new("/m/a:b")), None, Duration::from_millis(1500));
+        assert!(a.contains(&"--direct=1".to_owned()));
         assert!(a.contains(&"--rw=randwrite:256".to_owned()));
         assert!(a.contains(&"--rw_sequencer=sequential".to_owned()));
         assert!(a.contains(&"--runtime=1500ms".to_owned()));
@@ -269,10 +274,12 @@ mod tests {
         assert!(a.contains(&"--size=4G".to_owned()));
         let a = FioJob {
             shared_file: false,
+            direct: false,
             ..job
         }
         .args(None, Some(Path::new("/d")), Duration::from_secs(1));
         assert!(a.contains(&"--directory=/d".to_owned()));
+        assert!(a.contains(&"--direct=0".to_owned()));
         assert!(a.contains(&"--filename_format=fio-job1M.$jobnum".to_owned()));
         assert!(a.contains(&"--size=1G".to_owned()));
     }

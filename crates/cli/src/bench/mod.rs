@@ -41,6 +41,9 @@ pub enum Suite {
     Queues,
     /// Seed 002: lseek(SEEK_END/SEEK_HOLE) + pread from N threads while a writer extends.
     Seek,
+    /// Issue 3's data path: fio 4k buffered and direct on lanefs passthrough with and
+    /// without kernel passthrough, native tmpfs and libfuse's passthrough_ll.
+    Passthrough,
     /// Seed 003: 10,000 `echo foobarbaz > $i` in one bash.
     Create,
     /// Seed 003: untar of a kernel tree, then rm -rf.
@@ -50,11 +53,12 @@ pub enum Suite {
 }
 
 impl Suite {
-    pub const ALL: [Suite; 7] = [
+    pub const ALL: [Suite; 8] = [
         Suite::Engine,
         Suite::Ssf,
         Suite::Queues,
         Suite::Seek,
+        Suite::Passthrough,
         Suite::Create,
         Suite::Untar,
         Suite::Dd,
@@ -66,6 +70,7 @@ impl Suite {
             Suite::Ssf => "ssf",
             Suite::Queues => "queues",
             Suite::Seek => "seek",
+            Suite::Passthrough => "passthrough",
             Suite::Create => "create",
             Suite::Untar => "untar",
             Suite::Dd => "dd",

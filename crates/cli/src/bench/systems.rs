@@ -55,6 +55,8 @@ pub enum SystemSpec {
     LanefsPassthrough {
         queues: usize,
         parallel_writes: bool,
+        /// Kernel passthrough of opens without O_DIRECT (off: `--no-passthrough`).
+        kernel_passthrough: bool,
     },
     NativeTmpfs,
     NativeDisk,
@@ -82,9 +84,15 @@ impl SystemSpec {
             SystemSpec::LanefsPassthrough {
                 queues,
                 parallel_writes,
+                kernel_passthrough,
             } => format!(
-                "lanefs passthrough {queues}q{}",
-                if *parallel_writes { "" } else { " no-pw" }
+                "lanefs passthrough {queues}q{}{}",
+                if *parallel_writes { "" } else { " no-pw" },
+                if *kernel_passthrough {
+                    ""
+                } else {
+                    " no-passthrough"
+                }
             ),
             SystemSpec::NativeTmpfs => ctx.tmpfs_label.clone(),
             SystemSpec::NativeDisk => ctx.disk_label.clone(),
@@ -116,8 +124,10 @@ impl SystemSpec {
             SystemSpec::LanefsPassthrough {
                 queues,
                 parallel_writes,
+                kernel_passthrough,
             } => json!({"system": "lanefs", "fs": "passthrough", "queues": queues,
-                "parallel_writes": parallel_writes, "backing": ctx.tmpfs_label,
+                "parallel_writes": parallel_writes, "kernel_passthrough": kernel_passthrough,
+                "backing": ctx.tmpfs_label,
                 "extra_args": ctx.lanefs_args, "transport": "/dev/fuse"}),
             SystemSpec::NativeTmpfs => json!({"system": "native", "fs": ctx.tmpfs_label}),
             SystemSpec::NativeDisk => json!({"system": "native", "fs": ctx.disk_label}),
@@ -185,6 +195,7 @@ impl SystemSpec {
             SystemSpec::LanefsPassthrough {
                 queues,
                 parallel_writes,
+                kernel_passthrough,
             } => {
                 if let Some(Err(why)) = &ctx.passthrough {
                     return Err(OpenError::Skip(why.clone()));
@@ -194,6 +205,9 @@ impl SystemSpec {
                 let mut args = vec!["--queues".to_owned(), queues.to_string()];
                 if !parallel_writes {
                     args.push("--no-parallel-writes".into());
+                }
+                if !kernel_passthrough {
+                    args.push("--no-passthrough".into());
                 }
                 let source = src.0.display().to_string();
                 match mount_lanefs(ctx, &args, &source, &mp) {

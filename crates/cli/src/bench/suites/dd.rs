@@ -55,6 +55,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
         SystemSpec::LanefsPassthrough {
             queues: cores,
             parallel_writes: true,
+            kernel_passthrough: true,
         },
     ]
     .into_iter()

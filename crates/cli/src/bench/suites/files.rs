@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::SuitePlan;
+use super::{SuitePlan, aim_line, best_median, workloads_of};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
-use crate::bench::model::{SuiteResult, Unit};
+use crate::bench::model::{Role, SuiteResult, Unit};
 use crate::bench::runner::{Ctx, Plan};
 use crate::bench::systems::{Mode, SystemSpec};
 use crate::bench::workloads::{Kind, Metric, Workload};
@@ -20,7 +20,11 @@ fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
         SystemSpec::NativeDisk,
         SystemSpec::Libfuse {
             example: Example::PassthroughLl,
-            mode: Mode::Multi,
+            mode: Mode::Single,
+        },
+        SystemSpec::Libfuse {
+            example: Example::PassthroughLl,
+            mode: Mode::CloneFd,
         },
         SystemSpec::Libfuse {
             example: Example::PassthroughFh,
@@ -29,6 +33,7 @@ fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
         SystemSpec::LanefsPassthrough {
             queues: ctx.settings.cores,
             parallel_writes: true,
+            kernel_passthrough: true,
         },
     ]
 }
@@ -64,6 +69,35 @@ pub fn plan_create(ctx: &Ctx) -> SuitePlan {
          bench's tmpfs; passthrough_fh mirrors all of / and is used through that path.",
     );
     SuitePlan { result, plans }
+}
+
+/// Issue 3's aims for creates and untar: lanefs within 5x of native and at least 1.5x faster
+/// than libfuse's passthrough_ll.
+pub fn aims(result: &mut SuiteResult) {
+    let mut lines = Vec::new();
+    for (workload, unit) in workloads_of(result) {
+        let ours = best_median(result, &workload, |r| r.role == Role::Lanefs);
+        let native = best_median(result, &workload, |r| {
+            r.role == Role::Native && !r.system.starts_with("native disk")
+        });
+        let anchor = best_median(result, &workload, |r| r.system.contains("passthrough_ll"));
+        if let Some(ours) = &ours {
+            if let Some(native) = &native {
+                lines.extend(aim_line(
+                    &workload,
+                    ours,
+                    native,
+                    unit,
+                    0.2,
+                    "within 5x (>= 0.2x) of native",
+                ));
+            }
+            if let Some(anchor) = &anchor {
+                lines.extend(aim_line(&workload, ours, anchor, unit, 1.5, ">= 1.5x"));
+            }
+        }
+    }
+    result.aims = lines;
 }
 
 /// Debian's linux-source tarball, if installed.

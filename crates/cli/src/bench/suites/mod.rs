@@ -3,13 +3,14 @@
 mod dd;
 mod engine;
 mod files;
+mod passthrough;
 mod queues;
 mod seek;
 mod ssf;
 
 use crate::bench::Suite;
 use crate::bench::fio::FioJob;
-use crate::bench::model::{SuiteResult, Unit};
+use crate::bench::model::{Row, Status, SuiteResult, Unit, better, speedup};
 use crate::bench::runner::{Ctx, Plan, Stop};
 use crate::bench::workloads::Workload;
 
@@ -25,11 +26,15 @@ fn plan(suite: Suite, ctx: &Ctx) -> SuitePlan {
         Suite::Ssf => ssf::plan(ctx),
         Suite::Queues => queues::plan(ctx),
         Suite::Seek => seek::plan(ctx),
+        Suite::Passthrough => passthrough::plan(ctx),
         Suite::Create => files::plan_create(ctx),
         Suite::Untar => files::plan_untar(ctx),
         Suite::Dd => dd::plan(ctx),
     };
-    let uses_fio = matches!(suite, Suite::Engine | Suite::Ssf | Suite::Queues);
+    let uses_fio = matches!(
+        suite,
+        Suite::Engine | Suite::Ssf | Suite::Queues | Suite::Passthrough
+    );
     if uses_fio && let Err(why) = &ctx.fio {
         p.result.skip(format!("every row: {why}"));
         p.plans.clear();
@@ -53,8 +58,11 @@ pub fn run(suite: Suite, ctx: &mut Ctx) -> Result<SuiteResult, Stop> {
         plans = files::prepare_tarballs(ctx, &mut result, plans);
     }
     let outcome = ctx.execute(&mut result, plans);
-    if suite == Suite::Engine {
-        engine::aims(&mut result);
+    match suite {
+        Suite::Engine => engine::aims(&mut result),
+        Suite::Passthrough => passthrough::aims(&mut result),
+        Suite::Create | Suite::Untar => files::aims(&mut result),
+        _ => {}
     }
     match outcome {
         Ok(()) => Ok(result),
@@ -69,14 +77,22 @@ fn jobs(n: u32, what: &str) -> String {
     format!("{n} {what}{}", if n == 1 { "" } else { "s" })
 }
 
-/// A 4k fio job on one shared file: `engine` is "psync" or "libaio" (iodepth 16).
+/// A 4k direct fio job on one shared file: `engine` is "psync" or "libaio" (iodepth 16).
 fn fio_4k(rw: &str, engine: &str, numjobs: u32, quick: bool) -> Workload {
+    fio_4k_io(rw, engine, numjobs, quick, true)
+}
+
+/// A 4k fio job on one shared file, direct or through the page cache.
+fn fio_4k_io(rw: &str, engine: &str, numjobs: u32, quick: bool, direct: bool) -> Workload {
     let (engine_label, iodepth) = if engine == "libaio" {
         ("libaio qd16", 16)
     } else {
         (engine, 1)
     };
-    let family = format!("4k {rw} {engine_label}");
+    let family = format!(
+        "4k {rw} {engine_label}{}",
+        if direct { "" } else { " buffered" }
+    );
     Workload::fio(
         format!("{family}, {}", jobs(numjobs, "job")),
         family,
@@ -87,6 +103,7 @@ fn fio_4k(rw: &str, engine: &str, numjobs: u32, quick: bool) -> Workload {
             ioengine: engine.into(),
             iodepth,
             numjobs,
+            direct,
             shared_file: true,
             size: if quick { "64M" } else { "1G" }.into(),
             region: "1G".into(),
@@ -120,6 +137,7 @@ fn fio_seed000(shared: bool, numjobs: u32, quick: bool) -> Workload {
             ioengine: "psync".into(),
             iodepth: 1,
             numjobs,
+            direct: true,
             shared_file: shared,
             size: size.into(),
             region: "4G".into(),
@@ -132,4 +150,53 @@ fn distinct(mut v: Vec<u32>) -> Vec<u32> {
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// The best median among a workload's measured rows that `pick` accepts: (system, median).
+fn best_median(
+    result: &SuiteResult,
+    workload: &str,
+    pick: impl Fn(&Row) -> bool,
+) -> Option<(String, f64)> {
+    result
+        .rows
+        .iter()
+        .filter(|r| r.workload == workload && r.status == Status::Ok && pick(r))
+        .filter_map(|r| r.summary.map(|s| (r, s.median)))
+        .fold(None::<(&Row, f64)>, |best, (r, m)| match best {
+            Some((_, bm)) if !better(m, bm, r.unit) => best,
+            _ => Some((r, m)),
+        })
+        .map(|(r, m)| (r.system.clone(), m))
+}
+
+/// The suite's workloads in the order their rows appear.
+fn workloads_of(result: &SuiteResult) -> Vec<(String, Unit)> {
+    let mut seen: Vec<(String, Unit)> = Vec::new();
+    for r in &result.rows {
+        if !seen.iter().any(|(w, _)| *w == r.workload) {
+            seen.push((r.workload.clone(), r.unit));
+        }
+    }
+    seen
+}
+
+/// One aim line: `ours` against `theirs` as a speed-up, and whether it reaches `at_least`.
+fn aim_line(
+    what: &str,
+    ours: &(String, f64),
+    theirs: &(String, f64),
+    unit: Unit,
+    at_least: f64,
+    aim: &str,
+) -> Option<String> {
+    let ratio = speedup(ours.1, theirs.1, unit)?;
+    Some(format!(
+        "{what}: {} ({:.3}) = **{ratio:.2}x** {} ({:.3}); aim {aim}: {}",
+        ours.0,
+        ours.1,
+        theirs.0,
+        theirs.1,
+        if ratio >= at_least { "met" } else { "NOT met" }
+    ))
 }

@@ -64,6 +64,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             system: SystemSpec::LanefsPassthrough {
                 queues,
                 parallel_writes: true,
+                kernel_passthrough: true,
             },
             workloads: workloads.clone(),
         });

@@ -51,6 +51,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
         SystemSpec::LanefsPassthrough {
             queues: cores,
             parallel_writes: true,
+            kernel_passthrough: true,
         },
         SystemSpec::LanefsNull {
             queues: cores,

@@ -57,6 +57,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             system: SystemSpec::LanefsPassthrough {
                 queues: cores,
                 parallel_writes,
+                kernel_passthrough: true,
             },
             workloads: both.clone(),
         });
