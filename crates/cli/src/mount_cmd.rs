@@ -86,6 +86,9 @@ pub struct MountArgs {
     /// Fault injection for the engine's tests: null panics when this name is looked up.
     #[arg(long, hide = true)]
     pub panic_on_lookup: Option<String>,
+    /// For the engine's tests: null answers each read from another thread.
+    #[arg(long, hide = true)]
+    pub defer_reads: bool,
 }
 
 #[derive(Parser)]
@@ -138,6 +141,7 @@ pub fn run(mut args: MountArgs) -> io::Result<()> {
             size: args.size.unwrap_or(NullOptions::default().size),
             parallel_writes: !args.no_parallel_writes,
             panic_on_lookup: args.panic_on_lookup.clone(),
+            defer_reads: args.defer_reads,
         });
         serve(fs, &spec, &session_options, &source, "null", ready)
     } else {

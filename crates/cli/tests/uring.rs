@@ -235,3 +235,39 @@ fn with_the_parameter_off_auto_falls_back_and_uring_refuses() {
         assert!(!is_mounted(tmp.path()), "{form:?} left a mount behind");
     }
 }
+
+#[test]
+fn answers_from_other_threads_reach_the_ring() {
+    let Some(_param) = Parameter::set("Y") else {
+        return;
+    };
+    // Every read is answered after its handler returned, from a thread of its own: the
+    // answer travels through the ring's deferred list and wakes its worker.
+    let m = Mount::null(&[
+        "--transport",
+        "uring",
+        "--queue-depth",
+        "2",
+        "--defer-reads",
+    ]);
+    assert!(m.over_uring(), "{}", m.line);
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            let data = m.path("data");
+            std::thread::spawn(move || {
+                let file = File::open(&data).unwrap();
+                let mut buf = vec![1u8; 8192];
+                for round in 0..100u64 {
+                    let n = file.read_at(&mut buf, (i * 100 + round) * 8192).unwrap();
+                    assert_eq!(n, 8192);
+                    assert!(buf.iter().all(|&b| b == 0));
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().expect("a reader failed");
+    }
+    assert!(m.op_count("read") >= 800);
+    m.unmount();
+}

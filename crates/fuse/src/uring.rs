@@ -537,3 +537,65 @@ fn serve_entry<F: Filesystem>(
     }
     commit_id
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(max_write: u32, flags: u64) -> Connection {
+        Connection {
+            minor: 45,
+            flags,
+            max_write,
+            session_fd: -1,
+        }
+    }
+
+    #[test]
+    fn payload_buffers_are_as_large_as_the_kernel_requires() {
+        // The kernel refuses a REGISTER whose payload buffer is below its max_payload_sz.
+        assert_eq!(
+            payload_bytes(&conn(1 << 20, init_flags::MAX_PAGES)),
+            1 << 20
+        );
+        assert_eq!(payload_bytes(&conn(4096, init_flags::MAX_PAGES)), 8192);
+        assert_eq!(payload_bytes(&conn(6000, init_flags::MAX_PAGES)), 8192);
+        assert_eq!(payload_bytes(&conn(12_000, init_flags::MAX_PAGES)), 12_288);
+        // Without MAX_PAGES the kernel keeps its default of 32 pages per request.
+        assert_eq!(payload_bytes(&conn(4096, 0)), 32 * 4096);
+    }
+
+    #[test]
+    fn only_an_enabled_kernel_has_no_obstacle() {
+        assert_eq!(KernelSupport::Enabled.obstacle(), None);
+        let off = KernelSupport::Disabled.obstacle().unwrap();
+        assert!(
+            off.contains(&format!("echo Y > {ENABLE_PARAMETER}")),
+            "{off}"
+        );
+        assert!(KernelSupport::Missing.obstacle().unwrap().contains("6.14"));
+    }
+
+    #[test]
+    fn inline_answers_stay_on_the_worker_and_others_wake_it() {
+        let shared = RingShared::new().unwrap();
+        SERVING.with(|s| s.borrow_mut().0 = Arc::as_ptr(&shared));
+        hand_back(&shared, 3);
+        assert_eq!(SERVING.with(|s| s.borrow().1.clone()), vec![3]);
+        assert!(shared.deferred.lock().unwrap().is_empty());
+        let other = shared.clone();
+        std::thread::spawn(move || hand_back(&other, 5))
+            .join()
+            .unwrap();
+        assert_eq!(*shared.deferred.lock().unwrap(), vec![5]);
+        let mut count = 0u64;
+        // SAFETY: an 8-byte read into a live u64 from our eventfd.
+        let n = unsafe { libc::read(shared.wake.as_raw_fd(), (&raw mut count).cast(), 8) };
+        assert_eq!(
+            (n, count),
+            (8, 1),
+            "the deferred answer wakes the worker once"
+        );
+        SERVING.with(|s| *s.borrow_mut() = (std::ptr::null(), Vec::new()));
+    }
+}
