@@ -56,6 +56,11 @@ pub enum SystemSpec {
         queues: usize,
         parallel_writes: bool,
     },
+    /// lanefs null over io_uring (one ring per CPU, `depth` entries each); skipped when the
+    /// kernel has io_uring off (the bench never turns it on).
+    LanefsNullUring {
+        depth: usize,
+    },
     NativeTmpfs,
     NativeDisk,
     Libfuse {
@@ -86,6 +91,7 @@ impl SystemSpec {
                 "lanefs passthrough {queues}q{}",
                 if *parallel_writes { "" } else { " no-pw" }
             ),
+            SystemSpec::LanefsNullUring { depth } => format!("lanefs null io_uring d{depth}"),
             SystemSpec::NativeTmpfs => ctx.tmpfs_label.clone(),
             SystemSpec::NativeDisk => ctx.disk_label.clone(),
             SystemSpec::Libfuse { example, mode } => {
@@ -98,7 +104,9 @@ impl SystemSpec {
 
     pub fn role(&self) -> Role {
         match self {
-            SystemSpec::LanefsNull { .. } | SystemSpec::LanefsPassthrough { .. } => Role::Lanefs,
+            SystemSpec::LanefsNull { .. }
+            | SystemSpec::LanefsPassthrough { .. }
+            | SystemSpec::LanefsNullUring { .. } => Role::Lanefs,
             SystemSpec::NativeTmpfs | SystemSpec::NativeDisk => Role::Native,
             SystemSpec::Libfuse { .. } | SystemSpec::Qsd { .. } => Role::Anchor,
         }
@@ -119,6 +127,8 @@ impl SystemSpec {
             } => json!({"system": "lanefs", "fs": "passthrough", "queues": queues,
                 "parallel_writes": parallel_writes, "backing": ctx.tmpfs_label,
                 "extra_args": ctx.lanefs_args, "transport": "/dev/fuse"}),
+            SystemSpec::LanefsNullUring { depth } => json!({"system": "lanefs", "fs": "null",
+                "queue_depth": depth, "extra_args": ctx.lanefs_args, "transport": "io_uring"}),
             SystemSpec::NativeTmpfs => json!({"system": "native", "fs": ctx.tmpfs_label}),
             SystemSpec::NativeDisk => json!({"system": "native", "fs": ctx.disk_label}),
             SystemSpec::Libfuse { example, mode } => json!({"system": "libfuse",
@@ -168,13 +178,37 @@ impl SystemSpec {
                 size,
             } => {
                 let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
-                let mut args = vec!["--queues".to_owned(), queues.to_string()];
+                // Explicitly /dev/fuse: `auto` would take io_uring where the kernel has it on.
+                let mut args = vec![
+                    "--queues".to_owned(),
+                    queues.to_string(),
+                    "--transport".into(),
+                    "dev".into(),
+                ];
                 if !parallel_writes {
                     args.push("--no-parallel-writes".into());
                 }
                 if let Some(size) = size {
                     args.extend(["--size".to_owned(), (*size).to_owned()]);
                 }
+                let guard = mount_lanefs(ctx, &args, "null:", &mp).map_err(OpenError::Fail)?;
+                Ok(target(
+                    Place::File(mp.join("data")),
+                    true,
+                    vec![Guard::Mount(guard)],
+                ))
+            }
+            SystemSpec::LanefsNullUring { depth } => {
+                if let Some(why) = lanefs_fuse::uring::KernelSupport::read().obstacle() {
+                    return Err(OpenError::Skip(why));
+                }
+                let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
+                let args = [
+                    "--transport".to_owned(),
+                    "uring".into(),
+                    "--queue-depth".into(),
+                    depth.to_string(),
+                ];
                 let guard = mount_lanefs(ctx, &args, "null:", &mp).map_err(OpenError::Fail)?;
                 Ok(target(
                     Place::File(mp.join("data")),
