@@ -28,6 +28,7 @@
 use std::cell::{RefCell, UnsafeCell};
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -104,22 +105,44 @@ pub fn payload_bytes(conn: &Connection) -> usize {
         .max(MIN_PAYLOAD_BYTES)
 }
 
+/// Room before the payload for a request's in header and op header, so that a request can be
+/// laid out contiguously, as /dev/fuse delivers it, in front of its payload without moving
+/// the payload (8-byte aligned: every op header's size is a multiple of 8).
+const PREFIX_BYTES: usize = size_of::<abi::InHeader>() + abi::URING_OP_IN_OUT_SZ;
+/// The largest answer that can wait in an entry's staging area (see `EntryBuffers::staged`):
+/// an out header and a WRITE's answer, with room to spare.
+const STAGE_BYTES: usize = 64;
+
+/// An answer written while its request still borrowed the payload buffer.
+struct StagedAnswer {
+    /// Bytes used in `bytes`: the out header, then the answer's payload. 0: nothing staged.
+    len: usize,
+    bytes: [u8; STAGE_BYTES],
+}
+
 /// One entry's buffers, shared with the kernel.
 ///
 /// Ownership, which makes the unsynchronised access sound: while a REGISTER or
 /// COMMIT_AND_FETCH of the entry is in the kernel, only the kernel touches the buffers; from
-/// its completion until the worker has copied the request out, the worker; from then until
-/// the answer is written, the request's `Reply` (one, on any thread); then the worker again,
-/// until it submits the commit.
+/// its completion until dispatch, the worker; from dispatch until the answer is written, the
+/// request's `Reply` (one, on any thread) — except that while `borrowed` is set the handler
+/// still reads the request in the payload buffer, so the answer goes to `staged` instead;
+/// then the worker again, until it submits the commit.
 struct EntryBuffers {
     header: Box<UnsafeCell<abi::UringReqHeader>>,
-    /// Words, so that the payload is 8-byte aligned like every argument struct in it.
-    payload: Box<[UnsafeCell<u64>]>,
+    /// `PREFIX_BYTES` of room for a request's headers, then the payload buffer the kernel
+    /// knows. Words, so that everything in it is 8-byte aligned like the argument structs.
+    region: Box<[UnsafeCell<u64>]>,
+    /// Set by the worker while a handler runs on a request whose payload lies in the payload
+    /// buffer (a WRITE served in place); cleared (Release) when the handler has returned.
+    borrowed: AtomicBool,
+    staged: UnsafeCell<StagedAnswer>,
 }
 
 // SAFETY: access follows the ownership protocol above: at any time one party (kernel, worker,
 // or the one Reply of the entry's request) owns the buffers, and ownership moves between
-// threads through the deferred-list mutex or the worker's own thread.
+// threads through the deferred-list mutex or the worker's own thread; `borrowed` (Acquire
+// against the worker's Release) tells a Reply whether the handler is done with the payload.
 unsafe impl Sync for EntryBuffers {}
 
 impl EntryBuffers {
@@ -128,18 +151,67 @@ impl EntryBuffers {
     fn new(payload_bytes: usize) -> EntryBuffers {
         EntryBuffers {
             header: Box::new(UnsafeCell::new(abi::UringReqHeader::new_zeroed())),
-            payload: (0..payload_bytes.div_ceil(8))
+            region: (0..(PREFIX_BYTES + payload_bytes).div_ceil(8))
                 .map(|_| UnsafeCell::new(0))
                 .collect(),
+            borrowed: AtomicBool::new(false),
+            staged: UnsafeCell::new(StagedAnswer {
+                len: 0,
+                bytes: [0; STAGE_BYTES],
+            }),
         }
     }
 
+    fn region_ptr(&self) -> *mut u8 {
+        UnsafeCell::raw_get(self.region.as_ptr()).cast()
+    }
+
     fn payload_ptr(&self) -> *mut u8 {
-        UnsafeCell::raw_get(self.payload.as_ptr()).cast()
+        // SAFETY: the region is PREFIX_BYTES longer than the payload buffer.
+        unsafe { self.region_ptr().add(PREFIX_BYTES) }
     }
 
     fn payload_len(&self) -> usize {
-        self.payload.len() * 8
+        self.region.len() * 8 - PREFIX_BYTES
+    }
+
+    /// Writes an answer (out header, then payload parts) into the header and payload buffer.
+    ///
+    /// # Safety
+    /// The caller owns the entry and no handler borrows its payload buffer; the parts fit it.
+    unsafe fn write_answer(&self, out_header: &[u8], parts: &[&[u8]]) {
+        // SAFETY: per the contract, the header and payload are ours to write; the parts are
+        // caller memory, never the ring's buffers, and fit the payload buffer.
+        unsafe {
+            let header = &mut *self.header.get();
+            header.in_out[..out_header.len()].copy_from_slice(out_header);
+            let mut at = self.payload_ptr();
+            let mut total = 0;
+            for part in parts {
+                std::ptr::copy_nonoverlapping(part.as_ptr(), at, part.len());
+                at = at.add(part.len());
+                total += part.len();
+            }
+            header.ring_ent_in_out.payload_sz = total as u32;
+        }
+    }
+
+    /// Moves a staged answer, if any, into the header and payload buffer (worker, before
+    /// committing).
+    ///
+    /// # Safety
+    /// The caller (the worker) owns the entry: its answer has been handed back.
+    unsafe fn unstage(&self) {
+        // SAFETY: the entry was handed back, so nobody else touches `staged` or the buffers.
+        unsafe {
+            let staged = &mut *self.staged.get();
+            if staged.len == 0 {
+                return;
+            }
+            let out = size_of::<abi::OutHeader>();
+            let len = std::mem::take(&mut staged.len);
+            self.write_answer(&staged.bytes[..out], &[&staged.bytes[out..len]]);
+        }
     }
 }
 
@@ -190,46 +262,53 @@ impl ReplySink for RingSink {
             .get()
             .expect("a ring's requests come only after its buffers exist");
         let entry = &entries[token as usize];
+        let out_len = size_of::<abi::OutHeader>();
         let payload_len: usize = iov[1..].iter().map(|p| p.len()).sum();
-        let header = entry.header.get();
-        let result = if payload_len > entry.payload_len() {
-            // The kernel could not take it either: answer EIO rather than lose the entry.
-            let out = abi::OutHeader::read_from_prefix(&iov[0])
-                .map(|(h, _)| abi::OutHeader {
-                    len: size_of::<abi::OutHeader>() as u32,
-                    error: -libc::EIO,
-                    unique: h.unique,
-                })
-                .unwrap_or_default();
-            // SAFETY: this reply owns the entry (see EntryBuffers); the header is ours to write.
-            let header = unsafe { &mut *header };
-            header.in_out[..size_of::<abi::OutHeader>()].copy_from_slice(out.as_bytes());
-            header.ring_ent_in_out.payload_sz = 0;
-            Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "a {payload_len}-byte answer exceeds the ring's {}-byte payload buffer; \
-                     answered EIO",
-                    entry.payload_len()
-                ),
-            ))
+        let borrowed = entry.borrowed.load(Ordering::Acquire);
+        let room = if borrowed {
+            STAGE_BYTES - out_len
         } else {
-            // SAFETY: this reply owns the entry; the copies stay within the header's in_out
-            // area (the out header is 16 bytes) and the payload buffer (checked above); the
-            // sources are caller slices, which cannot overlap the ring's buffers because the
-            // request was copied out of them before dispatch.
-            unsafe {
-                let header = &mut *header;
-                header.in_out[..iov[0].len()].copy_from_slice(&iov[0]);
-                header.ring_ent_in_out.payload_sz = payload_len as u32;
-                let mut at = entry.payload_ptr();
-                for part in &iov[1..] {
-                    std::ptr::copy_nonoverlapping(part.as_ptr(), at, part.len());
-                    at = at.add(part.len());
-                }
-            }
-            Ok(())
+            entry.payload_len()
         };
+        let mut result = Ok(());
+        let eio;
+        let (out_header, parts): (&[u8], Vec<&[u8]>) =
+            if iov[0].len() != out_len || payload_len > room {
+                // The kernel could not take it either: answer EIO rather than lose the entry.
+                eio = abi::OutHeader::read_from_prefix(&iov[0])
+                    .map(|(h, _)| abi::OutHeader {
+                        len: out_len as u32,
+                        error: -libc::EIO,
+                        unique: h.unique,
+                    })
+                    .unwrap_or_default();
+                result = Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "a {payload_len}-byte answer does not fit the ring entry's {room} bytes; \
+                     answered EIO"
+                    ),
+                ));
+                (eio.as_bytes(), Vec::new())
+            } else {
+                (&iov[0], iov[1..].iter().map(|p| &**p).collect())
+            };
+        if borrowed {
+            // SAFETY: this reply owns the entry's staging area (see EntryBuffers); the answer
+            // fits it (checked above).
+            let staged = unsafe { &mut *entry.staged.get() };
+            let mut len = out_len;
+            staged.bytes[..len].copy_from_slice(out_header);
+            for part in &parts {
+                staged.bytes[len..len + part.len()].copy_from_slice(part);
+                len += part.len();
+            }
+            staged.len = len;
+        } else {
+            // SAFETY: this reply owns the entry and no handler borrows the payload buffer
+            // (`borrowed` is clear); the parts fit it (checked above).
+            unsafe { entry.write_answer(out_header, &parts) };
+        }
         hand_back(shared, token as u16);
         result
     }
@@ -429,6 +508,8 @@ pub fn serve_ring<F: Filesystem>(
         SERVING.with(|s| answered.append(&mut s.borrow_mut().1));
         for i in answered.drain(..) {
             let i = i as usize;
+            // SAFETY: the entry's answer was handed back: the worker owns it.
+            unsafe { entries[i].unstage() };
             states[i] = EntryState::InKernel;
             commit(&mut ring, i, commit_ids[i]);
         }
@@ -509,18 +590,51 @@ fn serve_entry<F: Filesystem>(
         .error(libc::EIO);
         return commit_id;
     };
-    request[..in_header_len].copy_from_slice(&header.in_out[..in_header_len]);
-    request[in_header_len..in_header_len + op_len].copy_from_slice(&header.op_in[..op_len]);
-    // SAFETY: the worker owns the entry; payload_len is within the payload buffer (checked
-    // above) and the destination is the worker's own request buffer.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            entry.payload_ptr(),
-            request[in_header_len + op_len..].as_mut_ptr(),
-            payload_len,
-        )
+    // In place (the headers copied in front of the payload, which stays where the kernel
+    // put it) when the answer cannot land on the request: requests without payload (reads,
+    // getattr, ...: the answer goes after the headers) and WRITEs (whose 8-byte answer is
+    // staged while the handler borrows the data). Other requests with payload carry names
+    // or xattrs, small enough to copy into the worker's buffer.
+    let in_place = op_len % 8 == 0 && (payload_len == 0 || in_header.opcode == abi::opcode::WRITE);
+    let dispatched = if in_place {
+        let start = PREFIX_BYTES - in_header_len - op_len;
+        // SAFETY: the worker owns the entry; the headers go into the prefix room in front of
+        // the payload (start..PREFIX_BYTES), which no answer ever writes.
+        let request = unsafe {
+            let region = entry.region_ptr();
+            std::ptr::copy_nonoverlapping(header.in_out.as_ptr(), region.add(start), in_header_len);
+            std::ptr::copy_nonoverlapping(
+                header.op_in.as_ptr(),
+                region.add(start + in_header_len),
+                op_len,
+            );
+            std::slice::from_raw_parts(region.add(start), total)
+        };
+        let borrows_payload = payload_len > 0;
+        if borrows_payload {
+            entry.borrowed.store(true, Ordering::Release);
+        }
+        let dispatched = dispatch(fs, wire, request, queue, i as u64);
+        if borrows_payload {
+            // The handler has returned: its borrow of the payload is over.
+            entry.borrowed.store(false, Ordering::Release);
+        }
+        dispatched
+    } else {
+        request[..in_header_len].copy_from_slice(&header.in_out[..in_header_len]);
+        request[in_header_len..in_header_len + op_len].copy_from_slice(&header.op_in[..op_len]);
+        // SAFETY: the worker owns the entry; payload_len is within the payload buffer
+        // (checked above) and the destination is the worker's own request buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                entry.payload_ptr(),
+                request[in_header_len + op_len..].as_mut_ptr(),
+                payload_len,
+            )
+        };
+        dispatch(fs, wire, &request[..total], queue, i as u64)
     };
-    if dispatch(fs, wire, &request[..total], queue, i as u64) == Dispatched::Silent {
+    if dispatched == Dispatched::Silent {
         tracing::warn!(
             unique = commit_id,
             op = abi::opcode::name(in_header.opcode),
@@ -574,6 +688,89 @@ mod tests {
             "{off}"
         );
         assert!(KernelSupport::Missing.obstacle().unwrap().contains("6.14"));
+    }
+
+    fn one_entry_ring(payload: usize) -> (Arc<RingShared>, RingSink) {
+        let shared = RingShared::new().unwrap();
+        assert!(
+            shared
+                .entries
+                .set(vec![EntryBuffers::new(payload)].into_boxed_slice())
+                .is_ok()
+        );
+        (shared.clone(), RingSink(shared))
+    }
+
+    fn answer(sink: &RingSink, unique: u64, error: i32, payload: &[u8]) -> io::Result<()> {
+        let header = abi::OutHeader {
+            len: (16 + payload.len()) as u32,
+            error,
+            unique,
+        };
+        sink.send(0, &[IoSlice::new(header.as_bytes()), IoSlice::new(payload)])
+    }
+
+    fn committed(shared: &RingShared) -> (abi::OutHeader, Vec<u8>) {
+        let entry = &shared.entries.get().unwrap()[0];
+        // SAFETY: the test plays the worker: the answer was handed back.
+        unsafe {
+            entry.unstage();
+            let header = &*entry.header.get();
+            let (out, _) = abi::OutHeader::read_from_prefix(&header.in_out).unwrap();
+            let len = header.ring_ent_in_out.payload_sz as usize;
+            (
+                out,
+                std::slice::from_raw_parts(entry.payload_ptr(), len).to_vec(),
+            )
+        }
+    }
+
+    #[test]
+    fn answers_land_in_the_entry_or_wait_while_the_request_is_borrowed() {
+        let (shared, sink) = one_entry_ring(8192);
+        SERVING.with(|s| s.borrow_mut().0 = Arc::as_ptr(&shared));
+        answer(&sink, 7, 0, &[1; 4096]).unwrap();
+        let (out, payload) = committed(&shared);
+        assert_eq!((out.unique, out.error, payload.len()), (7, 0, 4096));
+
+        // A WRITE served in place: its answer must not touch the payload the handler reads.
+        let entry = &shared.entries.get().unwrap()[0];
+        entry.borrowed.store(true, Ordering::Release);
+        answer(
+            &sink,
+            8,
+            0,
+            abi::WriteOut {
+                size: 4096,
+                padding: 0,
+            }
+            .as_bytes(),
+        )
+        .unwrap();
+        // SAFETY: reading the payload as the handler would, before the worker unstages.
+        let untouched = unsafe { *entry.payload_ptr() };
+        assert_eq!(
+            untouched, 1,
+            "the staged answer overwrote the request's data"
+        );
+        entry.borrowed.store(false, Ordering::Release);
+        let (out, payload) = committed(&shared);
+        assert_eq!((out.unique, out.error), (8, 0));
+        assert_eq!(
+            payload,
+            abi::WriteOut {
+                size: 4096,
+                padding: 0
+            }
+            .as_bytes()
+        );
+
+        // Too big for the entry: EIO, and the entry still goes back to the worker.
+        assert!(answer(&sink, 9, 0, &vec![0; 8193]).is_err());
+        let (out, payload) = committed(&shared);
+        assert_eq!((out.unique, out.error, payload.len()), (9, -libc::EIO, 0));
+        assert_eq!(SERVING.with(|s| s.borrow().1.len()), 3);
+        SERVING.with(|s| *s.borrow_mut() = (std::ptr::null(), Vec::new()));
     }
 
     #[test]
