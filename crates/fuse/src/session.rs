@@ -229,13 +229,13 @@ pub fn run<F: Filesystem>(
         tracing::warn!("cannot read the CPU topology ({e}); assuming one node");
         Topology::single(std::thread::available_parallelism().map_or(1, |n| n.get()))
     });
-    let first_queue = |fd: &Arc<OwnedFd>| {
-        Arc::new(QueueHandle {
-            sink: Box::new(DevSink { fd: fd.clone() }),
-            stats: stats::QueueStats::new(0, None, None),
-        })
-    };
-    let init_queue = first_queue(&session_fd);
+    // INIT is answered on the session fd before the transport's queues exist.
+    let init_queue = Arc::new(QueueHandle {
+        sink: Box::new(DevSink {
+            fd: session_fd.clone(),
+        }),
+        stats: stats::QueueStats::new(0, None, None),
+    });
     let conn =
         answer_init(&*fs, &session_fd, &init_queue, opts, want_uring).map_err(unmount_on_error)?;
     let wire = WireFormat {

@@ -128,6 +128,8 @@ impl SystemSpec {
                 "parallel_writes": parallel_writes, "backing": ctx.tmpfs_label,
                 "extra_args": ctx.lanefs_args, "transport": "/dev/fuse"}),
             SystemSpec::LanefsNullUring { depth } => json!({"system": "lanefs", "fs": "null",
+                // One ring per possible CPU.
+                "queues": lanefs_fuse::topology::Topology::read().map_or(0, |t| t.possible.len()),
                 "queue_depth": depth, "extra_args": ctx.lanefs_args, "transport": "io_uring"}),
             SystemSpec::NativeTmpfs => json!({"system": "native", "fs": ctx.tmpfs_label}),
             SystemSpec::NativeDisk => json!({"system": "native", "fs": ctx.disk_label}),
