@@ -179,7 +179,7 @@ impl EntryBuffers {
     ///
     /// # Safety
     /// The caller owns the entry and no handler borrows its payload buffer; the parts fit it.
-    unsafe fn write_answer(&self, out_header: &[u8], parts: &[&[u8]]) {
+    unsafe fn write_answer(&self, out_header: &[u8], parts: &[IoSlice<'_>]) {
         // SAFETY: per the contract, the header and payload are ours to write; the parts are
         // caller memory, never the ring's buffers, and fit the payload buffer.
         unsafe {
@@ -210,7 +210,10 @@ impl EntryBuffers {
             }
             let out = size_of::<abi::OutHeader>();
             let len = std::mem::take(&mut staged.len);
-            self.write_answer(&staged.bytes[..out], &[&staged.bytes[out..len]]);
+            self.write_answer(
+                &staged.bytes[..out],
+                &[IoSlice::new(&staged.bytes[out..len])],
+            );
         }
     }
 }
@@ -272,7 +275,7 @@ impl ReplySink for RingSink {
         };
         let mut result = Ok(());
         let eio;
-        let (out_header, parts): (&[u8], Vec<&[u8]>) =
+        let (out_header, parts): (&[u8], &[IoSlice<'_>]) =
             if iov[0].len() != out_len || payload_len > room {
                 // The kernel could not take it either: answer EIO rather than lose the entry.
                 eio = abi::OutHeader::read_from_prefix(&iov[0])
@@ -289,9 +292,9 @@ impl ReplySink for RingSink {
                      answered EIO"
                     ),
                 ));
-                (eio.as_bytes(), Vec::new())
+                (eio.as_bytes(), &[])
             } else {
-                (&iov[0], iov[1..].iter().map(|p| &**p).collect())
+                (&iov[0], &iov[1..])
             };
         if borrowed {
             // SAFETY: this reply owns the entry's staging area (see EntryBuffers); the answer
@@ -299,7 +302,7 @@ impl ReplySink for RingSink {
             let staged = unsafe { &mut *entry.staged.get() };
             let mut len = out_len;
             staged.bytes[..len].copy_from_slice(out_header);
-            for part in &parts {
+            for part in parts {
                 staged.bytes[len..len + part.len()].copy_from_slice(part);
                 len += part.len();
             }
@@ -307,7 +310,7 @@ impl ReplySink for RingSink {
         } else {
             // SAFETY: this reply owns the entry and no handler borrows the payload buffer
             // (`borrowed` is clear); the parts fit it (checked above).
-            unsafe { entry.write_answer(out_header, &parts) };
+            unsafe { entry.write_answer(out_header, parts) };
         }
         hand_back(shared, token as u16);
         result
