@@ -8,7 +8,9 @@
 //! entry cycles: REGISTER (or COMMIT_AND_FETCH) is in the kernel → its completion carries a
 //! request → the file system answers through a [`Reply`](crate::Reply) → the answer is written
 //! into the entry's buffers → the worker submits COMMIT_AND_FETCH, which hands the answer to
-//! the kernel and waits for the next request in one step.
+//! the kernel and waits for the next request in one step. Requests are served where the
+//! kernel put them (the headers are copied in front of the payload), except small ones with
+//! a name or xattr payload, which are copied out first; see `serve_entry`.
 //!
 //! Replies from other threads. Every submission of a ring comes from its worker: the kernel
 //! copies the next request into the entry's buffers in the context of the task that submitted
@@ -397,9 +399,9 @@ pub fn serve_ring<F: Filesystem>(
             ]
         })
         .collect();
-    // A request as /dev/fuse would deliver it: in header, op header, payload. Copied out of
-    // the entry so the answer can be written into the entry while the handler still borrows
-    // the request (an inline answer would otherwise alias it).
+    // Where requests with a payload other than a WRITE's (names, xattr values) are rebuilt as
+    // /dev/fuse would deliver them, out of the entry, so that the answer can be written into
+    // the entry while the handler still borrows the request (see serve_entry).
     let mut request_words =
         vec![
             0u64;
