@@ -9,7 +9,23 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-LANEFS_FUZZ_SECONDS=${LANEFS_FUZZ_SECONDS:-30} cargo test --workspace --locked
+
+# The engine's integration tests run under both transports. The io_uring run turns the
+# kernel's switch on for its duration (lanefs itself never touches it) and puts the old value
+# back however the script ends; the /dev/fuse run repeats only the integration tests.
+uring_switch=/sys/module/fuse/parameters/enable_uring
+if [ -w "$uring_switch" ]; then
+  uring_was=$(cat "$uring_switch")
+  trap 'echo "$uring_was" > "$uring_switch"' EXIT
+  echo Y > "$uring_switch"
+  first_transport=uring
+else
+  echo "no writable $uring_switch: the first run uses whatever the kernel offers" >&2
+  first_transport=auto
+fi
+LANEFS_TEST_TRANSPORT=$first_transport LANEFS_FUZZ_SECONDS=${LANEFS_FUZZ_SECONDS:-30} \
+  cargo test --workspace --locked
+LANEFS_TEST_TRANSPORT=dev cargo test -p lanefs --tests --locked
 
 # Every bench suite at minimal size: checks that each one runs and writes well-formed output
 # (report, JSON, charts), not speed.

@@ -25,6 +25,14 @@ pub struct MountArgs {
     /// Run in the background; return once the mount is ready.
     #[arg(long, short = 'd')]
     pub daemon: bool,
+    /// How requests reach the daemon: `uring` (one io_uring per CPU, Linux 6.14+ with
+    /// /sys/module/fuse/parameters/enable_uring = Y), `dev` (cloned /dev/fuse fds), or `auto`
+    /// (io_uring when the kernel offers it) [default: auto].
+    #[arg(long, value_name = "auto|uring|dev")]
+    pub transport: Option<lanefs_fuse::Transport>,
+    /// io_uring entries per CPU: requests one CPU's queue holds at once, 1..128 [default: 4].
+    #[arg(long, value_name = "N")]
+    pub queue_depth: Option<usize>,
     /// Worker threads, each with its own /dev/fuse queue [default: online CPUs].
     #[arg(long)]
     pub queues: Option<usize>,
@@ -72,12 +80,15 @@ pub struct MountArgs {
     /// Where the daemon logs [default: nowhere].
     #[arg(long)]
     pub log: Option<PathBuf>,
-    /// Options in mount(8) form: queues=N,pin,no_parallel_writes,size=1T,ro,...
+    /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Fault injection for the engine's tests: null panics when this name is looked up.
     #[arg(long, hide = true)]
     pub panic_on_lookup: Option<String>,
+    /// For the engine's tests: null answers each read from another thread.
+    #[arg(long, hide = true)]
+    pub defer_reads: bool,
 }
 
 #[derive(Parser)]
@@ -130,6 +141,7 @@ pub fn run(mut args: MountArgs) -> io::Result<()> {
             size: args.size.unwrap_or(NullOptions::default().size),
             parallel_writes: !args.no_parallel_writes,
             panic_on_lookup: args.panic_on_lookup.clone(),
+            defer_reads: args.defer_reads,
         });
         serve(fs, &spec, &session_options, &source, "null", ready)
     } else {
@@ -169,6 +181,18 @@ fn session_options(args: &MountArgs) -> io::Result<SessionOptions> {
         opts.queues = queues;
     }
     opts.pin = args.pin;
+    if let Some(transport) = args.transport {
+        opts.transport = transport;
+    }
+    if let Some(depth) = args.queue_depth {
+        if !(1..=lanefs_fuse::uring::MAX_QUEUE_DEPTH).contains(&depth) {
+            return Err(invalid(format!(
+                "--queue-depth {depth}: use 1..{}",
+                lanefs_fuse::uring::MAX_QUEUE_DEPTH
+            )));
+        }
+        opts.queue_depth = depth;
+    }
     if let Some(max_write) = args.max_write {
         if !(4096..=MAX_MAX_WRITE as u64).contains(&max_write) || max_write % 4096 != 0 {
             return Err(invalid(format!(

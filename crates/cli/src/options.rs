@@ -71,6 +71,8 @@ pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
         };
         match key {
             "queues" => args.queues = Some(number("N")? as usize),
+            "transport" => args.transport = Some(need("auto|uring|dev")?.parse()?),
+            "queue_depth" => args.queue_depth = Some(number("N")? as usize),
             "pin" => args.pin = true,
             "no_parallel_writes" => args.no_parallel_writes = true,
             "size" => args.size = Some(parse_size(need("SIZE")?)?),
@@ -153,5 +155,9 @@ mod tests {
                 .contains("queues=N")
         );
         assert!(apply(&mut w.args, &["queues=x".into()]).is_err());
+        apply(&mut w.args, &["transport=uring,queue_depth=8".into()]).unwrap();
+        assert_eq!(w.args.transport, Some(lanefs_fuse::Transport::Uring));
+        assert_eq!(w.args.queue_depth, Some(8));
+        assert!(apply(&mut w.args, &["transport=tcp".into()]).is_err());
     }
 }

@@ -49,13 +49,14 @@ fn render(s: &StatsSnapshot) -> String {
         s.source, s.mountpoint, s.filesystem, s.transport, s.protocol, s.max_write
     );
     let _ = writeln!(out, "flags: {}", s.flags);
-    let _ = writeln!(out, "\nqueue  requests  cpu  node");
+    let _ = writeln!(out, "\nqueue  transport  requests  cpu  node");
     for q in &s.queues {
         let show = |v: Option<usize>| v.map_or("-".to_string(), |v| v.to_string());
         let _ = writeln!(
             out,
-            "{:>5}  {:>8}  {:>3}  {:>4}",
+            "{:>5}  {:<9}  {:>8}  {:>3}  {:>4}",
             q.id,
+            q.transport,
             q.requests,
             show(q.cpu),
             show(q.node)

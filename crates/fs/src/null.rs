@@ -26,6 +26,9 @@ pub struct NullOptions {
     pub parallel_writes: bool,
     /// Fault injection for the engine's tests: a lookup of this name panics in the handler.
     pub panic_on_lookup: Option<String>,
+    /// For the engine's tests: answer each read from a thread of its own, as a file system
+    /// that waits on something would, so the answer comes after the handler has returned.
+    pub defer_reads: bool,
 }
 
 impl Default for NullOptions {
@@ -34,6 +37,7 @@ impl Default for NullOptions {
             size: 1 << 40,
             parallel_writes: true,
             panic_on_lookup: None,
+            defer_reads: false,
         }
     }
 }
@@ -151,6 +155,10 @@ impl Filesystem for NullFs {
         }
         let size = self.size.load(Ordering::Relaxed);
         let len = (arg.size as u64).min(size.saturating_sub(arg.offset)) as usize;
+        if self.options.defer_reads {
+            std::thread::spawn(move || reply.data(&ZEROS[..len.min(ZEROS.len())]));
+            return;
+        }
         reply.data(&ZEROS[..len.min(ZEROS.len())])
     }
 

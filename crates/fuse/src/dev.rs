@@ -99,7 +99,8 @@ pub fn serve_queue<F: Filesystem>(
         match read_request(fd, buf) {
             Ok(ReadOutcome::Request(n)) => {
                 release(&mut polling_since);
-                dispatch(fs, wire, &buf[..n], queue, 0)
+                // /dev/fuse needs nothing back: a reply is a writev on the same fd.
+                let _ = dispatch(fs, wire, &buf[..n], queue, 0);
             }
             Ok(ReadOutcome::Retry) => continue,
             Ok(ReadOutcome::Empty) => {

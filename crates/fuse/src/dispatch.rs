@@ -10,6 +10,15 @@ use crate::filesystem::{Filesystem, Request};
 use crate::reply::{QueueHandle, Reply};
 use crate::request::{self, DecodeError, Operation, WireFormat};
 
+/// Whether a dispatched request will be answered through its queue's sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dispatched {
+    /// A `Reply` was made: it answers exactly once, now or later, from whichever thread.
+    Answering,
+    /// No answer will come: FORGET, BATCH_FORGET, INTERRUPT, or a header too broken to answer.
+    Silent,
+}
+
 /// Serves one request read into `buf`. `token` identifies the request to the queue's sink
 /// (unused on /dev/fuse; the ring entry on io_uring). INIT never comes here: the session
 /// answers it before any queue runs, and a second INIT is a protocol error.
@@ -19,7 +28,7 @@ pub fn dispatch<F: Filesystem>(
     buf: &[u8],
     queue: &Arc<QueueHandle>,
     token: u64,
-) {
+) -> Dispatched {
     let started = Instant::now();
     queue.stats.received();
     let (header, body) = match request::split_header(buf) {
@@ -28,16 +37,20 @@ pub fn dispatch<F: Filesystem>(
             // Without a trustworthy header there is no unique to answer; the kernel never
             // sends such a request, so this is logged as the protocol bug it would be.
             tracing::error!("dropping malformed request: {e}");
-            return;
+            return Dispatched::Silent;
         }
     };
     let reply = || Reply::new(header.unique, token, header.opcode, started, queue.clone());
     let op = match request::decode(header.opcode, body, wire) {
         Ok(op) => op,
-        Err(DecodeError::Unknown { .. }) => return reply().error(libc::ENOSYS),
+        Err(DecodeError::Unknown { .. }) => {
+            reply().error(libc::ENOSYS);
+            return Dispatched::Answering;
+        }
         Err(e) => {
             tracing::warn!(unique = header.unique, "malformed request: {e}");
-            return reply().error(libc::EINVAL);
+            reply().error(libc::EINVAL);
+            return Dispatched::Answering;
         }
     };
     let req = Request {
@@ -50,6 +63,10 @@ pub fn dispatch<F: Filesystem>(
     let ino = header.nodeid;
     // Answer-less operations are recorded here; the rest when their reply is sent.
     let record_silent = || queue.stats.record(header.opcode, started.elapsed(), false);
+    let silent = matches!(
+        op,
+        Operation::Forget { .. } | Operation::BatchForget { .. } | Operation::Interrupt { .. }
+    );
     let outcome = catch_unwind(AssertUnwindSafe(|| match op {
         Operation::Forget { nlookup } => {
             fs.forget(ino, nlookup);
@@ -126,5 +143,10 @@ pub fn dispatch<F: Filesystem>(
             nodeid = ino,
             "file system handler panicked; the request was answered with EIO"
         );
+    }
+    if silent {
+        Dispatched::Silent
+    } else {
+        Dispatched::Answering
     }
 }

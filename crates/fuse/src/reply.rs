@@ -222,7 +222,8 @@ fn send_raw(
     }
 }
 
-/// Sends a notification (unique 0) through a sink.
+/// Sends a notification (unique 0) through a sink: a /dev/fuse one (`DevSink`), since the
+/// kernel takes no notifications over io_uring (a ring's sink answers requests only).
 pub fn notify(sink: &dyn ReplySink, code: i32, parts: &[&[u8]]) -> std::io::Result<()> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let header = abi::OutHeader {

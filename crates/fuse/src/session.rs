@@ -1,10 +1,13 @@
 //! A mounted session: mount, answer INIT, open one queue per worker, serve until the
 //! connection ends, then tear down.
 //!
-//! Threads of a session: one worker per queue (each blocking on its own /dev/fuse fd), the
-//! control-socket listener, and a signal thread that turns SIGINT/SIGTERM/SIGHUP into a lazy
-//! unmount. Workers share nothing mutable but the file system itself; each owns its read
-//! buffer, allocated after it is pinned so the memory comes from its own NUMA node.
+//! Threads of a session: the queue workers, the control-socket listener, and a signal thread
+//! that turns SIGINT/SIGTERM/SIGHUP into a lazy unmount. On the /dev/fuse transport there is
+//! one worker per queue, each blocking on its own (cloned) fd. On the io_uring transport there
+//! is one worker per possible CPU, pinned to it, serving that CPU's ring, plus one worker
+//! reading the session fd, which still carries interrupts, forgets and whatever comes before
+//! every ring is registered. Workers share nothing mutable but the file system itself; each
+//! owns its buffers, allocated after it is pinned so the memory comes from its own NUMA node.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -22,6 +25,7 @@ use crate::reply::{QueueHandle, Reply};
 use crate::request::{self, Operation, WireFormat};
 use crate::stats::{self, QueueSnapshot, StatsSnapshot};
 use crate::topology::{self, Topology};
+use crate::uring::{self, KernelSupport, RingConfig, RingShared, RingSink};
 use zerocopy::IntoBytes;
 
 /// The newest protocol minor version we speak.
@@ -41,10 +45,38 @@ pub const DEFAULT_POLL: Duration = Duration::ZERO;
 /// How long a signalled daemon waits for open files to close before aborting the connection.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// How requests reach the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// io_uring when the kernel offers it, cloned /dev/fuse fds otherwise.
+    Auto,
+    /// io_uring or nothing: mounting fails when the kernel does not offer it.
+    Uring,
+    /// Cloned /dev/fuse fds.
+    Dev,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Transport::Auto),
+            "uring" | "io_uring" => Ok(Transport::Uring),
+            "dev" => Ok(Transport::Dev),
+            other => Err(format!("transport {other:?}: use auto, uring or dev")),
+        }
+    }
+}
+
 /// How to run a session.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
-    /// Worker threads, each with its own /dev/fuse fd.
+    /// Which transport serves requests.
+    pub transport: Transport,
+    /// Entries per io_uring ring (requests a CPU's queue holds at once).
+    pub queue_depth: usize,
+    /// Worker threads, each with its own /dev/fuse fd (the /dev/fuse transport; io_uring has
+    /// one per possible CPU).
     pub queues: usize,
     /// Pin each worker to one CPU, spread across NUMA nodes.
     pub pin: bool,
@@ -59,6 +91,8 @@ pub struct SessionOptions {
 impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
+            transport: Transport::Auto,
+            queue_depth: uring::DEFAULT_QUEUE_DEPTH,
             queues: std::thread::available_parallelism().map_or(1, |n| n.get()),
             pin: false,
             max_write: MAX_MAX_WRITE,
@@ -172,6 +206,17 @@ pub fn run<F: Filesystem>(
     // SAFETY: signals is an initialised set; blocking signals has no memory effects.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
+    let kernel_uring = KernelSupport::read();
+    if opts.transport == Transport::Uring
+        && let Some(why) = kernel_uring.obstacle()
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("--transport uring: {why}"),
+        ));
+    }
+    let want_uring = opts.transport != Transport::Dev && kernel_uring == KernelSupport::Enabled;
+
     let session_fd = Arc::new(mount::mount(spec)?);
     // From here on, a failure before serving must not leave a dead mount behind.
     let unmount_on_error = |e: io::Error| {
@@ -184,37 +229,165 @@ pub fn run<F: Filesystem>(
         tracing::warn!("cannot read the CPU topology ({e}); assuming one node");
         Topology::single(std::thread::available_parallelism().map_or(1, |n| n.get()))
     });
-    let queues = opts.queues.max(1);
-    let cpus = opts.pin.then(|| topology.spread(queues));
-    let queue_handle = |id: usize, fd: &Arc<OwnedFd>| {
-        let cpu = cpus.as_ref().map(|c| c[id]);
-        Arc::new(QueueHandle {
-            sink: Box::new(DevSink { fd: fd.clone() }),
-            stats: stats::QueueStats::new(id, cpu, cpu.and_then(|c| topology.node_of(c))),
-        })
-    };
-
-    // Queue 0 serves on the session fd; the others on clones, whose replies go back on them.
-    let mut handles = vec![queue_handle(0, &session_fd)];
-    let conn = answer_init(&*fs, &session_fd, &handles[0], opts).map_err(unmount_on_error)?;
+    // INIT is answered on the session fd before the transport's queues exist.
+    let init_queue = Arc::new(QueueHandle {
+        sink: Box::new(DevSink {
+            fd: session_fd.clone(),
+        }),
+        stats: stats::QueueStats::new(0, None, None),
+    });
+    let conn =
+        answer_init(&*fs, &session_fd, &init_queue, opts, want_uring).map_err(unmount_on_error)?;
     let wire = WireFormat {
         setxattr_ext: conn.flags & init_flags::SETXATTR_EXT != 0,
     };
+    let over_uring = conn.flags & init_flags::OVER_IO_URING != 0;
+    // Why /dev/fuse serves although io_uring was not refused: said in the mount line.
+    let dev_note = match opts.transport {
+        Transport::Dev => None,
+        _ if over_uring => None,
+        Transport::Uring => {
+            return Err(unmount_on_error(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "--transport uring: the kernel did not offer FUSE_OVER_IO_URING in INIT",
+            )));
+        }
+        Transport::Auto => Some(
+            kernel_uring
+                .obstacle()
+                .unwrap_or_else(|| "the kernel did not offer io_uring in INIT".into()),
+        ),
+    };
     fs.connected(&conn);
-    let mut queue_fds = vec![session_fd.clone()];
-    for id in 1..queues {
-        let fd = Arc::new(mount::clone_queue_fd(session_fd.as_raw_fd()).map_err(|e| {
-            unmount_on_error(io::Error::new(
-                e.kind(),
-                format!("cloning a /dev/fuse queue failed: {e}"),
-            ))
-        })?);
-        handles.push(queue_handle(id, &fd));
-        queue_fds.push(fd);
-    }
+
+    let mut workers = Vec::new();
+    let mut handles: Vec<Arc<QueueHandle>> = Vec::new();
+    let mut kinds: Vec<&'static str> = Vec::new();
+    let (transport_label, line_detail) = if over_uring {
+        // One ring per possible CPU: the kernel uses the rings only once every CPU's queue has
+        // an entry, and queues a request on the ring of the CPU its caller runs on.
+        let depth = opts.queue_depth.clamp(1, uring::MAX_QUEUE_DEPTH);
+        let payload_bytes = uring::payload_bytes(&conn);
+        for (id, &cpu) in topology.possible.iter().enumerate() {
+            let shared = RingShared::new().map_err(unmount_on_error)?;
+            let handle = Arc::new(QueueHandle {
+                sink: Box::new(RingSink(shared.clone())),
+                stats: stats::QueueStats::new(id, Some(cpu), topology.node_of(cpu)),
+            });
+            let config = RingConfig {
+                qid: cpu as u16,
+                depth,
+                payload_bytes,
+            };
+            let (fs, fd, queue) = (fs.clone(), session_fd.clone(), handle.clone());
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("lanefs-ring{cpu}"))
+                    .spawn(move || {
+                        if let Err(e) = topology::pin_current_thread(cpu) {
+                            // An offline CPU: its ring is still needed (the kernel waits for
+                            // every possible CPU's queue) and serves from wherever it runs.
+                            tracing::warn!("pinning ring {cpu}'s worker failed: {e}");
+                        }
+                        if let Err(e) = uring::serve_ring(&*fs, wire, &fd, &shared, &queue, &config)
+                        {
+                            tracing::error!(cpu, "ring stopped: {e}");
+                        }
+                    })?,
+            );
+            handles.push(handle);
+            kinds.push("io_uring");
+        }
+        // The session fd keeps a reader: interrupts, forgets, and requests sent before every
+        // ring is registered come this way.
+        let dev_queue = Arc::new(QueueHandle {
+            sink: Box::new(DevSink {
+                fd: session_fd.clone(),
+            }),
+            stats: stats::QueueStats::new(handles.len(), None, None),
+        });
+        workers.push(spawn_dev_worker(
+            &fs,
+            wire,
+            session_fd.clone(),
+            dev_queue.clone(),
+            Arc::new(PollPolicy {
+                window: Duration::ZERO,
+                poller: AtomicBool::new(false),
+            }),
+            conn.max_write as usize + BUFFER_SLACK,
+        )?);
+        handles.push(dev_queue);
+        kinds.push("/dev/fuse");
+        (
+            "io_uring",
+            format!(
+                "transport io_uring: {} rings, one per CPU, {depth} entries each; \
+                 /dev/fuse for interrupts",
+                topology.possible.len()
+            ),
+        )
+    } else {
+        let queues = opts.queues.max(1);
+        let cpus = opts.pin.then(|| topology.spread(queues));
+        let queue_handle = |id: usize, fd: &Arc<OwnedFd>| {
+            let cpu = cpus.as_ref().map(|c| c[id]);
+            Arc::new(QueueHandle {
+                sink: Box::new(DevSink { fd: fd.clone() }),
+                stats: stats::QueueStats::new(id, cpu, cpu.and_then(|c| topology.node_of(c))),
+            })
+        };
+        // Queue 0 serves on the session fd; the others on clones, whose replies go back on
+        // them.
+        let mut queue_fds = vec![session_fd.clone()];
+        handles.push(queue_handle(0, &session_fd));
+        for id in 1..queues {
+            let fd = Arc::new(mount::clone_queue_fd(session_fd.as_raw_fd()).map_err(|e| {
+                unmount_on_error(io::Error::new(
+                    e.kind(),
+                    format!("cloning a /dev/fuse queue failed: {e}"),
+                ))
+            })?);
+            handles.push(queue_handle(id, &fd));
+            queue_fds.push(fd);
+        }
+        let poll = Arc::new(PollPolicy {
+            window: opts.poll,
+            poller: AtomicBool::new(false),
+        });
+        for (fd, handle) in queue_fds.into_iter().zip(handles.iter().cloned()) {
+            workers.push(spawn_dev_worker(
+                &fs,
+                wire,
+                fd,
+                handle,
+                poll.clone(),
+                conn.max_write as usize + BUFFER_SLACK,
+            )?);
+            kinds.push("/dev/fuse");
+        }
+        let pinned = if opts.pin { ", pinned" } else { "" };
+        let note = dev_note.map_or(String::new(), |n| format!("; {n}"));
+        (
+            "/dev/fuse",
+            format!(
+                "{} queue{}{pinned}, transport /dev/fuse{note}",
+                queues,
+                if queues == 1 { "" } else { "s" },
+            ),
+        )
+    };
     let handles = Arc::new(handles);
 
-    let control = start_control(&spec.mountpoint, &fs, &handles, &labels, &conn);
+    let control = start_control(
+        &spec.mountpoint,
+        &fs,
+        &handles,
+        &kinds,
+        transport_label,
+        &labels,
+        &conn,
+    );
     let finished = Arc::new(AtomicBool::new(false));
     let signal_thread = {
         let finished = finished.clone();
@@ -224,44 +397,11 @@ pub fn run<F: Filesystem>(
             .spawn(move || wait_for_shutdown(signals, &mountpoint, &finished))?
     };
 
-    let buffer_size = conn.max_write as usize + BUFFER_SLACK;
-    let poll = Arc::new(PollPolicy {
-        window: opts.poll,
-        poller: AtomicBool::new(false),
-    });
-    let workers: Vec<_> = queue_fds
-        .into_iter()
-        .zip(handles.iter().cloned())
-        .map(|(fd, handle)| {
-            let fs = fs.clone();
-            let poll = poll.clone();
-            std::thread::Builder::new()
-                .name(format!("lanefs-q{}", handle.stats.id))
-                .spawn(move || {
-                    if let Some(cpu) = handle.stats.cpu
-                        && let Err(e) = topology::pin_current_thread(cpu)
-                    {
-                        tracing::warn!(queue = handle.stats.id, "pinning to CPU {cpu} failed: {e}");
-                    }
-                    // Allocated and first touched here, after pinning: node-local memory. Words,
-                    // so that the argument structs in it are aligned for zero-copy decoding.
-                    let mut words = vec![0u64; buffer_size.div_ceil(8)];
-                    let buf = words.as_mut_bytes();
-                    if let Err(e) = dev::serve_queue(&*fs, wire, &fd, &handle, buf, &poll) {
-                        tracing::error!(queue = handle.stats.id, "queue stopped: {e}");
-                    }
-                })
-        })
-        .collect::<io::Result<_>>()?;
-
-    let pinned = if opts.pin { ", pinned" } else { "" };
     ready(&Mounted {
         line: format!(
-            "mounted {} on {} ({} queue{}{pinned}, transport /dev/fuse)",
+            "mounted {} on {} ({line_detail})",
             labels.source,
             spec.mountpoint.display(),
-            queues,
-            if queues == 1 { "" } else { "s" },
         ),
         mountpoint: spec.mountpoint.clone(),
     });
@@ -280,12 +420,42 @@ pub fn run<F: Filesystem>(
     Ok(())
 }
 
-/// Reads INIT from the session fd, negotiates and answers it.
+/// Starts a worker serving one /dev/fuse fd, pinned first if its queue has a CPU.
+fn spawn_dev_worker<F: Filesystem>(
+    fs: &Arc<F>,
+    wire: WireFormat,
+    fd: Arc<OwnedFd>,
+    handle: Arc<QueueHandle>,
+    poll: Arc<PollPolicy>,
+    buffer_size: usize,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    let fs = fs.clone();
+    std::thread::Builder::new()
+        .name(format!("lanefs-q{}", handle.stats.id))
+        .spawn(move || {
+            if let Some(cpu) = handle.stats.cpu
+                && let Err(e) = topology::pin_current_thread(cpu)
+            {
+                tracing::warn!(queue = handle.stats.id, "pinning to CPU {cpu} failed: {e}");
+            }
+            // Allocated and first touched here, after pinning: node-local memory. Words, so
+            // that the argument structs in it are aligned for zero-copy decoding.
+            let mut words = vec![0u64; buffer_size.div_ceil(8)];
+            let buf = words.as_mut_bytes();
+            if let Err(e) = dev::serve_queue(&*fs, wire, &fd, &handle, buf, &poll) {
+                tracing::error!(queue = handle.stats.id, "queue stopped: {e}");
+            }
+        })
+}
+
+/// Reads INIT from the session fd, negotiates and answers it. `want_uring` asks the kernel
+/// for FUSE_OVER_IO_URING (granted only if it offers it).
 fn answer_init<F: Filesystem>(
     fs: &F,
     session_fd: &OwnedFd,
     queue: &Arc<QueueHandle>,
     opts: &SessionOptions,
+    want_uring: bool,
 ) -> io::Result<Connection> {
     let mut words = vec![0u64; (opts.max_write as usize + BUFFER_SLACK).div_ceil(8)];
     let buf = words.as_mut_bytes();
@@ -319,7 +489,11 @@ fn answer_init<F: Filesystem>(
             ));
         }
     };
-    let (out, mut conn) = match negotiate(&kernel, fs.init(offered_flags(&kernel)), opts) {
+    let mut want = fs.init(offered_flags(&kernel));
+    if want_uring {
+        want.want |= init_flags::OVER_IO_URING;
+    }
+    let (out, mut conn) = match negotiate(&kernel, want, opts) {
         Ok(settled) => settled,
         Err(e) => {
             reply.error(libc::EPROTO);
@@ -340,6 +514,8 @@ fn start_control<F: Filesystem>(
     mountpoint: &Path,
     fs: &Arc<F>,
     queues: &Arc<Vec<Arc<QueueHandle>>>,
+    kinds: &[&'static str],
+    transport: &'static str,
     labels: &Labels,
     conn: &Connection,
 ) -> Option<ControlSocket> {
@@ -352,19 +528,22 @@ fn start_control<F: Filesystem>(
     };
     let path = control::socket_path(&info);
     let (fs, queues, labels, conn) = (fs.clone(), queues.clone(), labels.clone(), *conn);
+    let kinds = kinds.to_vec();
     let mountpoint = mountpoint.display().to_string();
     let snapshot = move || StatsSnapshot {
         source: labels.source.clone(),
         mountpoint: mountpoint.clone(),
         filesystem: labels.filesystem.clone(),
-        transport: "/dev/fuse".into(),
+        transport: transport.into(),
         protocol: format!("7.{}", conn.minor),
         flags: init_flags::describe(conn.flags),
         max_write: conn.max_write,
         queues: queues
             .iter()
-            .map(|q| QueueSnapshot {
+            .zip(&kinds)
+            .map(|(q, kind)| QueueSnapshot {
                 id: q.stats.id,
+                transport: (*kind).into(),
                 cpu: q.stats.cpu,
                 node: q.stats.node,
                 requests: q.stats.requests(),

@@ -92,6 +92,9 @@ pub struct OpSnapshot {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QueueSnapshot {
     pub id: usize,
+    /// What the queue is: an `io_uring` ring, or a `/dev/fuse` fd.
+    #[serde(default)]
+    pub transport: String,
     pub cpu: Option<usize>,
     pub node: Option<usize>,
     pub requests: u64,

@@ -156,11 +156,20 @@ mod tests {
     use super::*;
 
     fn fake_sys(online: &str, nodes: &[(usize, &str)]) -> tempdir::TempSys {
+        fake_sys_with_possible(online, online, nodes)
+    }
+
+    /// A recorded /sys layout under a temp dir: the CPU lists and each node's cpulist.
+    fn fake_sys_with_possible(
+        online: &str,
+        possible: &str,
+        nodes: &[(usize, &str)],
+    ) -> tempdir::TempSys {
         let root = tempdir::TempSys::new();
         let cpu = root.path().join("devices/system/cpu");
         std::fs::create_dir_all(&cpu).unwrap();
         std::fs::write(cpu.join("online"), online).unwrap();
-        std::fs::write(cpu.join("possible"), online).unwrap();
+        std::fs::write(cpu.join("possible"), possible).unwrap();
         for (id, list) in nodes {
             let dir = root.path().join(format!("devices/system/node/node{id}"));
             std::fs::create_dir_all(&dir).unwrap();
@@ -225,6 +234,42 @@ mod tests {
         assert_eq!(ids, vec![0, 1, 3], "memory-only node 2 serves no queue");
         assert_eq!(topo.spread(6), vec![0, 4, 8, 1, 5, 9]);
         assert_eq!(topo.node_of(10), Some(3));
+    }
+
+    #[test]
+    fn rings_cover_possible_cpus_not_just_online_ones() {
+        // A 2-socket machine with hot-pluggable CPUs: 16 online, 32 possible (as firmware that
+        // reserves sockets reports). io_uring needs a ring for each of the 32.
+        let sys = fake_sys_with_possible("0-15\n", "0-31\n", &[(0, "0-7\n"), (1, "8-15\n")]);
+        let topo = Topology::read_from(sys.path()).unwrap();
+        assert_eq!(topo.possible.len(), 32);
+        assert_eq!(topo.online.len(), 16);
+        assert_eq!(topo.node_of(3), Some(0));
+        assert_eq!(topo.node_of(12), Some(1));
+        // An offline CPU has no node to serve from; its ring runs unpinned.
+        assert_eq!(topo.node_of(20), None);
+        assert_eq!(topo.spread(4), vec![0, 8, 1, 9]);
+    }
+
+    #[test]
+    fn four_node_machine_interleaved_like_an_epyc() {
+        // 4 nodes of 4 CPUs each, numbered across nodes (node n has n, n+4, n+8, n+12).
+        let sys = fake_sys(
+            "0-15",
+            &[
+                (0, "0,4,8,12"),
+                (1, "1,5,9,13"),
+                (2, "2,6,10,14"),
+                (3, "3,7,11,15"),
+            ],
+        );
+        let topo = Topology::read_from(sys.path()).unwrap();
+        assert_eq!(topo.nodes.len(), 4);
+        assert_eq!(topo.node_of(14), Some(2));
+        assert_eq!(topo.spread(8), vec![0, 1, 2, 3, 4, 5, 6, 7]);
+        for cpu in topo.possible.iter().copied() {
+            assert_eq!(topo.node_of(cpu), Some(cpu % 4));
+        }
     }
 
     #[test]

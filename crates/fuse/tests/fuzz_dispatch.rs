@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lanefs_fuse::Filesystem;
 use lanefs_fuse::abi::{self, opcode};
-use lanefs_fuse::dispatch::dispatch;
+use lanefs_fuse::dispatch::{Dispatched, dispatch};
 use lanefs_fuse::reply::{QueueHandle, ReplySink};
 use lanefs_fuse::request::WireFormat;
 use lanefs_fuse::stats::QueueStats;
@@ -125,7 +125,7 @@ fn dispatch_answers_every_request_exactly_once() {
             setxattr_ext: rng.below(2) == 0,
         };
         capture.0.lock().unwrap().clear();
-        dispatch(&Nothing, wire, buf, &queue, 0);
+        let dispatched = dispatch(&Nothing, wire, buf, &queue, 0);
 
         let replies = std::mem::take(&mut *capture.0.lock().unwrap());
         let header_ok = cut >= size_of::<abi::InHeader>()
@@ -152,6 +152,15 @@ fn dispatch_answers_every_request_exactly_once() {
                 replies.len()
             );
         }
+        // What dispatch says must match what happened: the io_uring transport recycles a
+        // ring entry on this word.
+        assert_eq!(
+            dispatched == Dispatched::Answering,
+            replies.len() == 1,
+            "{} dispatched {dispatched:?} with {} answers (seed {seed}, run {runs})",
+            opcode::name(op),
+            replies.len()
+        );
     }
     eprintln!("{runs} requests");
     assert!(runs > 1000);

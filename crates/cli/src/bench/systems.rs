@@ -58,6 +58,11 @@ pub enum SystemSpec {
         /// Kernel passthrough of opens without O_DIRECT (off: `--no-passthrough`).
         kernel_passthrough: bool,
     },
+    /// lanefs null over io_uring (one ring per CPU, `depth` entries each); skipped when the
+    /// kernel has io_uring off (the bench never turns it on).
+    LanefsNullUring {
+        depth: usize,
+    },
     NativeTmpfs,
     NativeDisk,
     Libfuse {
@@ -94,6 +99,7 @@ impl SystemSpec {
                     " no-passthrough"
                 }
             ),
+            SystemSpec::LanefsNullUring { depth } => format!("lanefs null io_uring d{depth}"),
             SystemSpec::NativeTmpfs => ctx.tmpfs_label.clone(),
             SystemSpec::NativeDisk => ctx.disk_label.clone(),
             SystemSpec::Libfuse { example, mode } => {
@@ -106,7 +112,9 @@ impl SystemSpec {
 
     pub fn role(&self) -> Role {
         match self {
-            SystemSpec::LanefsNull { .. } | SystemSpec::LanefsPassthrough { .. } => Role::Lanefs,
+            SystemSpec::LanefsNull { .. }
+            | SystemSpec::LanefsPassthrough { .. }
+            | SystemSpec::LanefsNullUring { .. } => Role::Lanefs,
             SystemSpec::NativeTmpfs | SystemSpec::NativeDisk => Role::Native,
             SystemSpec::Libfuse { .. } | SystemSpec::Qsd { .. } => Role::Anchor,
         }
@@ -129,6 +137,10 @@ impl SystemSpec {
                 "parallel_writes": parallel_writes, "kernel_passthrough": kernel_passthrough,
                 "backing": ctx.tmpfs_label,
                 "extra_args": ctx.lanefs_args, "transport": "/dev/fuse"}),
+            SystemSpec::LanefsNullUring { depth } => json!({"system": "lanefs", "fs": "null",
+                // One ring per possible CPU.
+                "queues": lanefs_fuse::topology::Topology::read().map_or(0, |t| t.possible.len()),
+                "queue_depth": depth, "extra_args": ctx.lanefs_args, "transport": "io_uring"}),
             SystemSpec::NativeTmpfs => json!({"system": "native", "fs": ctx.tmpfs_label}),
             SystemSpec::NativeDisk => json!({"system": "native", "fs": ctx.disk_label}),
             SystemSpec::Libfuse { example, mode } => json!({"system": "libfuse",
@@ -178,13 +190,37 @@ impl SystemSpec {
                 size,
             } => {
                 let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
-                let mut args = vec!["--queues".to_owned(), queues.to_string()];
+                // Explicitly /dev/fuse: `auto` would take io_uring where the kernel has it on.
+                let mut args = vec![
+                    "--queues".to_owned(),
+                    queues.to_string(),
+                    "--transport".into(),
+                    "dev".into(),
+                ];
                 if !parallel_writes {
                     args.push("--no-parallel-writes".into());
                 }
                 if let Some(size) = size {
                     args.extend(["--size".to_owned(), (*size).to_owned()]);
                 }
+                let guard = mount_lanefs(ctx, &args, "null:", &mp).map_err(OpenError::Fail)?;
+                Ok(target(
+                    Place::File(mp.join("data")),
+                    true,
+                    vec![Guard::Mount(guard)],
+                ))
+            }
+            SystemSpec::LanefsNullUring { depth } => {
+                if let Some(why) = lanefs_fuse::uring::KernelSupport::read().obstacle() {
+                    return Err(OpenError::Skip(why));
+                }
+                let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
+                let args = [
+                    "--transport".to_owned(),
+                    "uring".into(),
+                    "--queue-depth".into(),
+                    depth.to_string(),
+                ];
                 let guard = mount_lanefs(ctx, &args, "null:", &mp).map_err(OpenError::Fail)?;
                 Ok(target(
                     Place::File(mp.join("data")),

@@ -81,6 +81,18 @@ fn lazy_unmount(path: &Path) {
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
 }
 
+/// The transport the tests ask for: `LANEFS_TEST_TRANSPORT` (auto, uring or dev), unless a
+/// test names one itself. scripts/test.sh runs the suite once per transport.
+fn with_test_transport(args: &[&str]) -> Vec<String> {
+    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    if let Ok(transport) = std::env::var("LANEFS_TEST_TRANSPORT")
+        && !args.contains(&"--transport")
+    {
+        all.extend(["--transport".to_string(), transport]);
+    }
+    all
+}
+
 /// A lanefs daemon (`lanefs mount --daemon`) and its mount.
 pub struct Mount {
     pub dir: TempDir,
@@ -98,7 +110,7 @@ impl Mount {
         std::fs::create_dir(&mountpoint).unwrap();
         let out = Command::new(lanefs())
             .args(["mount", "--daemon"])
-            .args(args)
+            .args(with_test_transport(args))
             .arg(source)
             .arg(&mountpoint)
             .output()
@@ -129,6 +141,11 @@ impl Mount {
 
     pub fn path(&self, rel: &str) -> PathBuf {
         self.mountpoint.join(rel)
+    }
+
+    /// Whether the mount serves over io_uring (per its mount line).
+    pub fn over_uring(&self) -> bool {
+        self.line.contains("transport io_uring")
     }
 
     /// `lanefs stats MP --json`.
@@ -202,7 +219,7 @@ impl Foreground {
         std::fs::create_dir(&mountpoint).unwrap();
         let mut child = Command::new(lanefs())
             .arg("mount")
-            .args(args)
+            .args(with_test_transport(args))
             .arg(source)
             .arg(&mountpoint)
             .stdout(Stdio::piped())

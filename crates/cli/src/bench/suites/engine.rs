@@ -1,6 +1,7 @@
 //! Issue 2's benchmark: fio 4k randread/randwrite (psync 1 and 2 jobs, libaio iodepth 16) and
-//! seed 000's shared-file job (1 and 2 jobs) on lanefs null with 1, 2 and N queues, against
-//! libfuse's null example single-threaded, multi-threaded and with clone_fd.
+//! seed 000's shared-file job (1 and 2 jobs) on lanefs null with 1, 2 and N /dev/fuse queues
+//! and over io_uring (issue 4), against libfuse's null example single-threaded,
+//! multi-threaded and with clone_fd.
 
 use super::{SuitePlan, distinct, fio_4k, fio_seed000};
 use crate::bench::Suite;
@@ -70,6 +71,13 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             workloads: shared.clone(),
         });
     }
+    // The transport as a dimension: the same null server over one io_uring per CPU.
+    plans.push(Plan {
+        system: SystemSpec::LanefsNullUring {
+            depth: lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH,
+        },
+        workloads: all.clone(),
+    });
     result.note(
         "Native is a file on the bench's tmpfs: the kernel's own limit for the same syscalls. \
          libfuse's null example opens without FOPEN_DIRECT_IO (fio's O_DIRECT still reaches \
