@@ -57,6 +57,9 @@ pub enum SystemSpec {
         parallel_writes: bool,
         /// Kernel passthrough of opens without O_DIRECT (off: `--no-passthrough`).
         kernel_passthrough: bool,
+        /// Over io_uring with this many entries per ring (then `queues` is unused: one ring
+        /// per CPU); None: `queues` cloned /dev/fuse fds.
+        uring_depth: Option<usize>,
     },
     /// lanefs null over io_uring (one ring per CPU, `depth` entries each); skipped when the
     /// kernel has io_uring off (the bench never turns it on).
@@ -90,8 +93,13 @@ impl SystemSpec {
                 queues,
                 parallel_writes,
                 kernel_passthrough,
+                uring_depth,
             } => format!(
-                "lanefs passthrough {queues}q{}{}",
+                "lanefs passthrough {}{}{}",
+                match uring_depth {
+                    Some(depth) => format!("io_uring d{depth}"),
+                    None => format!("{queues}q"),
+                },
                 if *parallel_writes { "" } else { " no-pw" },
                 if *kernel_passthrough {
                     ""
@@ -133,13 +141,18 @@ impl SystemSpec {
                 queues,
                 parallel_writes,
                 kernel_passthrough,
-            } => json!({"system": "lanefs", "fs": "passthrough", "queues": queues,
+                uring_depth,
+            } => json!({"system": "lanefs", "fs": "passthrough",
+                "queues": match uring_depth {
+                    Some(_) => possible_cpus(),
+                    None => *queues,
+                },
+                "queue_depth": uring_depth,
                 "parallel_writes": parallel_writes, "kernel_passthrough": kernel_passthrough,
-                "backing": ctx.tmpfs_label,
-                "extra_args": ctx.lanefs_args, "transport": "/dev/fuse"}),
+                "backing": ctx.tmpfs_label, "extra_args": ctx.lanefs_args,
+                "transport": if uring_depth.is_some() { "io_uring" } else { "/dev/fuse" }}),
             SystemSpec::LanefsNullUring { depth } => json!({"system": "lanefs", "fs": "null",
-                // One ring per possible CPU.
-                "queues": lanefs_fuse::topology::Topology::read().map_or(0, |t| t.possible.len()),
+                "queues": possible_cpus(),
                 "queue_depth": depth, "extra_args": ctx.lanefs_args, "transport": "io_uring"}),
             SystemSpec::NativeTmpfs => json!({"system": "native", "fs": ctx.tmpfs_label}),
             SystemSpec::NativeDisk => json!({"system": "native", "fs": ctx.disk_label}),
@@ -189,14 +202,8 @@ impl SystemSpec {
                 parallel_writes,
                 size,
             } => {
+                let mut args = transport_args(*queues, None)?;
                 let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
-                // Explicitly /dev/fuse: `auto` would take io_uring where the kernel has it on.
-                let mut args = vec![
-                    "--queues".to_owned(),
-                    queues.to_string(),
-                    "--transport".into(),
-                    "dev".into(),
-                ];
                 if !parallel_writes {
                     args.push("--no-parallel-writes".into());
                 }
@@ -211,16 +218,8 @@ impl SystemSpec {
                 ))
             }
             SystemSpec::LanefsNullUring { depth } => {
-                if let Some(why) = lanefs_fuse::uring::KernelSupport::read().obstacle() {
-                    return Err(OpenError::Skip(why));
-                }
+                let args = transport_args(0, Some(*depth))?;
                 let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
-                let args = [
-                    "--transport".to_owned(),
-                    "uring".into(),
-                    "--queue-depth".into(),
-                    depth.to_string(),
-                ];
                 let guard = mount_lanefs(ctx, &args, "null:", &mp).map_err(OpenError::Fail)?;
                 Ok(target(
                     Place::File(mp.join("data")),
@@ -232,13 +231,14 @@ impl SystemSpec {
                 queues,
                 parallel_writes,
                 kernel_passthrough,
+                uring_depth,
             } => {
                 if let Some(Err(why)) = &ctx.passthrough {
                     return Err(OpenError::Skip(why.clone()));
                 }
+                let mut args = transport_args(*queues, *uring_depth)?;
                 let src = ctx.scratch_tmpfs("lanefs-src").map_err(OpenError::Fail)?;
                 let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
-                let mut args = vec!["--queues".to_owned(), queues.to_string()];
                 if !parallel_writes {
                     args.push("--no-parallel-writes".into());
                 }
@@ -329,6 +329,36 @@ impl SystemSpec {
             }
         }
     }
+}
+
+/// One ring per possible CPU.
+fn possible_cpus() -> usize {
+    lanefs_fuse::topology::Topology::read().map_or(0, |t| t.possible.len())
+}
+
+/// `lanefs mount` arguments for `queues` cloned fds, or io_uring with `uring_depth` entries
+/// per ring (skipped when the kernel has it off: the bench never turns it on).
+fn transport_args(queues: usize, uring_depth: Option<usize>) -> Result<Vec<String>, OpenError> {
+    Ok(match uring_depth {
+        Some(depth) => {
+            if let Some(why) = lanefs_fuse::uring::KernelSupport::read().obstacle() {
+                return Err(OpenError::Skip(why));
+            }
+            vec![
+                "--transport".to_owned(),
+                "uring".into(),
+                "--queue-depth".into(),
+                depth.to_string(),
+            ]
+        }
+        // Explicitly /dev/fuse: `auto` would take io_uring where the kernel has it on.
+        None => vec![
+            "--queues".to_owned(),
+            queues.to_string(),
+            "--transport".into(),
+            "dev".into(),
+        ],
+    })
 }
 
 #[derive(Debug)]

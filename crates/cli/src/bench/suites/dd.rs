@@ -56,6 +56,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             queues: cores,
             parallel_writes: true,
             kernel_passthrough: true,
+            uring_depth: None,
         },
     ]
     .into_iter()

@@ -10,7 +10,7 @@ mod ssf;
 
 use crate::bench::Suite;
 use crate::bench::fio::FioJob;
-use crate::bench::model::{Row, Status, SuiteResult, Unit, better, speedup};
+use crate::bench::model::{Role, Row, Status, SuiteResult, Unit, better, speedup};
 use crate::bench::runner::{Ctx, Plan, Stop};
 use crate::bench::workloads::Workload;
 
@@ -199,4 +199,34 @@ fn aim_line(
         theirs.1,
         if ratio >= at_least { "met" } else { "NOT met" }
     ))
+}
+
+/// Issue 4's comparison on one workload: the best lanefs io_uring row against the best lanefs
+/// cloned-fd row of the same kind (kernel passthrough on or off alike).
+fn uring_line(
+    result: &SuiteResult,
+    workload: &str,
+    unit: Unit,
+    at_least: f64,
+    aim: &str,
+) -> Option<String> {
+    let kind = |r: &Row| r.system.ends_with("no-passthrough");
+    let ring = result.rows.iter().find(|r| {
+        r.workload == workload && r.role == Role::Lanefs && r.system.contains("io_uring")
+    })?;
+    let uring_kind = kind(ring);
+    let ours = best_median(result, workload, |r| {
+        r.role == Role::Lanefs && r.system.contains("io_uring") && kind(r) == uring_kind
+    })?;
+    let theirs = best_median(result, workload, |r| {
+        r.role == Role::Lanefs && !r.system.contains("io_uring") && kind(r) == uring_kind
+    })?;
+    aim_line(
+        &format!("{workload}, io_uring vs /dev/fuse"),
+        &ours,
+        &theirs,
+        unit,
+        at_least,
+        aim,
+    )
 }

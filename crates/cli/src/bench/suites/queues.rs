@@ -65,6 +65,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
                 queues,
                 parallel_writes: true,
                 kernel_passthrough: true,
+                uring_depth: None,
             },
             workloads: workloads.clone(),
         });

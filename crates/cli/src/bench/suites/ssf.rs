@@ -58,6 +58,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
                 queues: cores,
                 parallel_writes,
                 kernel_passthrough: true,
+                uring_depth: None,
             },
             workloads: both.clone(),
         });
