@@ -1,0 +1,270 @@
+//! Data operations: open (and the choice between kernel passthrough, page cache and direct
+//! I/O), read, write, fsync, fallocate, lseek, copy_file_range, release.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+
+use lanefs_fuse::Reply;
+use lanefs_fuse::abi::{self, fopen};
+
+use super::PassthroughFs;
+use super::counters::Counters;
+use super::handle::OpenFile;
+use super::inode::{Backing, Inode};
+use super::sys::{self, SysResult};
+
+/// The flags of our host open for a client's open: the kernel's own (O_CREAT, O_EXCL,
+/// O_NOCTTY) and O_DIRECT dropped (our buffers are not aligned for it, and the kernel's
+/// cache is already bypassed), symlinks never followed.
+pub(super) fn host_open_flags(flags: i32) -> i32 {
+    (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_NOFOLLOW
+}
+
+impl PassthroughFs {
+    pub(super) fn do_open(&self, ino: u64, arg: &abi::OpenIn) -> SysResult<abi::OpenOut> {
+        let inode = self.inode(ino)?;
+        let flags = arg.flags as i32;
+        let truncate = flags & libc::O_TRUNC != 0;
+        let kill = truncate && self.killpriv_v2() && arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+        let fd = {
+            // O_TRUNC changes the size: exclusive, like truncate.
+            let _gate = truncate.then(|| inode.gate.exclusive());
+            let _caps = self.creds.without_fsetid(kill)?;
+            let fd = self.open_inode(&inode, host_open_flags(flags))?;
+            if truncate {
+                inode.gate.set_size(0);
+            }
+            fd
+        };
+        if kill {
+            Counters::bump(&self.counters.kill_suidgid);
+        }
+        self.finish_open(&inode, fd, flags)
+    }
+
+    /// Decides how the kernel reaches the data of a new open file holding `fd`, records it,
+    /// and builds the answer.
+    pub(super) fn finish_open(
+        &self,
+        inode: &std::sync::Arc<Inode>,
+        fd: OwnedFd,
+        flags: i32,
+    ) -> SysResult<abi::OpenOut> {
+        let direct = self.opts.direct_io || flags & libc::O_DIRECT != 0;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let mut out = abi::OpenOut::default();
+        let mut passthrough = false;
+        let mut cached = false;
+        {
+            let mut guard = inode.open_state();
+            let state = &mut *guard;
+            if !direct && inode.is_regular() && self.passthrough_wanted() {
+                match self.share_backing(inode, &mut state.backing, state.cached, writable) {
+                    Some(id) => {
+                        out.open_flags = fopen::PASSTHROUGH;
+                        out.backing_id = id;
+                        passthrough = true;
+                    }
+                    None => Counters::bump(&self.counters.passthrough_declined),
+                }
+            }
+            if !passthrough {
+                // Direct I/O mixes with passthrough opens of the inode; the page cache does not.
+                if direct || state.backing.is_some() {
+                    out.open_flags = fopen::DIRECT_IO;
+                    if self.opts.parallel_writes {
+                        out.open_flags |= fopen::PARALLEL_DIRECT_WRITES;
+                    }
+                } else {
+                    out.open_flags = fopen::KEEP_CACHE;
+                    state.cached += 1;
+                    cached = true;
+                }
+            }
+            state.opens += 1;
+        }
+        out.fh = self.files.insert(OpenFile {
+            fd,
+            inode: inode.clone(),
+            flags,
+            passthrough,
+            cached,
+        });
+        Ok(out)
+    }
+
+    fn passthrough_wanted(&self) -> bool {
+        self.negotiated().is_some_and(|n| n.passthrough)
+            && !self.passthrough_broken.load(Ordering::Relaxed)
+    }
+
+    /// The inode's backing id for one more passthrough open, registering one if it has
+    /// none; None when this open must do without (page-cache opens exist, a read-only
+    /// backing file cannot serve a write open, or the kernel refused).
+    fn share_backing(
+        &self,
+        inode: &Inode,
+        backing: &mut Option<Backing>,
+        cached_opens: u32,
+        writable: bool,
+    ) -> Option<i32> {
+        if cached_opens > 0 {
+            return None;
+        }
+        if let Some(b) = backing {
+            if writable && !b.writable {
+                return None;
+            }
+            b.opens += 1;
+            return Some(b.id);
+        }
+        let negotiated = self.negotiated()?;
+        // The kernel writes through the backing file with the credentials of whoever
+        // registered it: without CAP_FSETID, so that it strips set-user-id bits on write.
+        let registered = (|| {
+            let _caps = self.creds.without_fsetid(negotiated.killpriv_v2)?;
+            let mode = if writable {
+                libc::O_RDWR
+            } else {
+                libc::O_RDONLY
+            };
+            let file = self.open_inode(inode, mode | libc::O_NOFOLLOW)?;
+            sys::backing_open(negotiated.session_fd, &file)
+        })();
+        match registered {
+            Ok(id) => {
+                Counters::bump(&self.counters.backing_opened);
+                Counters::bump(&self.counters.backing_live);
+                *backing = Some(Backing {
+                    id,
+                    opens: 1,
+                    writable,
+                });
+                Some(id)
+            }
+            Err(e) => {
+                let permanent = matches!(
+                    e,
+                    libc::EPERM | libc::EOPNOTSUPP | libc::ENOTTY | libc::ELOOP | libc::EINVAL
+                );
+                if permanent && !self.passthrough_broken.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "kernel passthrough unavailable ({}): serving file I/O ourselves",
+                        std::io::Error::from_raw_os_error(e)
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    pub(super) fn do_release(&self, arg: &abi::ReleaseIn) {
+        let Some(file) = self.files.remove(arg.fh) else {
+            return;
+        };
+        let last = {
+            let mut state = file.inode.open_state();
+            state.opens = state.opens.saturating_sub(1);
+            if file.cached {
+                state.cached = state.cached.saturating_sub(1);
+            }
+            if file.passthrough
+                && let Some(b) = &mut state.backing
+            {
+                b.opens -= 1;
+                if b.opens == 0 {
+                    let id = b.id;
+                    state.backing = None;
+                    if let Some(n) = self.negotiated()
+                        && let Err(e) = sys::backing_close(n.session_fd, id)
+                    {
+                        tracing::warn!(id, errno = e, "closing a backing id failed");
+                    }
+                    self.counters.backing_live.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            state.opens == 0
+        };
+        if last {
+            self.locks.release_inode(file.inode.nodeid);
+        }
+    }
+
+    fn file(&self, fh: u64) -> SysResult<std::sync::Arc<OpenFile>> {
+        self.files.get(fh).ok_or(libc::EBADF)
+    }
+
+    pub(super) fn do_read(&self, _ino: u64, arg: &abi::ReadIn, reply: Reply) {
+        let file = match self.file(arg.fh) {
+            Ok(file) => file,
+            Err(e) => return reply.error(e),
+        };
+        reply.data_with(arg.size as usize, |buf| {
+            sys::pread(&file.fd, buf, arg.offset)
+        })
+    }
+
+    pub(super) fn do_write(&self, arg: &abi::WriteIn, data: &[u8]) -> SysResult<u32> {
+        let file = self.file(arg.fh)?;
+        let end = arg.offset.saturating_add(data.len() as u64);
+        // An O_APPEND write lands at the host's end of file, wherever the kernel thought.
+        let parallel = self.opts.parallel_writes && file.flags & libc::O_APPEND == 0;
+        let kill = self.killpriv_v2() && arg.write_flags & abi::write_flags::KILL_SUIDGID != 0;
+        let _gate = file.inode.gate.enter_write(end, parallel);
+        let written = {
+            let _caps = self.creds.without_fsetid(kill)?;
+            sys::pwrite(&file.fd, data, arg.offset)?
+        };
+        if kill {
+            Counters::bump(&self.counters.kill_suidgid);
+        }
+        file.inode.gate.written(arg.offset + written as u64);
+        Ok(written as u32)
+    }
+
+    pub(super) fn do_fsync(&self, arg: &abi::FsyncIn) -> SysResult<()> {
+        let file = self.file(arg.fh)?;
+        sys::fsync(&file.fd, arg.fsync_flags & 1 != 0)
+    }
+
+    pub(super) fn do_fallocate(&self, arg: &abi::FallocateIn) -> SysResult<()> {
+        let file = self.file(arg.fh)?;
+        let _gate = file.inode.gate.exclusive();
+        sys::fallocate(&file.fd, arg.mode as i32, arg.offset, arg.length)?;
+        if arg.mode as i32 & libc::FALLOC_FL_KEEP_SIZE == 0 {
+            file.inode
+                .gate
+                .written(arg.offset.saturating_add(arg.length));
+        }
+        Ok(())
+    }
+
+    /// Never takes the write gate (seed 002): the host answers from its own state.
+    pub(super) fn do_lseek(&self, arg: &abi::LseekIn) -> SysResult<u64> {
+        let file = self.file(arg.fh)?;
+        sys::lseek(&file.fd, arg.offset, arg.whence as i32)
+    }
+
+    pub(super) fn do_copy_file_range(&self, arg: &abi::CopyFileRangeIn) -> SysResult<u64> {
+        let from = self.file(arg.fh_in)?;
+        let to = self.file(arg.fh_out)?;
+        let end = arg.off_out.saturating_add(arg.len);
+        let _gate = to.inode.gate.enter_write(end, self.opts.parallel_writes);
+        let copied = sys::copy_file_range(
+            &from.fd,
+            arg.off_in,
+            &to.fd,
+            arg.off_out,
+            arg.len,
+            arg.flags as u32,
+        )?;
+        to.inode.gate.written(arg.off_out + copied as u64);
+        Ok(copied as u64)
+    }
+
+    pub(super) fn do_syncfs(&self, ino: u64) -> SysResult<()> {
+        let inode = self.inode(ino)?;
+        let fd = self.open_inode(&inode, libc::O_RDONLY | libc::O_NOFOLLOW)?;
+        sys::syncfs(&fd)
+    }
+}
