@@ -26,6 +26,11 @@ impl PassthroughFs {
         let flags = arg.flags as i32;
         let truncate = flags & libc::O_TRUNC != 0;
         let kill = truncate && self.killpriv_v2() && arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+        let strips = kill
+            && self
+                .path_fd(&inode)
+                .and_then(|fd| sys::fstat(&fd))
+                .is_ok_and(|st| sys::has_sxid(st.st_mode));
         let fd = {
             // O_TRUNC changes the size: exclusive, like truncate.
             let _gate = truncate.then(|| inode.gate.exclusive());
@@ -36,8 +41,9 @@ impl PassthroughFs {
             }
             fd
         };
-        if kill {
+        if strips {
             Counters::bump(&self.counters.kill_suidgid);
+            self.invalidate_attrs(inode.nodeid);
         }
         self.finish_open(&inode, fd, flags)
     }
@@ -58,7 +64,12 @@ impl PassthroughFs {
         {
             let mut guard = inode.open_state();
             let state = &mut *guard;
-            if !direct && inode.is_regular() && self.passthrough_wanted() {
+            // A write through passthrough never reaches us, so we could not tell the kernel
+            // that the host stripped set-user-id bits: such files are served by us.
+            let sxid_write = writable
+                && self.killpriv_v2()
+                && sys::fstat(&fd).is_ok_and(|st| sys::has_sxid(st.st_mode));
+            if !direct && !sxid_write && inode.is_regular() && self.passthrough_wanted() {
                 match self.share_backing(inode, &mut state.backing, state.cached, writable) {
                     Some(id) => {
                         out.open_flags = fopen::PASSTHROUGH;
@@ -91,6 +102,16 @@ impl PassthroughFs {
             cached,
         });
         Ok(out)
+    }
+
+    /// Tells the kernel to refetch the attributes of `nodeid`.
+    fn invalidate_attrs(&self, nodeid: u64) {
+        if let Some(n) = self.negotiated()
+            && let Err(e) = sys::notify_inval_attrs(n.session_fd, nodeid)
+            && e != libc::ENOENT
+        {
+            tracing::warn!(nodeid, errno = e, "invalidating cached attributes failed");
+        }
     }
 
     fn passthrough_wanted(&self) -> bool {
@@ -211,12 +232,16 @@ impl PassthroughFs {
         let parallel = self.opts.parallel_writes && file.flags & libc::O_APPEND == 0;
         let kill = self.killpriv_v2() && arg.write_flags & abi::write_flags::KILL_SUIDGID != 0;
         let _gate = file.inode.gate.enter_write(end, parallel);
+        // The host strips the bits; the kernel's cached mode must learn of it, as it does
+        // not refetch attributes after a write.
+        let strips = kill && sys::fstat(&file.fd).is_ok_and(|st| sys::has_sxid(st.st_mode));
         let written = {
             let _caps = self.creds.without_fsetid(kill)?;
             sys::pwrite(&file.fd, data, arg.offset)?
         };
-        if kill {
+        if strips {
             Counters::bump(&self.counters.kill_suidgid);
+            self.invalidate_attrs(file.inode.nodeid);
         }
         file.inode.gate.written(arg.offset + written as u64);
         Ok(written as u32)
