@@ -123,18 +123,24 @@ impl PassthroughFs {
                 format!("{what} {shown}: {}", io::Error::from_raw_os_error(errno)),
             )
         };
+        let not_a_directory = || {
+            io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("source {shown} is not a directory"),
+            )
+        };
         let path = std::ffi::CString::new(opts.source.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in SOURCE"))?;
         // SOURCE itself is the user's path: symlinks in it are followed (only here).
         let root_fd = sys::open_source(&path).map_err(|e| match e {
-            libc::ENOTDIR => fail("not a directory:", e),
+            libc::ENOTDIR => not_a_directory(),
             _ => fail("cannot open source directory", e),
         })?;
         let st = sys::fstat(&root_fd).map_err(|e| fail("cannot stat", e))?;
         let root_mount = sys::reopen(&root_fd, libc::O_RDONLY | libc::O_DIRECTORY)
             .map_err(|e| fail("cannot open source directory", e))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-            return Err(fail("not a directory:", libc::ENOTDIR));
+            return Err(not_a_directory());
         }
         let fs_type = sys::fstatfs(&root_fd).map_or(0, |s| s.f_type);
         let stack_depth = if fs_type == FUSE_SUPER_MAGIC || fs_type == OVERLAYFS_SUPER_MAGIC {
