@@ -33,16 +33,15 @@ fn time_arg(set: bool, now: bool, secs: u64, nsecs: u32) -> libc::timespec {
 impl PassthroughFs {
     pub(super) fn do_getattr(&self, ino: u64, fh: Option<u64>) -> SysResult<abi::AttrOut> {
         // An open file answers through its own fd: it works after the file is unlinked.
-        let st = match fh.and_then(|fh| self.files.get(fh)) {
-            Some(file) => sys::fstat(&file.fd)?,
+        let (inode, st) = match fh.and_then(|fh| self.files.get(fh)) {
+            Some(file) => (file.inode.clone(), sys::fstat(&file.fd)?),
             None => {
                 let inode = self.inode(ino)?;
-                sys::fstat(&*self.path_fd(&inode)?)?
+                let st = sys::fstat(&*self.path_fd(&inode)?)?;
+                (inode, st)
             }
         };
-        if let Some(inode) = self.inodes.get(ino)
-            && inode.is_regular()
-        {
+        if inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
         }
         Ok(self.attr_out(&st))

@@ -142,16 +142,20 @@ impl PassthroughFs {
         let negotiated = self.negotiated()?;
         // The kernel writes through the backing file with the credentials of whoever
         // registered it: without CAP_FSETID, so that it strips set-user-id bits on write.
-        let registered = (|| {
-            let _caps = self.creds.without_fsetid(negotiated.killpriv_v2)?;
-            let mode = if writable {
-                libc::O_RDWR
-            } else {
-                libc::O_RDONLY
-            };
-            let file = self.open_inode(inode, mode | libc::O_NOFOLLOW)?;
-            sys::backing_open(negotiated.session_fd, &file)
-        })();
+        let caps = self.creds.without_fsetid(negotiated.killpriv_v2).ok()?;
+        // Read-write when the host allows, so that later write opens share it too.
+        let (file, backing_writable) = match self.open_inode(inode, libc::O_RDWR | libc::O_NOFOLLOW)
+        {
+            Ok(file) => (file, true),
+            Err(libc::EACCES | libc::EROFS | libc::ETXTBSY | libc::EPERM) if !writable => (
+                self.open_inode(inode, libc::O_RDONLY | libc::O_NOFOLLOW)
+                    .ok()?,
+                false,
+            ),
+            Err(_) => return None,
+        };
+        let registered = sys::backing_open(negotiated.session_fd, &file);
+        drop(caps);
         match registered {
             Ok(id) => {
                 Counters::bump(&self.counters.backing_opened);
@@ -159,7 +163,7 @@ impl PassthroughFs {
                 *backing = Some(Backing {
                     id,
                     opens: 1,
-                    writable,
+                    writable: backing_writable,
                 });
                 Some(id)
             }
