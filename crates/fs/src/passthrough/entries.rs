@@ -158,7 +158,7 @@ impl PassthroughFs {
         let path = sys::reopen(&fd, libc::O_PATH)?;
         let inode = self.register(parent, path, keep_fd, &st)?;
         let entry = self.entry_out(inode.nodeid, &st);
-        match self.finish_open(&inode, fd, flags) {
+        match self.finish_open(&inode, fd, flags, Some(st.st_mode)) {
             Ok(open) => Ok((entry, open)),
             Err(e) => {
                 self.unregister(inode.nodeid);

@@ -45,16 +45,17 @@ impl PassthroughFs {
             Counters::bump(&self.counters.kill_suidgid);
             self.invalidate_attrs(inode.nodeid);
         }
-        self.finish_open(&inode, fd, flags)
+        self.finish_open(&inode, fd, flags, None)
     }
 
     /// Decides how the kernel reaches the data of a new open file holding `fd`, records it,
-    /// and builds the answer.
+    /// and builds the answer. `mode` is the file's mode when the caller just read it.
     pub(super) fn finish_open(
         &self,
         inode: &std::sync::Arc<Inode>,
         fd: OwnedFd,
         flags: i32,
+        mode: Option<u32>,
     ) -> SysResult<abi::OpenOut> {
         let direct = self.opts.direct_io || flags & libc::O_DIRECT != 0;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
@@ -68,7 +69,9 @@ impl PassthroughFs {
             // that the host stripped set-user-id bits: such files are served by us.
             let sxid_write = writable
                 && self.killpriv_v2()
-                && sys::fstat(&fd).is_ok_and(|st| sys::has_sxid(st.st_mode));
+                && mode
+                    .map_or_else(|| sys::fstat(&fd).map(|st| st.st_mode), Ok)
+                    .is_ok_and(sys::has_sxid);
             if !direct && !sxid_write && inode.is_regular() && self.passthrough_wanted() {
                 match self.share_backing(inode, &mut state.backing, state.cached, writable) {
                     Some(id) => {

@@ -115,7 +115,7 @@ const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
 
 impl PassthroughFs {
     /// Opens SOURCE; fails with a sentence when it is missing or not a directory.
-    pub fn new(opts: PassthroughOptions) -> io::Result<PassthroughFs> {
+    pub fn new(mut opts: PassthroughOptions) -> io::Result<PassthroughFs> {
         let shown = opts.source.display().to_string();
         let fail = |what: &str, errno: Errno| {
             io::Error::new(
@@ -149,19 +149,23 @@ impl PassthroughFs {
             1
         };
         let handles_missing = AtomicBool::new(false);
-        let mount_id = if opts.file_handles {
-            match sys::handle_of(&root_fd) {
-                Ok((_, id)) => id,
+        let mut mount_id = -1;
+        if opts.file_handles {
+            // Reopening by handle needs CAP_DAC_READ_SEARCH as well as host support: try both.
+            let reopened = sys::handle_of(&root_fd).and_then(|(handle, id)| {
+                sys::open_by_handle(&root_mount, &handle, libc::O_PATH).map(|_| id)
+            });
+            match reopened {
+                Ok(id) => mount_id = id,
                 Err(e) => {
                     warn_no_handles(&shown, e);
                     handles_missing.store(true, Ordering::Relaxed);
-                    -1
+                    opts.file_handles = false;
                 }
             }
         } else {
             tracing::info!("--no-file-handles: keeping an O_PATH fd per known inode");
-            -1
-        };
+        }
         let root = Inode::new(
             abi::ROOT_ID,
             InodeKey {
@@ -359,8 +363,9 @@ impl PassthroughFs {
 
 fn warn_no_handles(source: &str, errno: Errno) {
     tracing::warn!(
-        "the host file system of {source} has no file handles ({}): keeping an O_PATH fd \
-         per known inode instead, so a walk of many files can hit the open-file limit",
+        "cannot use file handles under {source} ({}; they need host support and \
+         CAP_DAC_READ_SEARCH): keeping an O_PATH fd per known inode instead, so a walk of \
+         many files can hit the open-file limit",
         io::Error::from_raw_os_error(errno)
     );
 }
