@@ -8,7 +8,8 @@ use lanefs_fuse::abi::{self, fattr};
 
 use super::PassthroughFs;
 use super::counters::Counters;
-use super::sys::{self, SysResult};
+use super::inode::Inode;
+use super::sys::{self, SysResult, XattrTarget};
 
 /// The timespec utimensat takes for one of atime/mtime.
 fn time_arg(set: bool, now: bool, secs: u64, nsecs: u32) -> libc::timespec {
@@ -143,30 +144,39 @@ impl PassthroughFs {
         sys::access(&*self.path_fd(&inode)?, mask)
     }
 
-    // Xattrs go through /proc/self/fd/N, which follows our O_PATH fd to the inode. For a
-    // symlink that would be its target, so symlinks answer as if they had no xattrs
-    // (user.* xattrs are not allowed on symlinks anyway).
+    /// Runs an xattr call on the inode: a symlink through its parent and last known name
+    /// (checked to still name it), anything else through its own fd.
+    fn on_xattr_target<T>(
+        &self,
+        inode: &Inode,
+        call: impl FnOnce(&XattrTarget<'_>) -> SysResult<T>,
+    ) -> SysResult<T> {
+        if !inode.is_symlink() {
+            return call(&XattrTarget::Object(&*self.path_fd(inode)?));
+        }
+        let (parent, name) = inode.link_name().ok_or(libc::ESTALE)?;
+        let dir = self.path_fd(&parent)?;
+        let st = sys::fstatat(&dir, &name, 0)?;
+        if (st.st_dev, st.st_ino) != (inode.key.dev, inode.key.ino) {
+            return Err(libc::ESTALE);
+        }
+        call(&XattrTarget::Symlink(&dir, &name))
+    }
 
     pub(super) fn do_getxattr(&self, ino: u64, name: &OsStr, size: u32, reply: Reply) {
-        let result = (|| {
-            let inode = self.inode(ino)?;
-            if inode.is_symlink() {
-                return Err(libc::ENODATA);
-            }
-            let name = xattr_name(name)?;
-            Ok((self.path_fd(&inode)?, name))
-        })();
-        let (fd, name) = match result {
+        let (inode, name) = match self.inode(ino).and_then(|i| Ok((i, xattr_name(name)?))) {
             Ok(found) => found,
             Err(e) => return reply.error(e),
         };
         if size == 0 {
-            match sys::getxattr(&fd, &name, &mut []) {
+            match self.on_xattr_target(&inode, |t| sys::getxattr(t, &name, &mut [])) {
                 Ok(n) => reply.xattr_size(n as u32),
                 Err(e) => reply.error(e),
             }
         } else {
-            reply.data_with(size as usize, |buf| sys::getxattr(&fd, &name, buf))
+            reply.data_with(size as usize, |buf| {
+                self.on_xattr_target(&inode, |t| sys::getxattr(t, &name, buf))
+            })
         }
     }
 
@@ -175,24 +185,15 @@ impl PassthroughFs {
             Ok(inode) => inode,
             Err(e) => return reply.error(e),
         };
-        if inode.is_symlink() {
-            return if size == 0 {
-                reply.xattr_size(0)
-            } else {
-                reply.data(&[])
-            };
-        }
-        let fd = match self.path_fd(&inode) {
-            Ok(fd) => fd,
-            Err(e) => return reply.error(e),
-        };
         if size == 0 {
-            match sys::listxattr(&fd, &mut []) {
+            match self.on_xattr_target(&inode, |t| sys::listxattr(t, &mut [])) {
                 Ok(n) => reply.xattr_size(n as u32),
                 Err(e) => reply.error(e),
             }
         } else {
-            reply.data_with(size as usize, |buf| sys::listxattr(&fd, buf))
+            reply.data_with(size as usize, |buf| {
+                self.on_xattr_target(&inode, |t| sys::listxattr(t, buf))
+            })
         }
     }
 
@@ -204,20 +205,14 @@ impl PassthroughFs {
         flags: u32,
     ) -> SysResult<()> {
         let inode = self.inode(ino)?;
-        if inode.is_symlink() {
-            return Err(libc::EPERM);
-        }
         let name = xattr_name(name)?;
-        sys::setxattr(&*self.path_fd(&inode)?, &name, value, flags as i32)
+        self.on_xattr_target(&inode, |t| sys::setxattr(t, &name, value, flags as i32))
     }
 
     pub(super) fn do_removexattr(&self, ino: u64, name: &OsStr) -> SysResult<()> {
         let inode = self.inode(ino)?;
-        if inode.is_symlink() {
-            return Err(libc::EPERM);
-        }
         let name = xattr_name(name)?;
-        sys::removexattr(&*self.path_fd(&inode)?, &name)
+        self.on_xattr_target(&inode, |t| sys::removexattr(t, &name))
     }
 }
 

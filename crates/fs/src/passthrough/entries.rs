@@ -1,12 +1,15 @@
 //! Operations on names: lookup, create, tmpfile, mkdir, mknod, symlink, link, unlink, rmdir,
 //! rename. New inodes are made as the caller (per-thread fsuid/fsgid, see `creds`).
 
-use std::ffi::OsStr;
+use std::ffi::{CStr, OsStr};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
 
 use lanefs_fuse::Request;
 use lanefs_fuse::abi;
 
+use super::inode::{Inode, InodeKey};
 use super::sys::{self, SysResult, component};
 use super::{PassthroughFs, decode_dev};
 
@@ -106,7 +109,25 @@ impl PassthroughFs {
         let newname = component(newname)?;
         let dir = self.path_fd(&parent)?;
         let newdir = self.path_fd(&newparent)?;
-        sys::renameat2(&dir, &name, &newdir, &newname, flags)
+        sys::renameat2(&dir, &name, &newdir, &newname, flags)?;
+        // A symlink that moved is reached under its new name for xattrs.
+        self.note_symlink_name(&newparent, &newdir, &newname);
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            self.note_symlink_name(&parent, &dir, &name);
+        }
+        Ok(())
+    }
+
+    fn note_symlink_name(&self, parent: &Arc<Inode>, dir: &OwnedFd, name: &CStr) {
+        if let Ok(st) = sys::fstatat(dir, name, 0)
+            && st.st_mode & libc::S_IFMT == libc::S_IFLNK
+            && let Some(inode) = self.inodes.find(&InodeKey {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            })
+        {
+            inode.set_link_name(parent.clone(), name.to_owned());
+        }
     }
 
     pub(super) fn do_create(
@@ -149,8 +170,8 @@ impl PassthroughFs {
     /// Registers a file just created through `fd` and opens it for the client.
     fn created(
         &self,
-        parent: &super::inode::Inode,
-        fd: std::os::fd::OwnedFd,
+        parent: &Inode,
+        fd: OwnedFd,
         flags: i32,
         keep_fd: bool,
     ) -> SysResult<(abi::EntryOut, abi::OpenOut)> {

@@ -7,6 +7,7 @@
 //! (name_to_handle_at) and reopens through the fd cache.
 
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,6 +79,13 @@ pub struct OpenState {
     pub backing: Option<Backing>,
 }
 
+/// The last name a symlink was seen under: the only way to reach a symlink itself for
+/// xattrs (its O_PATH fd, through /proc, would lead to its target).
+pub struct LinkName {
+    pub parent: Arc<Inode>,
+    pub name: CString,
+}
+
 pub struct Inode {
     pub nodeid: u64,
     pub key: InodeKey,
@@ -92,6 +100,8 @@ pub struct Inode {
     /// Lock order: after nothing; taken on open and release only, never with another
     /// inode's.
     open_state: Mutex<OpenState>,
+    /// Symlinks only. Lock order: a leaf.
+    link_name: Mutex<Option<LinkName>>,
 }
 
 impl Inode {
@@ -112,6 +122,7 @@ impl Inode {
             lookups: AtomicU64::new(1),
             gate: WriteGate::new(size),
             open_state: Mutex::new(OpenState::default()),
+            link_name: Mutex::new(None),
         }
     }
 
@@ -130,6 +141,20 @@ impl Inode {
             HostRef::Handle { mount, .. } => Some(mount),
             HostRef::Fd(_) => None,
         }
+    }
+
+    /// Records the name a symlink was just seen under.
+    pub fn set_link_name(&self, parent: Arc<Inode>, name: CString) {
+        *self.link_name.lock().unwrap_or_else(|e| e.into_inner()) = Some(LinkName { parent, name });
+    }
+
+    /// The parent and name a symlink was last seen under.
+    pub fn link_name(&self) -> Option<(Arc<Inode>, CString)> {
+        self.link_name
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|l| (l.parent.clone(), l.name.clone()))
     }
 
     pub fn open_state(&self) -> MutexGuard<'_, OpenState> {
@@ -184,6 +209,11 @@ impl InodeTable {
         self.by_key[shard_of(key.ino ^ key.dev.rotate_left(32))]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inode the kernel knows for a host object, if any.
+    pub fn find(&self, key: &InodeKey) -> Option<Arc<Inode>> {
+        self.key_shard(key).get(key).cloned()
     }
 
     pub fn get(&self, nodeid: u64) -> Option<Arc<Inode>> {

@@ -35,7 +35,14 @@ const EARLY_INTERRUPTS_MAX: usize = 64;
 /// The kernel's OFFSET_MAX: a lock to the end of the file.
 const OFFSET_MAX: u64 = i64::MAX as u64;
 
-type OwnerFds = HashMap<(u64, u64), Arc<OwnedFd>>;
+/// The host fd carrying one lock owner's POSIX locks on one inode, and the process that
+/// last locked through it (reported by GETLK: OFD locks have no owning process).
+struct OwnerLocks {
+    fd: Arc<OwnedFd>,
+    pid: u32,
+}
+
+type OwnerFds = HashMap<(u64, u64), OwnerLocks>;
 
 /// Requests waiting for a lock, by unique, each with the flag its INTERRUPT sets.
 #[derive(Default)]
@@ -85,7 +92,7 @@ fn from_flock(fl: &libc::flock) -> abi::FileLock {
             (fl.l_start + fl.l_len - 1) as u64
         },
         typ: fl.l_type as u32,
-        // OFD locks have no owning process to report.
+        // Filled in from our record of who holds it.
         pid: 0,
     }
 }
@@ -105,15 +112,22 @@ impl LockTable {
     }
 
     fn owner_fd(&self, nodeid: u64, owner: u64) -> Option<Arc<OwnedFd>> {
-        self.shard(nodeid).get(&(nodeid, owner)).cloned()
+        self.shard(nodeid)
+            .get(&(nodeid, owner))
+            .map(|o| o.fd.clone())
     }
 
     /// The owner's fd, opened from `file` if it has none yet: read-write when the host
-    /// allows, so one fd serves the owner's read and write locks.
-    fn owner_fd_or_open(&self, file: &OpenFile, owner: u64) -> SysResult<Arc<OwnedFd>> {
+    /// allows, so one fd serves the owner's read and write locks. Records `pid` as the
+    /// process locking through it.
+    fn owner_fd_or_open(&self, file: &OpenFile, owner: u64, pid: u32) -> SysResult<Arc<OwnedFd>> {
         let nodeid = file.inode.nodeid;
-        if let Some(fd) = self.owner_fd(nodeid, owner) {
-            return Ok(fd);
+        {
+            let mut shard = self.shard(nodeid);
+            if let Some(known) = shard.get_mut(&(nodeid, owner)) {
+                known.pid = pid;
+                return Ok(known.fd.clone());
+            }
         }
         let fd = sys::reopen(&file.fd, libc::O_RDWR)
             .or_else(|_| sys::reopen(&file.fd, file.flags & libc::O_ACCMODE))?;
@@ -121,8 +135,35 @@ impl LockTable {
         Ok(self
             .shard(nodeid)
             .entry((nodeid, owner))
-            .or_insert(fd)
+            .or_insert(OwnerLocks { fd, pid })
+            .fd
             .clone())
+    }
+
+    /// The process holding `lock` (a conflict GETLK found), among the other owners of the
+    /// inode: one that does not see `lock` as a conflict holds it.
+    fn holder_pid(&self, nodeid: u64, asking: u64, lock: &libc::flock) -> u32 {
+        let shard = self.shard(nodeid);
+        let others: Vec<&OwnerLocks> = shard
+            .iter()
+            .filter(|((id, owner), _)| *id == nodeid && *owner != asking)
+            .map(|(_, o)| o)
+            .collect();
+        if let [only] = others.as_slice() {
+            return only.pid;
+        }
+        others
+            .iter()
+            .find(|o| {
+                let mut probe = *lock;
+                probe.l_type = libc::F_WRLCK as i16;
+                probe.l_pid = 0;
+                sys::fcntl_lock(&o.fd, libc::F_OFD_GETLK, &mut probe).is_ok()
+                    && (probe.l_type == libc::F_UNLCK as i16
+                        || (probe.l_start, probe.l_len, probe.l_type)
+                            != (lock.l_start, lock.l_len, lock.l_type))
+            })
+            .map_or(0, |o| o.pid)
     }
 
     /// The owner closed the file: its POSIX locks on the inode go (close(2) semantics).
@@ -219,7 +260,11 @@ impl PassthroughFs {
         let fd = self.locks.owner_fd(file.inode.nodeid, arg.owner);
         let fd = fd.as_deref().unwrap_or(&file.fd);
         sys::fcntl_lock(fd, libc::F_OFD_GETLK, &mut fl)?;
-        Ok(from_flock(&fl))
+        let mut lock = from_flock(&fl);
+        if fl.l_type != libc::F_UNLCK as i16 {
+            lock.pid = self.locks.holder_pid(file.inode.nodeid, arg.owner, &fl);
+        }
+        Ok(lock)
     }
 
     pub(super) fn do_setlk(
@@ -263,7 +308,7 @@ impl PassthroughFs {
         {
             return reply.error(libc::EBADF);
         }
-        let fd = match self.locks.owner_fd_or_open(&file, arg.owner) {
+        let fd = match self.locks.owner_fd_or_open(&file, arg.owner, arg.lk.pid) {
             Ok(fd) => fd,
             Err(e) => return reply.error(e),
         };

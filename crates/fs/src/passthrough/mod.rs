@@ -344,11 +344,14 @@ impl PassthroughFs {
     }
 
     /// Looks `name` up in `parent` on the host and makes it known: the entry answer.
-    fn lookup_child(&self, parent: &Inode, name: &CStr) -> SysResult<abi::EntryOut> {
+    fn lookup_child(&self, parent: &Arc<Inode>, name: &CStr) -> SysResult<abi::EntryOut> {
         let dir = self.path_fd(parent)?;
         let fd = sys::openat(&dir, name, libc::O_PATH, 0)?;
         let st = sys::fstat(&fd)?;
         let inode = self.register(parent, fd, false, &st)?;
+        if inode.is_symlink() {
+            inode.set_link_name(parent.clone(), name.to_owned());
+        }
         Ok(self.entry_out(inode.nodeid, &st))
     }
 

@@ -440,46 +440,84 @@ pub fn fcntl_lock(fd: &OwnedFd, cmd: i32, lock: &mut libc::flock) -> SysResult<(
     check(unsafe { libc::fcntl(fd.as_raw_fd(), cmd, lock as *mut libc::flock) }).map(drop)
 }
 
-/// The xattr calls on what an fd refers to, through /proc/self/fd (the f*xattr calls refuse
-/// O_PATH fds). `buf` empty is a size probe.
-pub fn getxattr(fd: &OwnedFd, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
-    let path = proc_path(fd.as_raw_fd());
+/// What an xattr call acts on. The f*xattr calls refuse O_PATH fds, so both go through
+/// /proc/self/fd: an object by its own fd (the magic link followed to it), or a symlink by
+/// its parent's fd and its name (not followed: the l*xattr calls).
+pub enum XattrTarget<'a> {
+    Object(&'a OwnedFd),
+    Symlink(&'a OwnedFd, &'a CStr),
+}
+
+impl XattrTarget<'_> {
+    fn path(&self) -> CString {
+        match self {
+            XattrTarget::Object(fd) => proc_path(fd.as_raw_fd()),
+            XattrTarget::Symlink(dir, name) => {
+                let mut path = proc_path(dir.as_raw_fd()).into_bytes();
+                path.push(b'/');
+                path.extend_from_slice(name.to_bytes());
+                CString::new(path).expect("no NUL in a component")
+            }
+        }
+    }
+}
+
+/// `buf` empty is a size probe.
+pub fn getxattr(target: &XattrTarget<'_>, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
+    let path = target.path();
+    let value = buf.as_mut_ptr().cast();
     // SAFETY: the strings are NUL-terminated; buf has buf.len() writable bytes.
     check_size(unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
+        match target {
+            XattrTarget::Object(_) => {
+                libc::getxattr(path.as_ptr(), name.as_ptr(), value, buf.len())
+            }
+            XattrTarget::Symlink(..) => {
+                libc::lgetxattr(path.as_ptr(), name.as_ptr(), value, buf.len())
+            }
+        }
     })
 }
 
-pub fn listxattr(fd: &OwnedFd, buf: &mut [u8]) -> SysResult<usize> {
-    let path = proc_path(fd.as_raw_fd());
+pub fn listxattr(target: &XattrTarget<'_>, buf: &mut [u8]) -> SysResult<usize> {
+    let path = target.path();
+    let list = buf.as_mut_ptr().cast();
     // SAFETY: path is NUL-terminated; buf has buf.len() writable bytes.
-    check_size(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+    check_size(unsafe {
+        match target {
+            XattrTarget::Object(_) => libc::listxattr(path.as_ptr(), list, buf.len()),
+            XattrTarget::Symlink(..) => libc::llistxattr(path.as_ptr(), list, buf.len()),
+        }
+    })
 }
 
-pub fn setxattr(fd: &OwnedFd, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
-    let path = proc_path(fd.as_raw_fd());
+pub fn setxattr(target: &XattrTarget<'_>, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
+    let path = target.path();
+    let data = value.as_ptr().cast();
     // SAFETY: the strings are NUL-terminated; value has value.len() readable bytes.
     check(unsafe {
-        libc::setxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            flags,
-        )
+        match target {
+            XattrTarget::Object(_) => {
+                libc::setxattr(path.as_ptr(), name.as_ptr(), data, value.len(), flags)
+            }
+            XattrTarget::Symlink(..) => {
+                libc::lsetxattr(path.as_ptr(), name.as_ptr(), data, value.len(), flags)
+            }
+        }
     })
     .map(drop)
 }
 
-pub fn removexattr(fd: &OwnedFd, name: &CStr) -> SysResult<()> {
-    let path = proc_path(fd.as_raw_fd());
+pub fn removexattr(target: &XattrTarget<'_>, name: &CStr) -> SysResult<()> {
+    let path = target.path();
     // SAFETY: the strings are NUL-terminated.
-    check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
+    check(unsafe {
+        match target {
+            XattrTarget::Object(_) => libc::removexattr(path.as_ptr(), name.as_ptr()),
+            XattrTarget::Symlink(..) => libc::lremovexattr(path.as_ptr(), name.as_ptr()),
+        }
+    })
+    .map(drop)
 }
 
 /// FUSE_DEV_IOC_BACKING_OPEN: registers `fd` as a backing file; returns its backing id.
