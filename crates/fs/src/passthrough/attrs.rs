@@ -3,11 +3,10 @@
 
 use std::ffi::OsStr;
 
-use lanefs_fuse::Reply;
 use lanefs_fuse::abi::{self, fattr};
+use lanefs_fuse::{Reply, Request};
 
 use super::PassthroughFs;
-use super::counters::Counters;
 use super::inode::Inode;
 use super::sys::{self, SysResult, XattrTarget};
 
@@ -48,7 +47,12 @@ impl PassthroughFs {
         Ok(self.attr_out(&st))
     }
 
-    pub(super) fn do_setattr(&self, ino: u64, arg: &abi::SetattrIn) -> SysResult<abi::AttrOut> {
+    pub(super) fn do_setattr(
+        &self,
+        req: &Request,
+        ino: u64,
+        arg: &abi::SetattrIn,
+    ) -> SysResult<abi::AttrOut> {
         let inode = self.inode(ino)?;
         let valid = arg.valid;
         let file = (valid & fattr::FH != 0)
@@ -80,18 +84,18 @@ impl PassthroughFs {
         if valid & fattr::SIZE != 0 {
             let kill = self.killpriv_v2() && valid & fattr::KILL_SUIDGID != 0;
             let _gate = inode.gate.exclusive();
-            let _caps = self.creds.without_fsetid(kill)?;
-            match file.as_ref().filter(|f| f.writable()) {
-                Some(file) => sys::ftruncate(&file.fd, arg.size)?,
+            let opened;
+            let fd = match file.as_ref().filter(|f| f.writable()) {
+                Some(file) => &file.fd,
                 None => {
-                    let fd = self.open_inode(&inode, libc::O_WRONLY | libc::O_NOFOLLOW)?;
-                    sys::ftruncate(&fd, arg.size)?
+                    opened = self.open_inode(&inode, libc::O_WRONLY | libc::O_NOFOLLOW)?;
+                    &opened
                 }
-            }
+            };
+            self.killing_privileges(req, &inode, (fd, false), kill, || {
+                sys::ftruncate(fd, arg.size)
+            })?;
             inode.gate.set_size(arg.size);
-            if kill {
-                Counters::bump(&self.counters.kill_suidgid);
-            }
         }
         let times = fattr::ATIME | fattr::MTIME | fattr::ATIME_NOW | fattr::MTIME_NOW;
         if valid & times != 0 {

@@ -4,11 +4,12 @@
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 
-use lanefs_fuse::Reply;
 use lanefs_fuse::abi::{self, fopen};
+use lanefs_fuse::{Reply, Request};
 
 use super::PassthroughFs;
 use super::counters::Counters;
+use super::creds;
 use super::handle::OpenFile;
 use super::inode::{Backing, Inode};
 use super::sys::{self, SysResult};
@@ -21,31 +22,67 @@ pub(super) fn host_open_flags(flags: i32) -> i32 {
 }
 
 impl PassthroughFs {
-    pub(super) fn do_open(&self, ino: u64, arg: &abi::OpenIn) -> SysResult<abi::OpenOut> {
+    pub(super) fn do_open(
+        &self,
+        req: &Request,
+        ino: u64,
+        arg: &abi::OpenIn,
+    ) -> SysResult<abi::OpenOut> {
         let inode = self.inode(ino)?;
         let flags = arg.flags as i32;
         let truncate = flags & libc::O_TRUNC != 0;
         let kill = truncate && self.killpriv_v2() && arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
-        let strips = kill
-            && self
-                .path_fd(&inode)
-                .and_then(|fd| sys::fstat(&fd))
-                .is_ok_and(|st| sys::has_sxid(st.st_mode));
+        let path = self.path_fd(&inode)?;
         let fd = {
             // O_TRUNC changes the size: exclusive, like truncate.
             let _gate = truncate.then(|| inode.gate.exclusive());
-            let _caps = self.creds.without_fsetid(kill)?;
-            let fd = self.open_inode(&inode, host_open_flags(flags))?;
+            let fd = self.killing_privileges(req, &inode, (&path, true), kill, || {
+                self.open_inode(&inode, host_open_flags(flags))
+            })?;
             if truncate {
                 inode.gate.set_size(0);
             }
             fd
         };
-        if strips {
+        self.finish_open(&inode, fd, flags, None)
+    }
+
+    /// Runs `change` (a write, truncate or O_TRUNC open by a caller without CAP_FSETID, when
+    /// `kill`) so that the file loses what it would natively: the host strips set-user-id
+    /// bits and security.capability when CAP_FSETID is dropped; the set-group-id bit of a
+    /// file without group execute also goes when the caller is outside the file's group
+    /// (Linux 6.2+), which the host cannot judge (it sees us, root), so we clear it. `fd`
+    /// is any fd of the file (O_PATH when the flag says so). The kernel does not refetch
+    /// the mode afterwards, so it is told to.
+    pub(super) fn killing_privileges<T>(
+        &self,
+        req: &Request,
+        inode: &Inode,
+        (fd, is_path_fd): (&OwnedFd, bool),
+        kill: bool,
+        change: impl FnOnce() -> SysResult<T>,
+    ) -> SysResult<T> {
+        if !kill {
+            return change();
+        }
+        let before = sys::fstat(fd).ok();
+        let result = {
+            let _caps = self.creds.without_fsetid(true)?;
+            change()?
+        };
+        if let Some(st) = before
+            && st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
+        {
+            let group_bit_survives = st.st_mode & libc::S_ISGID != 0
+                && st.st_mode & libc::S_IXGRP == 0
+                && !creds::caller_in_group(req.pid, req.gid, st.st_gid);
+            if group_bit_survives {
+                sys::chmod(fd, is_path_fd, st.st_mode & 0o7777 & !libc::S_ISGID)?;
+            }
             Counters::bump(&self.counters.kill_suidgid);
             self.invalidate_attrs(inode.nodeid);
         }
-        self.finish_open(&inode, fd, flags, None)
+        Ok(result)
     }
 
     /// Decides how the kernel reaches the data of a new open file holding `fd`, records it,
@@ -71,7 +108,7 @@ impl PassthroughFs {
                 && self.killpriv_v2()
                 && mode
                     .map_or_else(|| sys::fstat(&fd).map(|st| st.st_mode), Ok)
-                    .is_ok_and(sys::has_sxid);
+                    .is_ok_and(|mode| mode & (libc::S_ISUID | libc::S_ISGID) != 0);
             if !direct && !sxid_write && inode.is_regular() && self.passthrough_wanted() {
                 match self.share_backing(inode, &mut state.backing, state.cached, writable) {
                     Some(id) => {
@@ -232,24 +269,21 @@ impl PassthroughFs {
         })
     }
 
-    pub(super) fn do_write(&self, arg: &abi::WriteIn, data: &[u8]) -> SysResult<u32> {
+    pub(super) fn do_write(
+        &self,
+        req: &Request,
+        arg: &abi::WriteIn,
+        data: &[u8],
+    ) -> SysResult<u32> {
         let file = self.file(arg.fh)?;
         let end = arg.offset.saturating_add(data.len() as u64);
         // An O_APPEND write lands at the host's end of file, wherever the kernel thought.
         let parallel = self.opts.parallel_writes && file.flags & libc::O_APPEND == 0;
         let kill = self.killpriv_v2() && arg.write_flags & abi::write_flags::KILL_SUIDGID != 0;
         let _gate = file.inode.gate.enter_write(end, parallel);
-        // The host strips the bits; the kernel's cached mode must learn of it, as it does
-        // not refetch attributes after a write.
-        let strips = kill && sys::fstat(&file.fd).is_ok_and(|st| sys::has_sxid(st.st_mode));
-        let written = {
-            let _caps = self.creds.without_fsetid(kill)?;
-            sys::pwrite(&file.fd, data, arg.offset)?
-        };
-        if strips {
-            Counters::bump(&self.counters.kill_suidgid);
-            self.invalidate_attrs(file.inode.nodeid);
-        }
+        let written = self.killing_privileges(req, &file.inode, (&file.fd, false), kill, || {
+            sys::pwrite(&file.fd, data, arg.offset)
+        })?;
         file.inode.gate.written(arg.offset + written as u64);
         Ok(written as u32)
     }

@@ -483,8 +483,8 @@ impl Filesystem for PassthroughFs {
         answer(reply, self.do_getattr(ino, fh), |r, a| r.attr(&a))
     }
 
-    fn setattr(&self, _req: &Request, ino: u64, arg: &abi::SetattrIn, reply: Reply) {
-        answer(reply, self.do_setattr(ino, arg), |r, a| r.attr(&a))
+    fn setattr(&self, req: &Request, ino: u64, arg: &abi::SetattrIn, reply: Reply) {
+        answer(reply, self.do_setattr(req, ino, arg), |r, a| r.attr(&a))
     }
 
     fn readlink(&self, _req: &Request, ino: u64, reply: Reply) {
@@ -544,16 +544,16 @@ impl Filesystem for PassthroughFs {
         })
     }
 
-    fn open(&self, _req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
-        answer(reply, self.do_open(ino, arg), |r, o| r.open(&o))
+    fn open(&self, req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
+        answer(reply, self.do_open(req, ino, arg), |r, o| r.open(&o))
     }
 
     fn read(&self, _req: &Request, ino: u64, arg: &abi::ReadIn, reply: Reply) {
         self.do_read(ino, arg, reply)
     }
 
-    fn write(&self, _req: &Request, _ino: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply) {
-        answer(reply, self.do_write(arg, data), |r, n| r.written(n))
+    fn write(&self, req: &Request, _ino: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply) {
+        answer(reply, self.do_write(req, arg, data), |r, n| r.written(n))
     }
 
     fn flush(&self, _req: &Request, ino: u64, arg: &abi::FlushIn, reply: Reply) {

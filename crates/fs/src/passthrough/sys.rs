@@ -559,12 +559,6 @@ pub fn notify_inval_attrs(session_fd: RawFd, nodeid: u64) -> SysResult<()> {
     check_size(unsafe { libc::write(session_fd, message.as_ptr().cast(), message.len()) }).map(drop)
 }
 
-/// Whether a mode has bits a write by an unprivileged user removes (set-user-id, or
-/// set-group-id with group execute).
-pub fn has_sxid(mode: u32) -> bool {
-    mode & libc::S_ISUID != 0 || (mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP != 0)
-}
-
 /// FUSE_DEV_IOC_BACKING_CLOSE.
 pub fn backing_close(session_fd: RawFd, backing_id: i32) -> SysResult<()> {
     // SAFETY: the ioctl reads one u32 from the pointer.
