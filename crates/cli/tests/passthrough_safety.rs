@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::sys::{self, Errno};
-use common::{Mount, TempDir, deadline};
+use common::{Mount, TempDir, deadline, wait_until};
 
 /// One operation tried through the mount.
 type Attempt = Box<dyn FnOnce() -> Result<(), Errno> + Send>;
@@ -122,6 +122,7 @@ fn dotdot_from_the_mount_root_stays_on_the_client() {
     assert_eq!(Errno::last().0, libc::EXDEV);
     let before = l.outside_state();
     assert!(before.contains("SERVER-SIDE"));
+    drop((fd, root));
     l.m.unmount();
 }
 
@@ -218,6 +219,7 @@ fn symlinks_in_the_source_are_resolved_by_the_client() {
             before,
             "{args:?}: outside the source changed"
         );
+        drop(p);
         l.m.unmount();
     }
 }
@@ -361,6 +363,18 @@ fn host_swapping_a_name_for_a_symlink_never_redirects_the_server() {
             "{args:?}: an operation through the mount reached outside the source; \
              outcomes: {outcomes:#?}"
         );
+        // What succeeded acted on the inodes the client knew (now renamed aside), which
+        // shows the operations did reach the server.
+        if outcomes.iter().any(|o| o == "chmod: Ok(())") {
+            assert_eq!(
+                sys::stat(&src.join("f.orig")).unwrap().st_mode & 0o777,
+                0o777,
+                "{args:?}"
+            );
+        }
+        if outcomes.iter().any(|o| o == "create in d: Ok(())") {
+            assert!(src.join("d.orig/new").exists(), "{args:?}");
+        }
         eprintln!("{args:?}: read {read:?}, listing {listing:?}, {outcomes:?}");
         l.m.unmount();
     }
@@ -456,7 +470,15 @@ fn a_directory_moved_in_and_out_of_the_source_does_not_leak_its_neighbours() {
         names.sort();
         assert_eq!(names, ["secret"], "{args:?}");
         // The mount still works, and the dir is back in the source.
-        std::fs::write(l.m.path("sub/after"), b"ok").unwrap();
+        // (A lookup made while the dir was away may be cached as absent for the entry
+        // timeout.)
+        let after = l.m.path("sub/after");
+        assert!(
+            wait_until(Duration::from_secs(3), || std::fs::write(&after, b"ok")
+                .is_ok()),
+            "{args:?}: cannot create under sub after the race: {:?}",
+            std::fs::write(&after, b"ok")
+        );
         assert_eq!(std::fs::read(src.join("sub/after")).unwrap(), b"ok");
         assert_eq!(std::fs::read(l.m.path("sub/marker")).unwrap(), b"marker");
         l.m.unmount();

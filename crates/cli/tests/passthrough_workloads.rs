@@ -52,6 +52,8 @@ fn fio_parallel_writes_to_one_file_verify() {
                 "--verify=crc32c".into(),
                 "--do_verify=1".into(),
                 "--verify_fatal=1".into(),
+                // No state files left in the working directory.
+                "--verify_state_save=0".into(),
                 "--group_reporting".into(),
             ]);
             let job = &report["jobs"][0];
