@@ -29,6 +29,8 @@ const SHARDS: usize = 16;
 /// A waiting lock retries after this long at first, doubling up to the maximum.
 const WAIT_FIRST: Duration = Duration::from_micros(500);
 const WAIT_MAX: Duration = Duration::from_millis(20);
+/// A waiting thread only retries a syscall and answers: a small stack is plenty.
+const WAIT_THREAD_STACK_BYTES: usize = 64 * 1024;
 /// Interrupts remembered for requests not yet registered as waiting (INTERRUPT may overtake
 /// its request on another queue).
 const EARLY_INTERRUPTS_MAX: usize = 64;
@@ -221,6 +223,7 @@ impl LockTable {
         };
         let spawned = std::thread::Builder::new()
             .name("lanefs-lock-wait".into())
+            .stack_size(WAIT_THREAD_STACK_BYTES)
             .spawn({
                 let unregister = unregister.clone();
                 move || {
