@@ -541,3 +541,46 @@ fn a_50000_file_walk_keeps_fds_and_inodes_bounded() {
     assert_eq!(std::fs::read_dir(m.path("d07")).unwrap().count(), PER_DIR);
     m.unmount();
 }
+
+/// Many machines start daemons with a soft fd limit of 1024 (and a high hard limit). With
+/// its default fd cache the daemon must still walk and read more files than that: it has to
+/// raise its soft limit or size its cache to fit.
+#[test]
+fn default_options_survive_a_soft_fd_limit_of_1024() {
+    let source = TempDir::new("soft-src");
+    for d in 0..3 {
+        let dir = source.path().join(format!("d{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..1000 {
+            std::fs::write(dir.join(format!("f{f:04}")), b"x").unwrap();
+        }
+    }
+    let m = Mount::start_wrapped(
+        &["prlimit", "--nofile=1024:", "--"],
+        source.path().to_str().unwrap(),
+        &[],
+    );
+    let out = run_ok(
+        Command::new("find")
+            .arg(&m.mountpoint)
+            .args(["-type", "f", "-size", "-2"]),
+    );
+    assert_eq!(out.lines().count(), 3000);
+    // Open and read every file.
+    let out = run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg("find . -type f -exec cat {} + | wc -c")
+            .current_dir(&m.mountpoint),
+    );
+    assert_eq!(out.trim(), "3000");
+    // Hold 1500 files open at once from here, through the mount.
+    let held: Vec<_> = (0..1500)
+        .map(|i| {
+            std::fs::File::open(m.path(&format!("d{}/f{:04}", i % 3, i / 3)))
+                .unwrap_or_else(|e| panic!("opening file {i}: {e}"))
+        })
+        .collect();
+    drop(held);
+    m.unmount();
+}
