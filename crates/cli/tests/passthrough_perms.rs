@@ -45,6 +45,9 @@ fn setup(root: &Path) {
     ] {
         w(name, b"setid\n", mode);
     }
+    // Plain files that become set-ID while open for writing.
+    w("pub/late", b"late\n", 0o666);
+    w("pub/rootlate", b"late\n", 0o666);
     // One owned by the regular user.
     w("pub/mine", b"mine\n", 0o644);
     sys::chown(&root.join("pub/mine"), NOBODY, NOBODY).unwrap();
@@ -101,7 +104,49 @@ const ROOT_SCRIPT: &str = r#"
 cd "$ROOT" || exit 99
 echo x >> pub/root6777
 echo "root6777 mode after root's write $(stat -c %a pub/root6777)"
+# Opened (perhaps passed through) while plain, made set-ID, then written by root.
+exec 3>>pub/rootlate
+chmod 6777 pub/rootlate
+echo x >&3
+exec 3>&-
+echo "rootlate mode after root's write $(stat -c %a pub/rootlate)"
 "#;
+
+/// The regular user opens `pub/late` while it is plain, root makes it set-ID, the user
+/// writes through the open fd: the bits go, as natively.
+fn late_set_id(root: &Path) -> String {
+    let sync = TempDir::new("perm-sync");
+    sys::chmod(sync.path(), 0o777).unwrap();
+    let (ready, go) = (sync.path().join("ready"), sync.path().join("go"));
+    for f in [&ready, &go] {
+        sys::mknod(f, libc::S_IFIFO | 0o666, 0).unwrap();
+        sys::chmod(f, 0o666).unwrap();
+    }
+    let user = Command::new("setpriv")
+        .arg(format!("--reuid={NOBODY}"))
+        .arg(format!("--regid={NOBODY}"))
+        .args(["--clear-groups", "sh", "-c"])
+        .arg(format!(
+            "cd '{}' && exec 3>>pub/late && echo ready > '{}' && read x < '{}' && echo x >&3 && exec 3>&- && echo \"late mode after the user's write $(stat -c %a pub/late)\"",
+            root.display(),
+            ready.display(),
+            go.display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(std::fs::File::open(&ready).unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    sys::chmod(&root.join("pub/late"), 0o6777).unwrap();
+    std::fs::write(&go, b"go\n").unwrap();
+    let out = user.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
 
 fn run_scenario(root: &Path) -> String {
     setup(root);
@@ -117,7 +162,9 @@ fn run_scenario(root: &Path) -> String {
         .output()
         .unwrap();
     assert!(r.status.success());
-    String::from_utf8_lossy(&user.stdout).into_owned() + &String::from_utf8_lossy(&r.stdout)
+    String::from_utf8_lossy(&user.stdout).into_owned()
+        + &String::from_utf8_lossy(&r.stdout)
+        + &late_set_id(root)
 }
 
 #[test]
