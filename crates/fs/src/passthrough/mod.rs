@@ -612,6 +612,7 @@ impl Filesystem for PassthroughFs {
 
     fn getxattr(&self, _req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {
         Counters::bump(&self.counters.getxattr);
+        tracing::trace!(ino, ?name, size, "getxattr");
         self.do_getxattr(ino, name, size, reply)
     }
 
