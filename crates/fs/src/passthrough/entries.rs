@@ -9,11 +9,19 @@ use std::sync::Arc;
 use lanefs_fuse::Request;
 use lanefs_fuse::abi;
 
+use super::creds::CallerGuard;
 use super::inode::{Inode, InodeKey};
 use super::sys::{self, SysResult, component};
 use super::{PassthroughFs, decode_dev};
 
 impl PassthroughFs {
+    /// Prepares this thread to create an inode for `req`: the caller's fsuid/fsgid until
+    /// the guard drops, and no umask of ours on top of the caller's.
+    fn as_creator(&self, req: &Request) -> SysResult<CallerGuard<'_>> {
+        sys::clear_thread_umask()?;
+        self.creds.as_caller(req.uid, req.gid)
+    }
+
     pub(super) fn do_lookup(&self, parent: u64, name: &OsStr) -> SysResult<abi::EntryOut> {
         let parent = self.inode(parent)?;
         let name = component(name)?;
@@ -31,7 +39,7 @@ impl PassthroughFs {
         let name = component(name)?;
         let dir = self.path_fd(&parent)?;
         {
-            let _caller = self.creds.as_caller(req.uid, req.gid)?;
+            let _caller = self.as_creator(req)?;
             sys::mkdirat(&dir, &name, arg.mode)?;
         }
         self.lookup_child(&parent, &name)
@@ -48,7 +56,7 @@ impl PassthroughFs {
         let name = component(name)?;
         let dir = self.path_fd(&parent)?;
         {
-            let _caller = self.creds.as_caller(req.uid, req.gid)?;
+            let _caller = self.as_creator(req)?;
             sys::mknodat(&dir, &name, arg.mode, decode_dev(arg.rdev))?;
         }
         self.lookup_child(&parent, &name)
@@ -67,7 +75,7 @@ impl PassthroughFs {
         let target = std::ffi::CString::new(target.as_bytes()).map_err(|_| libc::EINVAL)?;
         let dir = self.path_fd(&parent)?;
         {
-            let _caller = self.creds.as_caller(req.uid, req.gid)?;
+            let _caller = self.as_creator(req)?;
             sys::symlinkat(&target, &dir, &name)?;
         }
         self.lookup_child(&parent, &name)
@@ -142,7 +150,7 @@ impl PassthroughFs {
         let dir = self.path_fd(&parent)?;
         let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_CREAT;
         let fd = {
-            let _caller = self.creds.as_caller(req.uid, req.gid)?;
+            let _caller = self.as_creator(req)?;
             sys::openat(&dir, &name, flags, arg.mode)?
         };
         self.created(&parent, fd, arg.flags as i32, false)
@@ -160,7 +168,7 @@ impl PassthroughFs {
         let dir = self.path_fd(&parent)?;
         let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_TMPFILE;
         let fd = {
-            let _caller = self.creds.as_caller(req.uid, req.gid)?;
+            let _caller = self.as_creator(req)?;
             // O_NOFOLLOW is harmless on ".", which names `dir` itself.
             sys::openat(&dir, c".", flags & !libc::O_CREAT, arg.mode)?
         };

@@ -62,25 +62,18 @@ pub struct LockTable {
     waiters: Arc<Mutex<Waiters>>,
 }
 
+/// A FUSE lock range (inclusive end, OFFSET_MAX for "to the end") as fcntl's.
 fn to_flock(lk: &abi::FileLock) -> libc::flock {
-    let mut fl = empty_flock();
-    fl.l_type = lk.typ as i16;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_start = lk.start as i64;
-    fl.l_len = if lk.end >= OFFSET_MAX {
-        0
-    } else {
-        (lk.end - lk.start + 1) as i64
-    };
-    fl
-}
-
-fn empty_flock() -> libc::flock {
     libc::flock {
-        l_type: 0,
-        l_whence: 0,
-        l_start: 0,
-        l_len: 0,
+        l_type: lk.typ as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: lk.start as i64,
+        l_len: if lk.end >= OFFSET_MAX {
+            0
+        } else {
+            (lk.end.saturating_sub(lk.start) + 1) as i64
+        },
+        // OFD locks require 0.
         l_pid: 0,
     }
 }

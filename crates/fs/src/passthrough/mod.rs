@@ -177,9 +177,6 @@ impl PassthroughFs {
             HostRef::Fd(Arc::new(root_fd)),
             0,
         );
-        // Modes arrive with the caller's umask applied by the kernel; ours must not apply
-        // a second time.
-        sys::umask(0);
         Ok(PassthroughFs {
             fds: FdCache::new(opts.fd_cache),
             opts,

@@ -572,9 +572,25 @@ pub fn backing_close(session_fd: RawFd, backing_id: i32) -> SysResult<()> {
     .map(drop)
 }
 
-pub fn umask(mask: u32) {
-    // SAFETY: umask has no preconditions.
-    unsafe { libc::umask(mask) };
+thread_local! {
+    /// Whether this thread has its own umask, 0 (see [`clear_thread_umask`]).
+    static OWN_UMASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Gives the calling thread its own umask, 0: modes arrive with the caller's umask already
+/// applied by the kernel, and ours must not apply a second time. unshare(CLONE_FS) makes the
+/// umask (and cwd) this thread's own, so the rest of the process keeps its umask (the
+/// control socket's mode depends on it). Done once per thread.
+pub fn clear_thread_umask() -> SysResult<()> {
+    if OWN_UMASK.get() {
+        return Ok(());
+    }
+    // SAFETY: unshare and umask take plain integers and change only this thread's fs state.
+    check(unsafe { libc::unshare(libc::CLONE_FS) })?;
+    // SAFETY: as above.
+    unsafe { libc::umask(0) };
+    OWN_UMASK.set(true);
+    Ok(())
 }
 
 pub fn geteuid() -> u32 {
