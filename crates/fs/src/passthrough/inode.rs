@@ -163,10 +163,12 @@ impl Inode {
 
     fn same_host(&self, other: &HostRef) -> bool {
         match (&self.host, other) {
+            // A held O_PATH fd keeps the host inode alive, so its number is not reused: a
+            // linked O_TMPFILE found by name is the same inode.
+            (HostRef::Fd(_), _) => true,
             (HostRef::Handle { handle: a, .. }, HostRef::Handle { handle: b, .. }) => a == b,
-            // Held O_PATH fds keep the host inode alive, so its number is not reused.
-            (HostRef::Fd(_), HostRef::Fd(_)) => true,
-            _ => false,
+            // No handle to compare with: a new object.
+            (HostRef::Handle { .. }, HostRef::Fd(_)) => false,
         }
     }
 }
