@@ -290,6 +290,11 @@ fn writes_do_not_cost_a_getxattr_each() {
         );
         let getxattrs = m.counter("getxattr") - before;
         let writes = m.op_count("write");
+        if !args.contains(&"--no-passthrough") {
+            // The writes went through kernel passthrough, not through us.
+            assert_eq!(writes, 0, "{args:?}: the file was not passed through");
+            assert!(m.counter("backing_ids_opened") > 0);
+        }
         eprintln!("{args:?}: {getxattrs} GETXATTRs for 200 writes (server saw {writes} WRITEs)");
         if expect_few {
             assert!(

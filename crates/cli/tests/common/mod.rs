@@ -171,12 +171,29 @@ impl Mount {
 
     /// Unmounts with `lanefs umount` and waits for the daemon to exit.
     pub fn unmount(self) {
-        let status = Command::new(lanefs())
-            .arg("umount")
-            .arg(&self.mountpoint)
-            .status()
-            .unwrap();
-        assert!(status.success());
+        // Another test of the same process that forks (a child process, a lock probe)
+        // briefly holds copies of every open fd, ours included, until it execs or exits:
+        // the mount may be busy for a moment.
+        let mut out = None;
+        for _ in 0..50 {
+            let o = Command::new(lanefs())
+                .arg("umount")
+                .arg(&self.mountpoint)
+                .output()
+                .unwrap();
+            let busy = String::from_utf8_lossy(&o.stderr).contains("busy");
+            out = Some(o);
+            if !busy {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = out.unwrap();
+        assert!(
+            out.status.success(),
+            "lanefs umount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(
             wait_until(Duration::from_secs(10), || !process_alive(self.pid)),
             "daemon {} still running after unmount",
