@@ -25,15 +25,10 @@ const MIB: usize = 1 << 20;
 const VARIANTS: &[&[&str]] = &[
     &[],
     &["--no-passthrough"],
+    // The -o form, with everything the kernel may cache turned off and the fewest fds.
     &[
-        "--direct-io",
-        "--no-file-handles",
-        "--fd-cache",
-        "4",
-        "--attr-timeout",
-        "0",
-        "--entry-timeout",
-        "0",
+        "-o",
+        "direct_io,no_file_handles,fd_cache=4,attr_timeout=0,entry_timeout=0",
     ],
 ];
 
@@ -1924,4 +1919,91 @@ fn read_only_mounts_refuse_changes_with_erofs() {
         m.unmount();
         assert_same_tree("read-only source", &before, &tree_snapshot(s));
     }
+}
+
+/// Threads creating, renaming, linking and removing in one directory while others list it
+/// and stat what they find: every call answers, the end state is exactly what was left, and
+/// the host agrees.
+#[test]
+fn concurrent_metadata_changes_in_one_directory() {
+    let source = TempDir::new("conc-src");
+    let m = Mount::passthrough(source.path(), &[]);
+    let dir = m.path("d");
+    std::fs::create_dir(&dir).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listers: Vec<_> = (0..2)
+        .map(|_| {
+            let (dir, stop) = (dir.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut listings = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for e in std::fs::read_dir(&dir).unwrap() {
+                        let e = e.unwrap();
+                        // Gone by now is fine; any other error is not.
+                        if let Err(err) = sys::lstat(&e.path())
+                            && err != Errno(libc::ENOENT)
+                        {
+                            panic!("lstat {}: {err}", e.path().display());
+                        }
+                    }
+                    listings += 1;
+                }
+                listings
+            })
+        })
+        .collect();
+    let workers: Vec<_> = (0..4)
+        .map(|t| {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                for i in 0..300 {
+                    let a = dir.join(format!("t{t}-{i}"));
+                    std::fs::write(&a, format!("{t}/{i}")).unwrap();
+                    let b = dir.join(format!("t{t}-{i}.renamed"));
+                    sys::rename(&a, &b).unwrap();
+                    if i % 3 == 0 {
+                        sys::link(&b, &dir.join(format!("t{t}-{i}.link"))).unwrap();
+                    }
+                    if i % 2 == 0 {
+                        sys::unlink(&b).unwrap();
+                    }
+                    if i % 10 == 0 {
+                        let sub = dir.join(format!("t{t}-{i}.dir"));
+                        sys::mkdir(&sub, 0o755).unwrap();
+                        std::fs::write(sub.join("x"), b"x").unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for l in listers {
+        assert!(l.join().unwrap() > 0);
+    }
+    let mut expected = Vec::new();
+    for t in 0..4 {
+        for i in 0..300 {
+            if i % 2 != 0 {
+                expected.push(format!("t{t}-{i}.renamed"));
+            }
+            if i % 3 == 0 {
+                expected.push(format!("t{t}-{i}.link"));
+            }
+            if i % 10 == 0 {
+                expected.push(format!("t{t}-{i}.dir"));
+            }
+        }
+    }
+    expected.sort();
+    assert_eq!(cases::names(&dir), expected);
+    assert_eq!(cases::names(&source.path().join("d")), expected);
+    // Links of removed names still hold the data, with the right link count.
+    let st = sys::stat(&dir.join("t2-0.link")).unwrap();
+    assert_eq!(st.st_nlink, 1);
+    assert_eq!(std::fs::read(dir.join("t2-3.link")).unwrap(), b"2/3");
+    assert_eq!(sys::stat(&dir.join("t2-3.link")).unwrap().st_nlink, 2);
+    m.unmount();
 }
