@@ -2119,3 +2119,123 @@ fn concurrent_metadata_changes_in_one_directory() {
     assert_eq!(sys::stat(&dir.join("t2-3.link")).unwrap().st_nlink, 2);
     m.unmount();
 }
+
+/// A forked child, killed and reaped on drop if it is still there.
+struct ChildGuard(libc::pid_t);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // SAFETY: signalling and reaping our own child (harmless if already reaped).
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// Forks a child that takes a blocking lock on `path` (F_SETLKW write lock of the whole
+/// file, or flock LOCK_EX) and exits 0 once it has it. `close_first` is our holder's fd:
+/// the child's inherited copy would share its open file, and so its flock.
+fn blocking_locker(path: &Path, use_flock: bool, close_first: i32) -> libc::pid_t {
+    let c = sys::cstr(path);
+    // SAFETY: the child only calls close/open/fcntl/flock/_exit on memory prepared before
+    // fork.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        unsafe {
+            libc::close(close_first);
+            let fd = libc::open(c.as_ptr(), libc::O_RDWR);
+            let r = if use_flock {
+                libc::flock(fd, libc::LOCK_EX)
+            } else {
+                let mut fl: libc::flock = std::mem::zeroed();
+                fl.l_type = libc::F_WRLCK as i16;
+                fl.l_whence = libc::SEEK_SET as i16;
+                libc::fcntl(fd, libc::F_SETLKW, &fl)
+            };
+            libc::_exit(if r == 0 { 0 } else { 1 });
+        }
+    }
+    pid
+}
+
+/// Waits up to `limit` for `pid`; its exit status, or None if it is still running.
+fn wait_child(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+    let start = std::time::Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return Some(status);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A process waiting for a lock (POSIX or flock) gets it when the holder lets go, and one
+/// killed while it waits dies at once; nothing is left locked behind it.
+#[test]
+fn blocked_lock_waiters_wake_and_can_be_killed() {
+    use std::time::Duration;
+    let native = TempDir::new("lockwait-native");
+    let source = TempDir::new("lockwait-src");
+    let m = Mount::passthrough(source.path(), &[]);
+    // Natively first (the scenario itself holds), then on the mount.
+    for (side, use_flock) in [
+        ("native", false),
+        ("native", true),
+        ("mount", false),
+        ("mount", true),
+    ] {
+        let f = if side == "native" {
+            native.path().join("f")
+        } else {
+            m.path("f")
+        };
+        put(&f, b"lock");
+        let what = format!("{side} {}", if use_flock { "flock" } else { "F_SETLKW" });
+        let holder = rw(&f).unwrap();
+        if use_flock {
+            sys::flock(&holder, libc::LOCK_EX).unwrap();
+        } else {
+            sys::setlk(holder.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 0).unwrap();
+        }
+        // A waiter killed while blocked dies promptly.
+        let doomed = blocking_locker(&f, use_flock, holder.as_raw_fd());
+        let _doomed_guard = ChildGuard(doomed);
+        assert_eq!(
+            wait_child(doomed, Duration::from_millis(300)),
+            None,
+            "{what}: the waiter did not wait"
+        );
+        // SAFETY: killing our own child.
+        unsafe { libc::kill(doomed, libc::SIGKILL) };
+        let status = wait_child(doomed, Duration::from_secs(3))
+            .unwrap_or_else(|| panic!("{what}: a killed lock waiter did not die within 3 s"));
+        assert!(libc::WIFSIGNALED(status), "{what}: {status:#x}");
+        // A waiter that is let in.
+        let waiter = blocking_locker(&f, use_flock, holder.as_raw_fd());
+        let _waiter_guard = ChildGuard(waiter);
+        assert_eq!(wait_child(waiter, Duration::from_millis(300)), None);
+        drop(holder);
+        let status = wait_child(waiter, Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("{what}: the waiter never got the lock"));
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "{what}: {status:#x}"
+        );
+        // Nothing is left locked: a non-blocking lock succeeds at once.
+        let again = rw(&f).unwrap();
+        if use_flock {
+            sys::flock(&again, libc::LOCK_EX | libc::LOCK_NB).unwrap();
+        } else {
+            sys::setlk(again.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 0).unwrap();
+        }
+    }
+    m.unmount();
+}
