@@ -178,6 +178,7 @@ fn a_regular_user_on_an_allow_other_mount_is_treated_as_on_the_host() {
     // Sanity of the scenario itself: these are the host's answers.
     for line in [
         "touch pub/f: ok",
+        "setfattr own: ok",
         "cat secret: fail Permission denied",
         "rm rootfile (sticky): fail Operation not permitted",
         "pub/s6777 mode 777",

@@ -164,6 +164,20 @@ fn symlinks_in_the_source_are_resolved_by_the_client() {
         // (An absolute link names the same host path from both sides.)
         assert_eq!(std::fs::read(mnt.join("abs")).unwrap(), SERVER_SIDE);
 
+        // An absolute link made through the mount is stored as text and followed by the
+        // client: it reads the client's /etc/passwd.
+        sys::symlink("/etc/passwd", &mnt.join("pw")).unwrap();
+        assert_eq!(sys::readlink(&mnt.join("pw")).unwrap(), "/etc/passwd");
+        assert_eq!(sys::readlink(&src.join("pw")).unwrap(), "/etc/passwd");
+        assert_eq!(
+            std::fs::read(mnt.join("pw")).unwrap(),
+            std::fs::read("/etc/passwd").unwrap()
+        );
+        assert_eq!(
+            sys::lstat(&src.join("pw")).unwrap().st_mode & libc::S_IFMT,
+            libc::S_IFLNK
+        );
+
         // Creating "through" a symlinked directory creates on the client's side.
         std::fs::write(mnt.join("dlink/new"), b"x").unwrap();
         std::fs::create_dir(mnt.join("dlink/newdir")).unwrap();
