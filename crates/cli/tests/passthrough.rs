@@ -256,6 +256,7 @@ cases!(
     unlinked_while_open,
     name_lengths_and_odd_names,
     mixed_open_modes_of_one_file,
+    offsets_past_4_gib,
 );
 
 mod cases {
@@ -1838,6 +1839,55 @@ mod cases {
         t.meta("mode (root writes keep set-ID bits)", &f);
         drop((r, w, rw, d, a));
         t.meta("after closing all", &f);
+    }
+
+    /// 64-bit offsets and sizes: nothing is cut to 32 bits on the way.
+    pub fn offsets_past_4_gib(root: &Path, t: &mut T) {
+        let f = root.join("huge");
+        let fd = create(&f, 0o644).unwrap();
+        let g = 1i64 << 30;
+        t.r("pwrite at 5 GiB + 1", sys::pwrite(&fd, b"far", 5 * g + 1));
+        t.r("size", sys::fstat(&fd).map(|s| s.st_size));
+        t.r("stat size", sys::stat(&f).map(|s| s.st_size));
+        t.r("pread at 5 GiB + 1", text(sys::pread(&fd, 3, 5 * g + 1)));
+        t.r(
+            "pread at 4 GiB + 1",
+            sys::pread(&fd, 4, 4 * g + 1).map(|b| b == [0; 4]),
+        );
+        t.r(
+            "SEEK_DATA from 4 GiB",
+            sys::lseek(&fd, 4 * g, libc::SEEK_DATA),
+        );
+        t.r("SEEK_END", sys::lseek(&fd, 0, libc::SEEK_END));
+        t.r("SEEK_SET 6 GiB", sys::lseek(&fd, 6 * g, libc::SEEK_SET));
+        t.r("write at 6 GiB", sys::write(&fd, b"end"));
+        t.r("size", sys::fstat(&fd).map(|s| s.st_size));
+        t.e("ftruncate to 4 GiB + 2", sys::ftruncate(&fd, 4 * g + 2));
+        t.r("size", sys::fstat(&fd).map(|s| s.st_size));
+        t.e("truncate to 8 GiB", sys::truncate(&f, 8 * g));
+        t.r("stat size", sys::stat(&f).map(|s| s.st_size));
+        t.e(
+            "fallocate KEEP_SIZE at 7 GiB",
+            sys::fallocate(&fd, libc::FALLOC_FL_KEEP_SIZE, 7 * g, 4096),
+        );
+        t.r(
+            "SEEK_DATA from 6 GiB",
+            sys::lseek(&fd, 6 * g, libc::SEEK_DATA),
+        );
+        t.r(
+            "pwrite past the host's limit",
+            sys::pwrite(&fd, b"x", 1 << 46),
+        );
+        let other = create(&root.join("copy"), 0o644).unwrap();
+        sys::pwrite(&fd, b"copied", 5 * g).unwrap();
+        t.r(
+            "copy_file_range from 5 GiB to 4 GiB + 3",
+            sys::copy_file_range(&fd, 5 * g, &other, 4 * g + 3, 6),
+        );
+        t.r("copied", text(sys::pread(&other, 6, 4 * g + 3)));
+        // (Small again, so that comparing the trees reads little.)
+        t.e("ftruncate copy", sys::ftruncate(&other, 10));
+        t.e("ftruncate huge", sys::ftruncate(&fd, 10));
     }
 
     // ---- helpers ----
