@@ -87,6 +87,11 @@ impl PassthroughFs {
 
     /// Decides how the kernel reaches the data of a new open file holding `fd`, records it,
     /// and builds the answer. `mode` is the file's mode when the caller just read it.
+    ///
+    /// The kernel's rules (fs/fuse/iomode.c): once an inode has a backing id, every open of
+    /// it must carry FOPEN_PASSTHROUGH with that id (anything else fails with EIO), and
+    /// page-cache opens exclude passthrough ones; FOPEN_DIRECT_IO opens mix with either, and
+    /// DIRECT_IO with PASSTHROUGH routes the open's I/O to us while keeping the backing id.
     pub(super) fn finish_open(
         &self,
         inode: &std::sync::Arc<Inode>,
@@ -94,43 +99,52 @@ impl PassthroughFs {
         flags: i32,
         mode: Option<u32>,
     ) -> SysResult<abi::OpenOut> {
-        let direct = self.opts.direct_io || flags & libc::O_DIRECT != 0;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        // A write through passthrough never reaches us, so we could not strip set-ID bits
+        // as the host does for the caller, nor tell the kernel: such opens are served by us.
+        let sxid_write = writable
+            && self.killpriv_v2()
+            && mode
+                .map_or_else(|| sys::fstat(&fd).map(|st| st.st_mode), Ok)
+                .is_ok_and(|mode| mode & (libc::S_ISUID | libc::S_ISGID) != 0);
+        let served_by_us = self.opts.direct_io || flags & libc::O_DIRECT != 0 || sxid_write;
+        let direct_io = if self.opts.parallel_writes {
+            fopen::DIRECT_IO | fopen::PARALLEL_DIRECT_WRITES
+        } else {
+            fopen::DIRECT_IO
+        };
         let mut out = abi::OpenOut::default();
         let mut passthrough = false;
         let mut cached = false;
         {
             let mut guard = inode.open_state();
             let state = &mut *guard;
-            // A write through passthrough never reaches us, so we could not tell the kernel
-            // that the host stripped set-user-id bits: such files are served by us.
-            let sxid_write = writable
-                && self.killpriv_v2()
-                && mode
-                    .map_or_else(|| sys::fstat(&fd).map(|st| st.st_mode), Ok)
-                    .is_ok_and(|mode| mode & (libc::S_ISUID | libc::S_ISGID) != 0);
-            if !direct && !sxid_write && inode.is_regular() && self.passthrough_wanted() {
-                match self.share_backing(inode, &mut state.backing, state.cached, writable) {
-                    Some(id) => {
-                        out.open_flags = fopen::PASSTHROUGH;
-                        out.backing_id = id;
-                        passthrough = true;
-                    }
-                    None => Counters::bump(&self.counters.passthrough_declined),
+            if let Some(b) = &mut state.backing {
+                b.opens += 1;
+                out.backing_id = b.id;
+                out.open_flags = fopen::PASSTHROUGH;
+                if served_by_us {
+                    out.open_flags |= direct_io;
                 }
-            }
-            if !passthrough {
-                // Direct I/O mixes with passthrough opens of the inode; the page cache does not.
-                if direct || state.backing.is_some() {
-                    out.open_flags = fopen::DIRECT_IO;
-                    if self.opts.parallel_writes {
-                        out.open_flags |= fopen::PARALLEL_DIRECT_WRITES;
-                    }
-                } else {
-                    out.open_flags = fopen::KEEP_CACHE;
-                    state.cached += 1;
-                    cached = true;
+                passthrough = true;
+            } else if served_by_us {
+                out.open_flags = direct_io;
+            } else if state.cached == 0
+                && inode.is_regular()
+                && self.passthrough_wanted()
+                && let Some(id) = self.register_backing(inode)
+            {
+                state.backing = Some(Backing { id, opens: 1 });
+                out.backing_id = id;
+                out.open_flags = fopen::PASSTHROUGH;
+                passthrough = true;
+            } else {
+                if inode.is_regular() && self.passthrough_wanted() {
+                    Counters::bump(&self.counters.passthrough_declined);
                 }
+                out.open_flags = fopen::KEEP_CACHE;
+                state.cached += 1;
+                cached = true;
             }
             state.opens += 1;
         }
@@ -159,52 +173,24 @@ impl PassthroughFs {
             && !self.passthrough_broken.load(Ordering::Relaxed)
     }
 
-    /// The inode's backing id for one more passthrough open, registering one if it has
-    /// none; None when this open must do without (page-cache opens exist, a read-only
-    /// backing file cannot serve a write open, or the kernel refused).
-    fn share_backing(
-        &self,
-        inode: &Inode,
-        backing: &mut Option<Backing>,
-        cached_opens: u32,
-        writable: bool,
-    ) -> Option<i32> {
-        if cached_opens > 0 {
-            return None;
-        }
-        if let Some(b) = backing {
-            if writable && !b.writable {
-                return None;
-            }
-            b.opens += 1;
-            return Some(b.id);
-        }
+    /// Registers the inode's host file as a backing file (FUSE_DEV_IOC_BACKING_OPEN) and
+    /// returns its id, or None when the kernel refuses. The kernel opens its own backing
+    /// file per open from the registered file's path, with the open's flags and the
+    /// registrant's credentials, so the inode's O_PATH fd serves every access mode.
+    fn register_backing(&self, inode: &Inode) -> Option<i32> {
         let negotiated = self.negotiated()?;
-        // The kernel writes through the backing file with the credentials of whoever
-        // registered it: without CAP_FSETID, so that it strips set-user-id bits on write.
-        let caps = self.creds.without_fsetid(negotiated.killpriv_v2).ok()?;
-        // Read-write when the host allows, so that later write opens share it too.
-        let (file, backing_writable) = match self.open_inode(inode, libc::O_RDWR | libc::O_NOFOLLOW)
-        {
-            Ok(file) => (file, true),
-            Err(libc::EACCES | libc::EROFS | libc::ETXTBSY | libc::EPERM) if !writable => (
-                self.open_inode(inode, libc::O_RDONLY | libc::O_NOFOLLOW)
-                    .ok()?,
-                false,
-            ),
-            Err(_) => return None,
+        let file = self.path_fd(inode).ok()?;
+        // The kernel writes through backing files with the credentials of whoever
+        // registered them: without CAP_FSETID, so that the host strips set-user-id bits
+        // on write as it would for an unprivileged writer.
+        let registered = {
+            let _caps = self.creds.without_fsetid(negotiated.killpriv_v2).ok()?;
+            sys::backing_open(negotiated.session_fd, &file)
         };
-        let registered = sys::backing_open(negotiated.session_fd, &file);
-        drop(caps);
         match registered {
             Ok(id) => {
                 Counters::bump(&self.counters.backing_opened);
                 Counters::bump(&self.counters.backing_live);
-                *backing = Some(Backing {
-                    id,
-                    opens: 1,
-                    writable: backing_writable,
-                });
                 Some(id)
             }
             Err(e) => {

@@ -63,13 +63,12 @@ pub enum HostRef {
 #[derive(Debug, Clone, Copy)]
 pub struct Backing {
     pub id: i32,
+    /// Opens carrying the id (FOPEN_PASSTHROUGH, with or without DIRECT_IO).
     pub opens: u32,
-    /// The backing file was opened for writing, so write opens may share it.
-    pub writable: bool,
 }
 
 /// How the open files of an inode reach its data. The kernel refuses to mix page-cache and
-/// passthrough opens of one inode (direct-I/O opens mix with either).
+/// passthrough opens of one inode, and once it has a backing id every open must carry it.
 #[derive(Debug, Default)]
 pub struct OpenState {
     /// Open files of this inode, of any kind.
