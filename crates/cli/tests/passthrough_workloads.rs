@@ -131,6 +131,24 @@ fn concurrent_extending_and_inner_writes_land_intact() {
     }
 }
 
+/// After a workload, with every file closed and the kernel's caches dropped: no backing id
+/// is left registered and the daemon's inode table is back to (nearly) the root alone, so
+/// lookups and forgets balanced.
+fn assert_nothing_leaked(m: &Mount, what: &str) {
+    drop_caches();
+    let mut last = (0, 0);
+    let clean = wait_until(Duration::from_secs(10), || {
+        last = (m.counter("backing_ids_live"), m.counter("inodes"));
+        last.0 == 0 && last.1 <= 2
+    });
+    assert!(
+        clean,
+        "{what}: after closing everything and drop_caches, {} backing ids are live and {} \
+         inodes known",
+        last.0, last.1
+    );
+}
+
 fn kernel_tarball() -> Option<PathBuf> {
     let mut found: Vec<_> = std::fs::read_dir("/usr/src")
         .ok()?
@@ -230,6 +248,7 @@ fn kernel_tree_untars_compares_and_removes() {
     run_ok(Command::new("rm").arg("-rf").arg(m.mountpoint.join(&top)));
     let rm_time = rm_start.elapsed();
     assert_eq!(std::fs::read_dir(source.path()).unwrap().count(), 0);
+    assert_nothing_leaked(&m, "kernel tree");
     eprintln!(
         "kernel tree, {entries} entries: untar on the mount {mount_time:?}, diff -r \
          {diff_time:?}, rm -rf {rm_time:?}, total {:?}; daemon fds {fds}; counters {}",
@@ -302,6 +321,7 @@ fn git_init_add_commit_log_status_gc_clone() {
         &source.path().join("repo"),
         &["fsck", "--strict", "--no-progress"],
     );
+    assert_nothing_leaked(&m, "git");
     m.unmount();
 }
 
@@ -458,6 +478,7 @@ fn stress_ng_file_system_stressors_pass() {
         }
         eprintln!("stress-ng set took {:?}", start.elapsed());
     }
+    assert_nothing_leaked(&m, "stress-ng");
     m.unmount();
 }
 
