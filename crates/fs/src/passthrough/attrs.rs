@@ -44,7 +44,7 @@ impl PassthroughFs {
         if inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
         }
-        Ok(self.attr_out(&st))
+        Ok(self.attr_out(&inode, &st))
     }
 
     pub(super) fn do_setattr(
@@ -119,7 +119,7 @@ impl PassthroughFs {
             Some(file) => sys::fstat(&file.fd)?,
             None => sys::fstat(&path)?,
         };
-        Ok(self.attr_out(&st))
+        Ok(self.attr_out(&inode, &st))
     }
 
     pub(super) fn do_readlink(&self, ino: u64) -> SysResult<Vec<u8>> {

@@ -153,7 +153,7 @@ impl PassthroughFs {
             let _caller = self.as_creator(req)?;
             sys::openat(&dir, &name, flags, arg.mode)?
         };
-        self.created(&parent, fd, arg.flags as i32, false)
+        self.created(req, &parent, fd, arg.flags as i32, false)
     }
 
     /// O_TMPFILE: an unnamed file in `parent`. It has no name to reopen by handle until it
@@ -172,12 +172,13 @@ impl PassthroughFs {
             // O_NOFOLLOW is harmless on ".", which names `dir` itself.
             sys::openat(&dir, c".", flags & !libc::O_CREAT, arg.mode)?
         };
-        self.created(&parent, fd, arg.flags as i32, true)
+        self.created(req, &parent, fd, arg.flags as i32, true)
     }
 
     /// Registers a file just created through `fd` and opens it for the client.
     fn created(
         &self,
+        req: &Request,
         parent: &Inode,
         fd: OwnedFd,
         flags: i32,
@@ -187,7 +188,7 @@ impl PassthroughFs {
         let path = sys::reopen(&fd, libc::O_PATH)?;
         let inode = self.register(parent, path, keep_fd, &st)?;
         let entry = self.entry_out(inode.nodeid, &st);
-        match self.finish_open(&inode, fd, flags, Some(st.st_mode)) {
+        match self.finish_open(req, &inode, fd, flags, Some(st.st_mode)) {
             Ok(open) => Ok((entry, open)),
             Err(e) => {
                 self.unregister(inode.nodeid);

@@ -44,7 +44,7 @@ impl PassthroughFs {
             }
             fd
         };
-        self.finish_open(&inode, fd, flags, None)
+        self.finish_open(req, &inode, fd, flags, None)
     }
 
     /// Runs `change` (a write, truncate or O_TRUNC open by a caller without CAP_FSETID, when
@@ -92,8 +92,13 @@ impl PassthroughFs {
     /// it must carry FOPEN_PASSTHROUGH with that id (anything else fails with EIO), and
     /// page-cache opens exclude passthrough ones; FOPEN_DIRECT_IO opens mix with either, and
     /// DIRECT_IO with PASSTHROUGH routes the open's I/O to us while keeping the backing id.
+    ///
+    /// The kernel writes through a backing file with its registrant's credentials, so a
+    /// write open shares the passthrough only when its opener would strip set-ID bits the
+    /// same way (root keeps them, others lose them); otherwise its writes come to us.
     pub(super) fn finish_open(
         &self,
+        req: &Request,
         inode: &std::sync::Arc<Inode>,
         fd: OwnedFd,
         flags: i32,
@@ -108,6 +113,8 @@ impl PassthroughFs {
                 .map_or_else(|| sys::fstat(&fd).map(|st| st.st_mode), Ok)
                 .is_ok_and(|mode| mode & (libc::S_ISUID | libc::S_ISGID) != 0);
         let served_by_us = self.opts.direct_io || flags & libc::O_DIRECT != 0 || sxid_write;
+        // Root has CAP_FSETID (the open does not say; uid 0 stands for it).
+        let privileged = req.uid == 0;
         let direct_io = if self.opts.parallel_writes {
             fopen::DIRECT_IO | fopen::PARALLEL_DIRECT_WRITES
         } else {
@@ -123,7 +130,7 @@ impl PassthroughFs {
                 b.opens += 1;
                 out.backing_id = b.id;
                 out.open_flags = fopen::PASSTHROUGH;
-                if served_by_us {
+                if served_by_us || (writable && b.keeps_set_id != privileged) {
                     out.open_flags |= direct_io;
                 }
                 passthrough = true;
@@ -132,9 +139,13 @@ impl PassthroughFs {
             } else if state.cached == 0
                 && inode.is_regular()
                 && self.passthrough_wanted()
-                && let Some(id) = self.register_backing(inode)
+                && let Some(id) = self.register_backing(inode, privileged)
             {
-                state.backing = Some(Backing { id, opens: 1 });
+                state.backing = Some(Backing {
+                    id,
+                    opens: 1,
+                    keeps_set_id: privileged,
+                });
                 out.backing_id = id;
                 out.open_flags = fopen::PASSTHROUGH;
                 passthrough = true;
@@ -174,17 +185,21 @@ impl PassthroughFs {
     }
 
     /// Registers the inode's host file as a backing file (FUSE_DEV_IOC_BACKING_OPEN) and
-    /// returns its id, or None when the kernel refuses. The kernel opens its own backing
+    /// returns its id, or None when the kernel refuses. `keeps_set_id`: register with
+    /// CAP_FSETID (for a root opener). The kernel opens its own backing
     /// file per open from the registered file's path, with the open's flags and the
     /// registrant's credentials, so the inode's O_PATH fd serves every access mode.
-    fn register_backing(&self, inode: &Inode) -> Option<i32> {
+    fn register_backing(&self, inode: &Inode, keeps_set_id: bool) -> Option<i32> {
         let negotiated = self.negotiated()?;
         let file = self.path_fd(inode).ok()?;
         // The kernel writes through backing files with the credentials of whoever
-        // registered them: without CAP_FSETID, so that the host strips set-user-id bits
-        // on write as it would for an unprivileged writer.
+        // registered them: without CAP_FSETID unless `keeps_set_id`, so that the host
+        // strips set-ID bits on write as it would for an unprivileged writer.
         let registered = {
-            let _caps = self.creds.without_fsetid(negotiated.killpriv_v2).ok()?;
+            let _caps = self
+                .creds
+                .without_fsetid(negotiated.killpriv_v2 && !keeps_set_id)
+                .ok()?;
             sys::backing_open(negotiated.session_fd, &file)
         };
         match registered {

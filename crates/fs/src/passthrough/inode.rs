@@ -65,6 +65,9 @@ pub struct Backing {
     pub id: i32,
     /// Opens carrying the id (FOPEN_PASSTHROUGH, with or without DIRECT_IO).
     pub opens: u32,
+    /// Registered with CAP_FSETID (by a root open): writes through it keep set-ID bits, as
+    /// root's do natively. Without it the host strips them, as for any other writer.
+    pub keeps_set_id: bool,
 }
 
 /// How the open files of an inode reach its data. The kernel refuses to mix page-cache and

@@ -246,8 +246,18 @@ impl PassthroughFs {
         }
     }
 
-    fn attr_out(&self, st: &libc::stat) -> abi::AttrOut {
-        let (secs, nsecs) = split(self.opts.attr_timeout);
+    /// The attributes answer for `inode`. A set-ID file with passthrough writers that lose
+    /// the bits on the host is answered uncacheable: the kernel does not refetch the mode
+    /// after a passthrough write, and a cached mode would show bits already gone.
+    fn attr_out(&self, inode: &Inode, st: &libc::stat) -> abi::AttrOut {
+        let volatile_mode = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
+            && inode.open_state().backing.is_some_and(|b| !b.keeps_set_id);
+        let timeout = if volatile_mode {
+            Duration::ZERO
+        } else {
+            self.opts.attr_timeout
+        };
+        let (secs, nsecs) = split(timeout);
         abi::AttrOut {
             attr_valid: secs,
             attr_valid_nsec: nsecs,
