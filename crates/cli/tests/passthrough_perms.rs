@@ -316,3 +316,88 @@ fn writes_do_not_cost_a_getxattr_each() {
         m.unmount();
     }
 }
+
+/// A regular user mounts a passthrough of their own directory (through fusermount3, with
+/// neither open_by_handle_at nor kernel passthrough available to them): ordinary work on it
+/// behaves, and what it creates is theirs on the host.
+#[test]
+fn a_regular_user_mounts_a_passthrough_of_their_own_dir() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if Command::new("fusermount3").arg("-V").output().is_err() {
+        panic!("fusermount3 is required (apt-get install fuse3)");
+    }
+    // Some VMs create /dev/fuse 0600; Debian's udev makes it 0666. Open it up for this test.
+    let original = std::fs::metadata("/dev/fuse").unwrap().permissions();
+    struct Restore(std::fs::Permissions);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::set_permissions("/dev/fuse", self.0.clone());
+        }
+    }
+    let _restore = Restore(original.clone());
+    std::fs::set_permissions(
+        "/dev/fuse",
+        std::fs::Permissions::from_mode(original.mode() | 0o666),
+    )
+    .unwrap();
+    let dir = TempDir::new("user-pt");
+    sys::chmod(dir.path(), 0o755).unwrap();
+    // The test binary's directory may not be reachable by nobody: use a copy.
+    let bin = dir.path().join("lanefs");
+    std::fs::copy(common::lanefs(), &bin).unwrap();
+    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+    for d in [&src, &mnt] {
+        std::fs::create_dir(d).unwrap();
+        sys::chown(d, NOBODY, NOBODY).unwrap();
+    }
+    std::fs::write(src.join("existing"), b"was here\n").unwrap();
+    sys::chown(&src.join("existing"), NOBODY, NOBODY).unwrap();
+    let script = format!(
+        r#"set -e
+export XDG_RUNTIME_DIR=
+'{bin}' mount --daemon '{src}' '{mnt}' >&2
+cd '{mnt}'
+cat existing
+echo hello > new
+mkdir d
+echo inner > d/file
+mv new d/renamed
+ln -s d/renamed link
+cat link
+ln d/file hard
+stat -c %h hard
+setfattr -n user.k -v v d/file
+getfattr --only-values -n user.k d/file; echo
+truncate -s 3 d/file
+cat d/file; echo
+rm hard
+ls -A | sort | tr '\n' ' '; echo
+cd /
+'{bin}' umount '{mnt}'
+"#,
+        bin = bin.display(),
+        src = src.display(),
+        mnt = mnt.display()
+    );
+    let out = sh_as(NOBODY, NOBODY, &script);
+    // Whatever happened, leave nothing mounted.
+    if common::is_mounted(&mnt) {
+        let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    }
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "was here\nhello\n2\nv\ninn\nd existing link \n"
+    );
+    for p in ["d", "d/renamed", "d/file", "link"] {
+        let st = sys::lstat(&src.join(p)).unwrap();
+        assert_eq!((st.st_uid, st.st_gid), (NOBODY, NOBODY), "{p}");
+    }
+    assert_eq!(std::fs::read(src.join("d/renamed")).unwrap(), b"hello\n");
+    assert_eq!(std::fs::metadata(src.join("d/file")).unwrap().nlink(), 1);
+}
