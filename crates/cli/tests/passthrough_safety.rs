@@ -635,3 +635,57 @@ fn host_side_changes_show_through_with_zero_timeouts() {
     assert_eq!(std::fs::read(m.path("g")).unwrap(), b"short");
     m.unmount();
 }
+
+/// Contents the host rewrites in place (same size, only the mtime tells) reach a client that
+/// read and cached the old contents, once the attribute timeout has passed: the kernel must
+/// not serve its page cache forever. Also for a file the client keeps open.
+#[test]
+fn host_rewrites_in_place_reach_a_caching_client() {
+    use std::os::unix::fs::FileExt;
+    for args in [
+        &["--attr-timeout", "0.2", "--entry-timeout", "0.2"][..],
+        &[
+            "--no-passthrough",
+            "--attr-timeout",
+            "0.2",
+            "--entry-timeout",
+            "0.2",
+        ][..],
+    ] {
+        let source = TempDir::new("rewrite-src");
+        let src = source.path();
+        std::fs::write(src.join("f"), vec![b'a'; 64 << 10]).unwrap();
+        let m = Mount::passthrough(src, args);
+        let f = m.path("f");
+        // Read twice (the second from the kernel's cache where there is one).
+        assert!(std::fs::read(&f).unwrap().iter().all(|&b| b == b'a'));
+        assert!(std::fs::read(&f).unwrap().iter().all(|&b| b == b'a'));
+        let held = std::fs::File::open(&f).unwrap();
+        // The host rewrites it in place, a second later (a distinct mtime).
+        std::thread::sleep(Duration::from_millis(1100));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(src.join("f"))
+            .unwrap()
+            .write_all_at(&vec![b'b'; 64 << 10], 0)
+            .unwrap();
+        let fresh = wait_until(Duration::from_secs(3), || {
+            std::fs::read(&f).unwrap().iter().all(|&b| b == b'b')
+        });
+        assert!(
+            fresh,
+            "{args:?}: new opens still read the old contents after 3 s"
+        );
+        let mut buf = vec![0u8; 64 << 10];
+        let fresh = wait_until(Duration::from_secs(3), || {
+            held.read_exact_at(&mut buf, 0).unwrap();
+            buf.iter().all(|&b| b == b'b')
+        });
+        assert!(
+            fresh,
+            "{args:?}: an open file still reads the old contents after 3 s"
+        );
+        drop(held);
+        m.unmount();
+    }
+}
