@@ -257,6 +257,7 @@ cases!(
     name_lengths_and_odd_names,
     mixed_open_modes_of_one_file,
     offsets_past_4_gib,
+    hard_links_share_one_cache,
 );
 
 mod cases {
@@ -1890,6 +1891,34 @@ mod cases {
         t.e("ftruncate huge", sys::ftruncate(&fd, 10));
     }
 
+    /// Two names of one inode are one file to the kernel too: after both were read (and
+    /// perhaps cached), a write through one name is what the other reads, and so is a
+    /// truncate.
+    pub fn hard_links_share_one_cache(root: &Path, t: &mut T) {
+        let (a, b) = (root.join("a"), root.join("b"));
+        put(&a, &vec![b'1'; 20000]);
+        t.e("link a b", sys::link(&a, &b));
+        t.r("read a", read_all(&a).map(|s| s.len()));
+        t.r("read b", read_all(&b).map(|s| s.len()));
+        let fa = rw(&a).unwrap();
+        let fb = sys::open(&b, libc::O_RDONLY, 0).unwrap();
+        t.r("pread b", text(sys::pread(&fb, 4, 10000)));
+        t.r("write via a", sys::pwrite(&fa, b"NEW!", 10000));
+        t.r("pread b after", text(sys::pread(&fb, 4, 10000)));
+        t.r(
+            "new open of b",
+            read_all(&b).map(|s| s[10000..10004].to_string()),
+        );
+        t.e("ftruncate via a", sys::ftruncate(&fa, 100));
+        t.r("fstat b", sys::fstat(&fb).map(|s| s.st_size));
+        t.r("stat b", sys::stat(&b).map(|s| s.st_size));
+        t.r("read b", read_all(&b).map(|s| s.len()));
+        t.r(
+            "same ino",
+            Ok::<_, Errno>(sys::stat(&a).unwrap().st_ino == sys::stat(&b).unwrap().st_ino),
+        );
+    }
+
     // ---- helpers ----
 
     pub fn names(p: &Path) -> Vec<String> {
@@ -2288,4 +2317,61 @@ fn blocked_lock_waiters_wake_and_can_be_killed() {
         }
     }
     m.unmount();
+}
+
+/// Writers appending to one file at once from their own O_APPEND fds: every record lands
+/// whole, once, none overwritten.
+#[test]
+fn concurrent_appends_are_atomic() {
+    const THREADS: usize = 4;
+    const RECORDS: usize = 500;
+    const LEN: usize = 100;
+    for args in [
+        &[][..],
+        &["--no-passthrough"][..],
+        &["--direct-io"][..],
+        &["--direct-io", "--no-parallel-writes"][..],
+    ] {
+        let source = TempDir::new("append-src");
+        let m = Mount::passthrough(source.path(), args);
+        let f = m.path("log");
+        put(&f, b"");
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let f = f.clone();
+                std::thread::spawn(move || {
+                    let fd = sys::open(&f, libc::O_WRONLY | libc::O_APPEND, 0).unwrap();
+                    for i in 0..RECORDS {
+                        let mut rec = format!("<{t}:{i:04}:").into_bytes();
+                        rec.resize(LEN - 1, b'.');
+                        rec.push(b'\n');
+                        assert_eq!(sys::write(&fd, &rec).unwrap(), LEN);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        for path in [f.clone(), source.path().join("log")] {
+            let data = std::fs::read(&path).unwrap();
+            assert_eq!(
+                data.len(),
+                THREADS * RECORDS * LEN,
+                "{args:?} {}",
+                path.display()
+            );
+            let mut seen = std::collections::HashSet::new();
+            for rec in data.chunks(LEN) {
+                assert!(
+                    rec[0] == b'<' && rec[LEN - 1] == b'\n',
+                    "{args:?}: a torn record: {:?}",
+                    String::from_utf8_lossy(rec)
+                );
+                assert!(seen.insert(rec.to_vec()), "{args:?}: a record twice");
+            }
+            assert_eq!(seen.len(), THREADS * RECORDS);
+        }
+        m.unmount();
+    }
 }
