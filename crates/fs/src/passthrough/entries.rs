@@ -12,7 +12,7 @@ use lanefs_fuse::abi;
 use super::creds::CallerGuard;
 use super::inode::{Inode, InodeKey};
 use super::sys::{self, SysResult, component};
-use super::{PassthroughFs, decode_dev};
+use super::{Found, PassthroughFs, decode_dev};
 
 impl PassthroughFs {
     /// Prepares this thread to create an inode for `req`: the caller's fsuid/fsgid until
@@ -185,8 +185,7 @@ impl PassthroughFs {
         keep_fd: bool,
     ) -> SysResult<(abi::EntryOut, abi::OpenOut)> {
         let st = sys::fstat(&fd)?;
-        let path = sys::reopen(&fd, libc::O_PATH)?;
-        let inode = self.register(parent, path, keep_fd, &st)?;
+        let inode = self.register(parent, Found::Open(&fd), keep_fd, &st)?;
         let entry = self.entry_out(inode.nodeid, &st);
         match self.finish_open(req, &inode, fd, flags, Some(st.st_mode)) {
             Ok(open) => Ok((entry, open)),

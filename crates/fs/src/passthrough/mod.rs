@@ -280,13 +280,13 @@ impl PassthroughFs {
         }
     }
 
-    /// Makes the host object `fd` refers to (with stat `st`, a child of `parent`) known to
-    /// the kernel: finds or adds its inode and counts one lookup. `path_fd` is true when
-    /// `fd` is an O_PATH fd; `keep_fd` makes the inode keep it instead of a file handle.
+    /// Makes the host object `found` refers to (with stat `st`, a child of `parent`) known
+    /// to the kernel: finds or adds its inode and counts one lookup. `keep_fd` makes the
+    /// inode keep an O_PATH fd instead of a file handle.
     fn register(
         &self,
         parent: &Inode,
-        fd: OwnedFd,
+        found: Found<'_>,
         keep_fd: bool,
         st: &libc::stat,
     ) -> SysResult<Arc<Inode>> {
@@ -300,7 +300,7 @@ impl PassthroughFs {
         let handle = if keep_fd {
             None
         } else {
-            self.handle_for(&fd, &mut mount_id)?
+            self.handle_for(found.fd(), &mut mount_id)?
         };
         let host = match handle {
             Some(handle) => {
@@ -308,13 +308,17 @@ impl PassthroughFs {
                     parent.mount_fd().unwrap_or(&self.root_mount).clone()
                 } else {
                     // The first inode met on another mount lends it its mount fd.
-                    Arc::new(sys::reopen(&fd, libc::O_RDONLY | libc::O_NONBLOCK)?)
+                    Arc::new(sys::reopen(found.fd(), libc::O_RDONLY | libc::O_NONBLOCK)?)
                 };
-                let fd = Arc::new(fd);
-                seed = Some(fd);
+                if let Found::Path(fd) = found {
+                    seed = Some(Arc::new(fd));
+                }
                 HostRef::Handle { handle, mount }
             }
-            None => HostRef::Fd(Arc::new(fd)),
+            None => HostRef::Fd(Arc::new(match found {
+                Found::Path(fd) => fd,
+                Found::Open(fd) => sys::reopen(fd, libc::O_PATH)?,
+            })),
         };
         let (inode, new) = self.inodes.remember(key, host, |nodeid, host| {
             Inode::new(nodeid, key, kind, mount_id, host, st.st_size as u64)
@@ -355,7 +359,7 @@ impl PassthroughFs {
         let dir = self.path_fd(parent)?;
         let fd = sys::openat(&dir, name, libc::O_PATH, 0)?;
         let st = sys::fstat(&fd)?;
-        let inode = self.register(parent, fd, false, &st)?;
+        let inode = self.register(parent, Found::Path(fd), false, &st)?;
         if inode.is_symlink() {
             inode.set_link_name(parent.clone(), name.to_owned());
         }
@@ -367,6 +371,23 @@ impl PassthroughFs {
     fn unregister(&self, nodeid: u64) {
         if self.inodes.forget(nodeid, 1) {
             self.fds.remove(nodeid);
+        }
+    }
+}
+
+/// How `register` got hold of a host object.
+enum Found<'a> {
+    /// An O_PATH fd of it: cached (or kept) for later path operations.
+    Path(OwnedFd),
+    /// An fd opened for I/O (a create's): used for its handle only.
+    Open(&'a OwnedFd),
+}
+
+impl Found<'_> {
+    fn fd(&self) -> &OwnedFd {
+        match self {
+            Found::Path(fd) => fd,
+            Found::Open(fd) => fd,
         }
     }
 }
