@@ -22,7 +22,7 @@ use common::sys::{self, Errno};
 use common::{Mount, TempDir, wait_until};
 
 /// How long the lease keeps the O_TRUNC open (and so the gate) waiting.
-const HOLD: Duration = Duration::from_millis(600);
+const HOLD: Duration = Duration::from_millis(1000);
 
 fn take_lease(fd: &impl AsRawFd) -> Result<(), Errno> {
     // SAFETY: fcntl on an fd we hold.
