@@ -2375,3 +2375,69 @@ fn concurrent_appends_are_atomic() {
         m.unmount();
     }
 }
+
+/// mount(8)'s form (`mount -t fuse 'lanefs#SOURCE' MOUNTPOINT -o ...`, as from fstab) mounts
+/// a passthrough with its options: here a 10-fd cache and read-only.
+#[test]
+fn mount_8_form_passes_passthrough_options() {
+    if !Path::new("/sbin/mount.fuse3").exists() && !Path::new("/usr/sbin/mount.fuse3").exists() {
+        panic!("mount.fuse3 is required (apt-get install fuse3)");
+    }
+    let source = TempDir::new("fstab-src");
+    for i in 0..200 {
+        put(&source.path().join(format!("f{i}")), b"x");
+    }
+    let dir = TempDir::new("fstab-mnt");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            if common::is_mounted(self.0) {
+                let _ = Command::new("umount").arg("-l").arg(self.0).status();
+            }
+        }
+    }
+    let out = Command::new("mount")
+        .args(["-t", "fuse"])
+        .arg(format!("{}#{}", common::lanefs(), source.path().display()))
+        .arg(&mnt)
+        .args(["-o", "fd_cache=10,attr_timeout=0,ro"])
+        .output()
+        .unwrap();
+    let _guard = Unmount(&mnt);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = common::run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg("cat f* | wc -c")
+            .current_dir(&mnt),
+    );
+    assert_eq!(out.trim(), "200");
+    assert_eq!(
+        sys::open(&mnt.join("new"), libc::O_CREAT | libc::O_WRONLY, 0o644).unwrap_err(),
+        Errno(libc::EROFS)
+    );
+    let stats = common::run_ok(
+        Command::new(common::lanefs())
+            .args(["stats", "--json"])
+            .arg(&mnt),
+    );
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let cached = stats["counters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p[0] == "fd_cache_fds")
+        .and_then(|p| p[1].as_u64())
+        .unwrap();
+    assert!(
+        cached <= 10,
+        "fd_cache=10 did not reach the daemon: {cached} fds cached"
+    );
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+}
