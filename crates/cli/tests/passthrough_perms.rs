@@ -401,3 +401,66 @@ cd /
     assert_eq!(std::fs::read(src.join("d/renamed")).unwrap(), b"hello\n");
     assert_eq!(std::fs::metadata(src.join("d/file")).unwrap().nlink(), 1);
 }
+
+/// POSIX ACLs set through the mount are the host's, and the kernel's checks on the mount
+/// honour them as the host does: a user granted read by an ACL entry reads a 0600 file, a
+/// user denied by one cannot, and a default ACL passes to new files.
+#[test]
+fn posix_acls_are_honoured_like_on_the_host() {
+    if Command::new("setfacl").arg("--version").output().is_err() {
+        panic!("setfacl is required (apt-get install acl; scripts/setup.sh does)");
+    }
+    let scenario = |root: &Path| -> String {
+        std::fs::write(root.join("granted"), b"granted\n").unwrap();
+        sys::chmod(&root.join("granted"), 0o600).unwrap();
+        std::fs::write(root.join("denied"), b"denied\n").unwrap();
+        sys::chmod(&root.join("denied"), 0o644).unwrap();
+        std::fs::create_dir(root.join("inherit")).unwrap();
+        sys::chmod(&root.join("inherit"), 0o755).unwrap();
+        run_ok(
+            Command::new("sh")
+                .arg("-c")
+                .arg(
+                    "setfacl -m u:65534:r granted && setfacl -m u:65534:- denied && \
+                     setfacl -d -m u:65534:rw inherit && setfacl -m u:65534:rwx inherit && \
+                     touch inherit/new",
+                )
+                .current_dir(root),
+        );
+        let user = sh_as(
+            NOBODY,
+            NOBODY,
+            &format!(
+                "cd '{}'; for f in granted denied; do cat $f 2>/dev/null || echo \"$f: refused\"; done; \
+                 echo x > inherit/by-nobody 2>/dev/null && echo created || echo create refused; \
+                 echo y >> inherit/new 2>/dev/null && echo appended || echo append refused",
+                root.display()
+            ),
+        );
+        let acl = run_ok(
+            Command::new("getfacl")
+                .args(["-c", "-p", "granted", "denied", "inherit/new"])
+                .current_dir(root),
+        );
+        String::from_utf8_lossy(&user.stdout).into_owned() + &acl
+    };
+    let native = TempDir::new("acl-native");
+    sys::chmod(native.path(), 0o755).unwrap();
+    let expected = scenario(native.path());
+    assert!(
+        expected.contains("granted\n") && expected.contains("denied: refused"),
+        "{expected}"
+    );
+    let mut failures = Vec::new();
+    for args in [&[][..], &["--no-passthrough"][..]] {
+        let source = TempDir::new("acl-src");
+        sys::chmod(source.path(), 0o755).unwrap();
+        let m = Mount::passthrough(source.path(), args);
+        let got = scenario(&m.mountpoint);
+        if got != expected {
+            failures.push(format!("{args:?}:\nnative:\n{expected}\nmount:\n{got}"));
+        }
+        m.unmount();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
