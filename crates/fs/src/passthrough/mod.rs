@@ -148,6 +148,18 @@ impl PassthroughFs {
         } else {
             1
         };
+        // The fd cache takes at most half the open-file limit: the rest is for open files,
+        // the queues and the kernel's lock and backing needs.
+        let fd_limit = sys::raise_open_file_limit();
+        let fd_cache_max = usize::try_from(fd_limit / 2).unwrap_or(usize::MAX);
+        if opts.fd_cache > fd_cache_max {
+            tracing::warn!(
+                "--fd-cache {} is more than half the open-file limit ({fd_limit}): using {}",
+                opts.fd_cache,
+                fd_cache_max
+            );
+            opts.fd_cache = fd_cache_max;
+        }
         let handles_missing = AtomicBool::new(false);
         let mut mount_id = -1;
         if opts.file_handles {

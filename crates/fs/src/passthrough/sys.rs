@@ -593,6 +593,31 @@ pub fn clear_thread_umask() -> SysResult<()> {
     Ok(())
 }
 
+/// Raises the soft open-file limit to the hard one (daemons are often started with a soft
+/// 1024); returns the soft limit now in force.
+pub fn raise_open_file_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: limit is a valid out pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } < 0 {
+        return 1024;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: raised is a valid rlimit; raising the soft limit up to the hard one needs
+        // no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit.rlim_cur = limit.rlim_max;
+        }
+    }
+    limit.rlim_cur
+}
+
 pub fn geteuid() -> u32 {
     // SAFETY: no preconditions.
     unsafe { libc::geteuid() }
