@@ -207,10 +207,21 @@ impl PassthroughFs {
         name: &OsStr,
         value: &[u8],
         flags: u32,
+        setxattr_flags: u32,
     ) -> SysResult<()> {
         let inode = self.inode(ino)?;
         let name = xattr_name(name)?;
-        self.on_xattr_target(&inode, |t| sys::setxattr(t, &name, value, flags as i32))
+        self.on_xattr_target(&inode, |t| sys::setxattr(t, &name, value, flags as i32))?;
+        // The kernel found the caller may not keep set-group-ID when setting an access ACL
+        // (outside the group, without CAP_FSETID): the host, seeing us, kept it.
+        if setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0 {
+            let fd = self.path_fd(&inode)?;
+            let st = sys::fstat(&fd)?;
+            if st.st_mode & libc::S_ISGID != 0 {
+                sys::chmod(&fd, true, st.st_mode & 0o7777 & !libc::S_ISGID)?;
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn do_removexattr(&self, ino: u64, name: &OsStr) -> SysResult<()> {

@@ -16,9 +16,12 @@ use super::{Found, PassthroughFs, decode_dev};
 
 impl PassthroughFs {
     /// Prepares this thread to create an inode for `req`: the caller's fsuid/fsgid until
-    /// the guard drops, and no umask of ours on top of the caller's.
-    fn as_creator(&self, req: &Request) -> SysResult<CallerGuard<'_>> {
-        sys::clear_thread_umask()?;
+    /// the guard drops, and the caller's umask (`umask` from the request), which the host
+    /// then applies as natively: not where a default ACL rules instead. Without DONT_MASK
+    /// the kernel applied it already, and none is applied again.
+    fn as_creator(&self, req: &Request, umask: u32) -> SysResult<CallerGuard<'_>> {
+        let dont_mask = self.negotiated().is_some_and(|n| n.dont_mask);
+        sys::set_thread_umask(if dont_mask { umask & 0o777 } else { 0 })?;
         self.creds.as_caller(req.uid, req.gid)
     }
 
@@ -39,7 +42,7 @@ impl PassthroughFs {
         let name = component(name)?;
         let dir = self.path_fd(&parent)?;
         {
-            let _caller = self.as_creator(req)?;
+            let _caller = self.as_creator(req, arg.umask)?;
             sys::mkdirat(&dir, &name, arg.mode)?;
         }
         self.lookup_child(&parent, &name)
@@ -56,7 +59,7 @@ impl PassthroughFs {
         let name = component(name)?;
         let dir = self.path_fd(&parent)?;
         {
-            let _caller = self.as_creator(req)?;
+            let _caller = self.as_creator(req, arg.umask)?;
             sys::mknodat(&dir, &name, arg.mode, decode_dev(arg.rdev))?;
         }
         self.lookup_child(&parent, &name)
@@ -75,7 +78,8 @@ impl PassthroughFs {
         let target = std::ffi::CString::new(target.as_bytes()).map_err(|_| libc::EINVAL)?;
         let dir = self.path_fd(&parent)?;
         {
-            let _caller = self.as_creator(req)?;
+            // Symlinks have no mode to mask.
+            let _caller = self.as_creator(req, 0)?;
             sys::symlinkat(&target, &dir, &name)?;
         }
         self.lookup_child(&parent, &name)
@@ -150,7 +154,7 @@ impl PassthroughFs {
         let dir = self.path_fd(&parent)?;
         let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_CREAT;
         let fd = {
-            let _caller = self.as_creator(req)?;
+            let _caller = self.as_creator(req, arg.umask)?;
             sys::openat(&dir, &name, flags, arg.mode)?
         };
         self.created(req, &parent, fd, arg.flags as i32, false)
@@ -168,7 +172,7 @@ impl PassthroughFs {
         let dir = self.path_fd(&parent)?;
         let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_TMPFILE;
         let fd = {
-            let _caller = self.as_creator(req)?;
+            let _caller = self.as_creator(req, arg.umask)?;
             // O_NOFOLLOW is harmless on ".", which names `dir` itself.
             sys::openat(&dir, c".", flags & !libc::O_CREAT, arg.mode)?
         };

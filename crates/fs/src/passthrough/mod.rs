@@ -87,6 +87,8 @@ struct Negotiated {
     session_fd: i32,
     passthrough: bool,
     killpriv_v2: bool,
+    /// Modes arrive without the caller's umask, which comes beside them (DONT_MASK).
+    dont_mask: bool,
 }
 
 pub struct PassthroughFs {
@@ -446,7 +448,14 @@ impl Filesystem for PassthroughFs {
             | init_flags::FLOCK_LOCKS
             | init_flags::ATOMIC_O_TRUNC
             | init_flags::CACHE_SYMLINKS
-            | init_flags::AUTO_INVAL_DATA;
+            | init_flags::AUTO_INVAL_DATA
+            // The kernel checks permissions with the host's ACLs (fetched through
+            // getxattr and cached), the host applies default ACLs and the caller's umask
+            // (DONT_MASK), and setting an access ACL tells us to drop set-group-ID
+            // (SETXATTR_EXT's flags).
+            | init_flags::POSIX_ACL
+            | init_flags::DONT_MASK
+            | init_flags::SETXATTR_EXT;
         if self.opts.killpriv_v2 {
             want |= init_flags::HANDLE_KILLPRIV_V2;
         }
@@ -467,6 +476,7 @@ impl Filesystem for PassthroughFs {
             session_fd: conn.session_fd,
             passthrough: conn.flags & init_flags::PASSTHROUGH != 0,
             killpriv_v2: conn.flags & init_flags::HANDLE_KILLPRIV_V2 != 0,
+            dont_mask: conn.flags & init_flags::DONT_MASK != 0,
         });
     }
 
@@ -642,12 +652,14 @@ impl Filesystem for PassthroughFs {
         name: &OsStr,
         value: &[u8],
         flags: u32,
-        _setxattr_flags: u32,
+        setxattr_flags: u32,
         reply: Reply,
     ) {
-        answer(reply, self.do_setxattr(ino, name, value, flags), |r, ()| {
-            r.ok()
-        })
+        answer(
+            reply,
+            self.do_setxattr(ino, name, value, flags, setxattr_flags),
+            |r, ()| r.ok(),
+        )
     }
 
     fn getxattr(&self, _req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {

@@ -573,23 +573,21 @@ pub fn backing_close(session_fd: RawFd, backing_id: i32) -> SysResult<()> {
 }
 
 thread_local! {
-    /// Whether this thread has its own umask, 0 (see [`clear_thread_umask`]).
+    /// Whether this thread has its own umask (see [`set_thread_umask`]).
     static OWN_UMASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Gives the calling thread its own umask, 0: modes arrive with the caller's umask already
-/// applied by the kernel, and ours must not apply a second time. unshare(CLONE_FS) makes the
+/// Sets the calling thread's umask. unshare(CLONE_FS) first (once per thread) makes the
 /// umask (and cwd) this thread's own, so the rest of the process keeps its umask (the
-/// control socket's mode depends on it). Done once per thread.
-pub fn clear_thread_umask() -> SysResult<()> {
-    if OWN_UMASK.get() {
-        return Ok(());
+/// control socket's mode depends on it).
+pub fn set_thread_umask(mask: u32) -> SysResult<()> {
+    if !OWN_UMASK.get() {
+        // SAFETY: unshare takes a plain flag and changes only this thread's fs state.
+        check(unsafe { libc::unshare(libc::CLONE_FS) })?;
+        OWN_UMASK.set(true);
     }
-    // SAFETY: unshare and umask take plain integers and change only this thread's fs state.
-    check(unsafe { libc::unshare(libc::CLONE_FS) })?;
-    // SAFETY: as above.
-    unsafe { libc::umask(0) };
-    OWN_UMASK.set(true);
+    // SAFETY: umask takes a plain integer; after the unshare it is this thread's alone.
+    unsafe { libc::umask(mask) };
     Ok(())
 }
 
