@@ -2,11 +2,14 @@
 # Installs what building, running and testing lanefs needs on Debian 12 (as root):
 # FUSE's user-space tools and headers (the libfuse example servers the bench compares with),
 # fio and tar/git for the tests, and a current stable Rust (Debian's rustc is too old for
-# edition 2024). Idempotent: quick when everything is there.
+# edition 2024); for the passthrough suites: stress-ng, attr (setfattr), acl (setfacl), util-linux's setpriv
+# and flock, and Debian's kernel source tarball (/usr/src/linux-source-*.tar.xz) to untar.
+# Idempotent: quick when everything is there.
 set -euo pipefail
 
 packages=(build-essential pkg-config curl ca-certificates git tar xz-utils
-          fuse3 libfuse3-dev fio fonts-dejavu-core)
+          fuse3 libfuse3-dev fio fonts-dejavu-core
+          stress-ng attr acl util-linux make gcc linux-source)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

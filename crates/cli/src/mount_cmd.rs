@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use clap::{Args, Parser};
 use lanefs_fs::null::{NullFs, NullOptions};
+use lanefs_fs::passthrough::{PassthroughFs, PassthroughOptions};
 use lanefs_fuse::mount::{self, MountSpec};
 use lanefs_fuse::session::{self, MAX_MAX_WRITE, Mounted};
 use lanefs_fuse::{Filesystem, Labels, SessionOptions};
@@ -80,6 +81,28 @@ pub struct MountArgs {
     /// Where the daemon logs [default: nowhere].
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// Passthrough: every open bypasses the page cache (direct I/O), as O_DIRECT opens do.
+    #[arg(long)]
+    pub direct_io: bool,
+    /// Passthrough: serve all file I/O in the daemon, no kernel passthrough.
+    #[arg(long)]
+    pub no_passthrough: bool,
+    /// Passthrough: seconds the kernel may cache attributes [default: 1.0].
+    #[arg(long, value_name = "SECS", value_parser = options::parse_seconds)]
+    pub attr_timeout: Option<f64>,
+    /// Passthrough: seconds the kernel may cache names, present or absent [default: 1.0].
+    #[arg(long, value_name = "SECS", value_parser = options::parse_seconds)]
+    pub entry_timeout: Option<f64>,
+    /// Passthrough: at most N fds kept open for known inodes [default: 4096].
+    #[arg(long, value_name = "N")]
+    pub fd_cache: Option<usize>,
+    /// Passthrough: do not negotiate FUSE_HANDLE_KILLPRIV_V2 (the kernel then asks for
+    /// security.capability before every write; for A/B runs).
+    #[arg(long)]
+    pub no_killpriv_v2: bool,
+    /// Passthrough: keep an O_PATH fd per known inode instead of its file handle.
+    #[arg(long)]
+    pub no_file_handles: bool,
     /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -125,6 +148,21 @@ pub fn run(mut args: MountArgs) -> io::Result<()> {
     let source = args.source.clone();
     let session_options = session_options(&args)?;
     let spec = mount_spec(&args, &mountpoint);
+    // Opened before the daemon leaves its working directory, so a relative SOURCE works, and
+    // before mounting, so a bad SOURCE is refused with nothing mounted.
+    let passthrough = if source == "null:" {
+        None
+    } else {
+        match PassthroughFs::new(passthrough_options(&args)) {
+            Ok(fs) => Some(fs),
+            Err(e) => {
+                if child {
+                    report_ready(&format!("ERR {e}"));
+                }
+                return Err(e);
+            }
+        }
+    };
     if child {
         // Do not keep the caller's working directory (and its file system) busy.
         std::env::set_current_dir("/")?;
@@ -136,18 +174,17 @@ pub fn run(mut args: MountArgs) -> io::Result<()> {
             println!("{}", mounted.line);
         }
     };
-    let result = if source == "null:" {
-        let fs = NullFs::new(NullOptions {
-            size: args.size.unwrap_or(NullOptions::default().size),
-            parallel_writes: !args.no_parallel_writes,
-            panic_on_lookup: args.panic_on_lookup.clone(),
-            defer_reads: args.defer_reads,
-        });
-        serve(fs, &spec, &session_options, &source, "null", ready)
-    } else {
-        Err(invalid(format!(
-            "unknown source {source:?}: use `null:` (passthrough of a directory is not built yet)"
-        )))
+    let result = match passthrough {
+        Some(fs) => serve(fs, &spec, &session_options, &source, "passthrough", ready),
+        None => {
+            let fs = NullFs::new(NullOptions {
+                size: args.size.unwrap_or(NullOptions::default().size),
+                parallel_writes: !args.no_parallel_writes,
+                panic_on_lookup: args.panic_on_lookup.clone(),
+                defer_reads: args.defer_reads,
+            });
+            serve(fs, &spec, &session_options, &source, "null", ready)
+        }
     };
     if let Err(e) = &result
         && child
@@ -170,6 +207,25 @@ fn serve<F: Filesystem>(
         filesystem: filesystem.to_owned(),
     };
     session::run(Arc::new(fs), spec, opts, labels, ready)
+}
+
+fn passthrough_options(args: &MountArgs) -> PassthroughOptions {
+    let mut opts = PassthroughOptions::new(args.source.clone().into());
+    opts.direct_io = args.direct_io;
+    opts.passthrough = !args.no_passthrough;
+    opts.parallel_writes = !args.no_parallel_writes;
+    if let Some(secs) = args.attr_timeout {
+        opts.attr_timeout = std::time::Duration::from_secs_f64(secs);
+    }
+    if let Some(secs) = args.entry_timeout {
+        opts.entry_timeout = std::time::Duration::from_secs_f64(secs);
+    }
+    if let Some(n) = args.fd_cache {
+        opts.fd_cache = n;
+    }
+    opts.killpriv_v2 = !args.no_killpriv_v2;
+    opts.file_handles = !args.no_file_handles;
+    opts
 }
 
 fn session_options(args: &MountArgs) -> io::Result<SessionOptions> {

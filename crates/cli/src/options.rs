@@ -31,6 +31,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
+/// Parses a duration in seconds (`1`, `0.5`, `0`): finite, not negative, at most a year.
+pub fn parse_seconds(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds (examples: 1, 0.5, 0)"))?;
+    if !secs.is_finite() || !(0.0..=31_536_000.0).contains(&secs) {
+        return Err(format!("{text:?}: use 0 to 31536000 seconds"));
+    }
+    Ok(secs)
+}
+
 /// Splits a `-o` value on commas, honouring backslash escapes.
 fn split_options(list: &str) -> Vec<String> {
     let mut out = vec![String::new()];
@@ -80,6 +92,13 @@ pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
             "poll_us" => args.poll_us = Some(number("MICROSECONDS")?),
             "max_background" => args.max_background = Some(number("N")? as u16),
             "log" => args.log = Some(need("FILE")?.into()),
+            "direct_io" => args.direct_io = true,
+            "no_passthrough" => args.no_passthrough = true,
+            "attr_timeout" => args.attr_timeout = Some(parse_seconds(need("SECS")?)?),
+            "entry_timeout" => args.entry_timeout = Some(parse_seconds(need("SECS")?)?),
+            "fd_cache" => args.fd_cache = Some(number("N")? as usize),
+            "no_killpriv_v2" => args.no_killpriv_v2 = true,
+            "no_file_handles" => args.no_file_handles = true,
             "allow_other" => args.allow_other = true,
             "default_permissions" => args.default_permissions = true,
             "fsname" => args.fsname = Some(need("NAME")?.to_owned()),
@@ -117,6 +136,31 @@ mod tests {
         assert!(parse_size("1x").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999P").is_err());
+    }
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_seconds("1"), Ok(1.0));
+        assert_eq!(parse_seconds("0.25"), Ok(0.25));
+        assert!(parse_seconds("-1").is_err());
+        assert!(parse_seconds("NaN").is_err());
+        assert!(parse_seconds("soon").is_err());
+    }
+
+    #[test]
+    fn passthrough_options() {
+        let mut w = Wrapper::parse_from(["t", "/srv", "/mnt"]);
+        apply(
+            &mut w.args,
+            &["direct_io,no_passthrough,attr_timeout=2.5,entry_timeout=0,fd_cache=10,no_killpriv_v2,no_file_handles".into()],
+        )
+        .unwrap();
+        let a = &w.args;
+        assert!(a.direct_io && a.no_passthrough && a.no_killpriv_v2 && a.no_file_handles);
+        assert_eq!(
+            (a.attr_timeout, a.entry_timeout, a.fd_cache),
+            (Some(2.5), Some(0.0), Some(10))
+        );
     }
 
     #[test]

@@ -76,9 +76,12 @@ pub fn dispatch<F: Filesystem>(
             fs.batch_forget(nodes);
             record_silent();
         }
-        // Our handlers do not block for long; an interrupt for one in flight is answered by
-        // its normal reply, which the kernel accepts. See ARCHITECTURE.md.
-        Operation::Interrupt { .. } => record_silent(),
+        // Handlers that finish promptly ignore it (their normal reply is accepted); one
+        // that holds a request (a blocking lock) answers it EINTR.
+        Operation::Interrupt { unique } => {
+            fs.interrupt(unique);
+            record_silent();
+        }
         Operation::Init { .. } => {
             tracing::warn!("second INIT on an initialised connection");
             reply().error(libc::EPROTO)

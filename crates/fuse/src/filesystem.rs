@@ -60,6 +60,11 @@ pub trait Filesystem: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// INTERRUPT for the request `unique` (which may not have arrived yet, or may be
+    /// answered already). No reply: an interrupted request answers EINTR through its own
+    /// `Reply`. Only a file system that holds requests for long (blocking locks) cares.
+    fn interrupt(&self, unique: u64) {}
+
     fn lookup(&self, req: &Request, parent: u64, name: &OsStr, reply: Reply) {
         reply.error(libc::ENOSYS)
     }

@@ -105,10 +105,23 @@ pub struct Mount {
 impl Mount {
     /// Mounts `source` with extra `lanefs mount` arguments.
     pub fn start(source: &str, args: &[&str]) -> Mount {
+        Mount::start_wrapped(&[], source, args)
+    }
+
+    /// Mounts `source`, running `lanefs` under `wrapper` (e.g. `["prlimit", "--nofile=512"]`).
+    pub fn start_wrapped(wrapper: &[&str], source: &str, args: &[&str]) -> Mount {
         let dir = TempDir::new("mnt");
         let mountpoint = dir.path().join("mnt");
         std::fs::create_dir(&mountpoint).unwrap();
-        let out = Command::new(lanefs())
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(lanefs());
+                c
+            }
+            None => Command::new(lanefs()),
+        };
+        let out = command
             .args(["mount", "--daemon"])
             .args(with_test_transport(args))
             .arg(source)
@@ -175,12 +188,29 @@ impl Mount {
 
     /// Unmounts with `lanefs umount` and waits for the daemon to exit.
     pub fn unmount(self) {
-        let status = Command::new(lanefs())
-            .arg("umount")
-            .arg(&self.mountpoint)
-            .status()
-            .unwrap();
-        assert!(status.success());
+        // Another test of the same process that forks (a child process, a lock probe)
+        // briefly holds copies of every open fd, ours included, until it execs or exits:
+        // the mount may be busy for a moment.
+        let mut out = None;
+        for _ in 0..50 {
+            let o = Command::new(lanefs())
+                .arg("umount")
+                .arg(&self.mountpoint)
+                .output()
+                .unwrap();
+            let busy = String::from_utf8_lossy(&o.stderr).contains("busy");
+            out = Some(o);
+            if !busy {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = out.unwrap();
+        assert!(
+            out.status.success(),
+            "lanefs umount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(
             wait_until(Duration::from_secs(10), || !process_alive(self.pid)),
             "daemon {} still running after unmount",
@@ -284,4 +314,251 @@ pub fn fio(args: &[String]) -> serde_json::Value {
     let text = String::from_utf8_lossy(&out.stdout);
     let start = text.find('{').expect("fio JSON output");
     serde_json::from_str(&text[start..]).expect("fio JSON")
+}
+
+// ---- Helpers for the passthrough suites (tests/passthrough*.rs). ----
+
+pub mod sys;
+
+impl Mount {
+    /// A passthrough mount of the host directory `source`.
+    pub fn passthrough(source: &Path, args: &[&str]) -> Mount {
+        Mount::start(source.to_str().expect("UTF-8 source path"), args)
+    }
+
+    /// How many fds the daemon holds open.
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// The first number found under `key` anywhere in the stats JSON, if any.
+    pub fn stat_number(&self, key: &str) -> Option<u64> {
+        find_number(&self.stats(), key)
+    }
+
+    /// A file system's own counter (`"counters": [[name, value], ...]` in the stats JSON).
+    pub fn counter(&self, name: &str) -> u64 {
+        let stats = self.stats();
+        stats["counters"]
+            .as_array()
+            .and_then(|pairs| {
+                pairs
+                    .iter()
+                    .find(|p| p[0] == name)
+                    .and_then(|p| p[1].as_u64())
+            })
+            .unwrap_or_else(|| panic!("no counter {name:?} in {}", stats["counters"]))
+    }
+}
+
+/// The first number under `key` in `v`, searched depth first.
+pub fn find_number(v: &serde_json::Value, key: &str) -> Option<u64> {
+    match v {
+        serde_json::Value::Object(map) => {
+            if let Some(n) = map.get(key).and_then(|n| n.as_u64()) {
+                return Some(n);
+            }
+            map.values().find_map(|v| find_number(v, key))
+        }
+        serde_json::Value::Array(items) => items.iter().find_map(|v| find_number(v, key)),
+        _ => None,
+    }
+}
+
+/// Runs `command`, asserting it exits 0; returns its stdout.
+pub fn run_ok(command: &mut Command) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `sh -c script`, as root.
+pub fn sh(script: &str) -> std::process::Output {
+    Command::new("sh").arg("-c").arg(script).output().unwrap()
+}
+
+/// `sh -c script` as uid:gid with no supplementary groups (setpriv).
+pub fn sh_as(uid: u32, gid: u32, script: &str) -> std::process::Output {
+    Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .args(["--clear-groups", "sh", "-c", script])
+        .output()
+        .expect("setpriv (util-linux)")
+}
+
+/// Runs `f` on its own thread and panics if it takes longer than `limit` (a hung file-system
+/// call must fail the test, not hang it; the mount guard then aborts the connection, which
+/// frees the thread).
+pub fn deadline<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(v)) => v,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("{what}: no answer within {limit:?} (hung)"),
+    }
+}
+
+/// Writes 2 to /proc/sys/vm/drop_caches: the kernel forgets unused dentries and inodes.
+pub fn drop_caches() {
+    // SAFETY: sync has no memory effects.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches (root)");
+}
+
+/// A tmpfs mounted under a temp dir, unmounted on drop.
+pub struct Tmpfs {
+    pub path: PathBuf,
+    _dir: TempDir,
+}
+
+impl Tmpfs {
+    pub fn new(size: &str) -> Tmpfs {
+        let dir = TempDir::new("tmpfs");
+        let path = dir.path().join("fs");
+        std::fs::create_dir(&path).unwrap();
+        run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o"])
+                .arg(format!("size={size},mode=0755"))
+                .arg("tmpfs")
+                .arg(&path),
+        );
+        Tmpfs { path, _dir: dir }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if is_mounted(&self.path) {
+            lazy_unmount(&self.path);
+        }
+    }
+}
+
+/// What a tree holds, path by path, for comparing two trees: type, permission bits, owner,
+/// link count, size and a content hash of files, symlink targets, device numbers and user.*
+/// and trusted.* xattrs. Times and inode numbers are left out.
+pub fn tree_snapshot(root: &Path) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    snapshot_into(root, root, &mut out);
+    out
+}
+
+fn snapshot_into(root: &Path, p: &Path, out: &mut std::collections::BTreeMap<String, String>) {
+    let st = sys::lstat(p).unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
+    let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+    let kind = sys::file_type(st.st_mode);
+    let mut desc = format!(
+        "{kind} {:04o} {}:{}",
+        st.st_mode & 0o7777,
+        st.st_uid,
+        st.st_gid
+    );
+    if kind != "dir" {
+        desc += &format!(" nlink={} size={}", st.st_nlink, st.st_size);
+    } else if !rel.is_empty() {
+        desc += &format!(" nlink={}", st.st_nlink);
+    }
+    match kind {
+        "file" => desc += &format!(" fnv={:016x}", content_fingerprint(p, st.st_size as u64)),
+        "symlink" => desc += &format!(" -> {}", sys::readlink(p).unwrap()),
+        "chardev" | "blockdev" => desc += &format!(" rdev={:x}", st.st_rdev),
+        _ => {}
+    }
+    if kind != "symlink" {
+        for name in sys::llistxattr(p).unwrap_or_default() {
+            if name.starts_with("user.") || name.starts_with("trusted.") {
+                let v = sys::getxattr(p, &name, 65536)
+                    .map(|(_, v)| v)
+                    .unwrap_or_default();
+                desc += &format!(" {name}={}", String::from_utf8_lossy(&v));
+            }
+        }
+    }
+    out.insert(if rel.is_empty() { ".".into() } else { rel }, desc);
+    if kind == "dir" {
+        let mut names: Vec<_> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for child in names {
+            snapshot_into(root, &child, out);
+        }
+    }
+}
+
+/// FNV-1a of a file's content; of files over 64 MiB, of their first and last MiB (a
+/// snapshot must not read gigabytes of a sparse file).
+fn content_fingerprint(p: &Path, size: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    const WHOLE_MAX: u64 = 64 << 20;
+    if size <= WHOLE_MAX {
+        return fnv(&std::fs::read(p).unwrap());
+    }
+    let f = std::fs::File::open(p).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut h = Vec::with_capacity(2 << 20);
+    for at in [0, size - (1 << 20)] {
+        f.read_exact_at(&mut buf, at).unwrap();
+        h.extend_from_slice(&buf);
+    }
+    fnv(&h)
+}
+
+/// FNV-1a, for content fingerprints in snapshots.
+pub fn fnv(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for &b in data {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Asserts two snapshots agree, naming the first few differences.
+pub fn assert_same_tree(
+    what: &str,
+    a: &std::collections::BTreeMap<String, String>,
+    b: &std::collections::BTreeMap<String, String>,
+) {
+    if a == b {
+        return;
+    }
+    let mut diffs = Vec::new();
+    for key in a
+        .keys()
+        .chain(b.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        if a.get(key) != b.get(key) {
+            diffs.push(format!(
+                "  {key}:\n    expected {:?}\n    got      {:?}",
+                a.get(key),
+                b.get(key)
+            ));
+        }
+    }
+    panic!(
+        "{what}: trees differ:\n{}",
+        diffs[..diffs.len().min(20)].join("\n")
+    );
 }

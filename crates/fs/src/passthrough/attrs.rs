@@ -1,0 +1,237 @@
+//! Attributes: getattr, setattr, readlink, statfs, access, and the xattr calls.
+//! getattr never takes the write gate (seed 002).
+
+use std::ffi::OsStr;
+
+use lanefs_fuse::abi::{self, fattr};
+use lanefs_fuse::{Reply, Request};
+
+use super::PassthroughFs;
+use super::inode::Inode;
+use super::sys::{self, SysResult, XattrTarget};
+
+/// The timespec utimensat takes for one of atime/mtime.
+fn time_arg(set: bool, now: bool, secs: u64, nsecs: u32) -> libc::timespec {
+    if now {
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        }
+    } else if set {
+        libc::timespec {
+            tv_sec: secs as libc::time_t,
+            tv_nsec: nsecs as libc::c_long,
+        }
+    } else {
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        }
+    }
+}
+
+impl PassthroughFs {
+    pub(super) fn do_getattr(&self, ino: u64, fh: Option<u64>) -> SysResult<abi::AttrOut> {
+        // An open file answers through its own fd: it works after the file is unlinked.
+        let (inode, st) = match fh.and_then(|fh| self.files.get(fh)) {
+            Some(file) => (file.inode.clone(), sys::fstat(&file.fd)?),
+            None => {
+                let inode = self.inode(ino)?;
+                let st = sys::fstat(&*self.path_fd(&inode)?)?;
+                (inode, st)
+            }
+        };
+        if inode.is_regular() {
+            inode.gate.set_size(st.st_size as u64);
+        }
+        Ok(self.attr_out(&inode, &st))
+    }
+
+    pub(super) fn do_setattr(
+        &self,
+        req: &Request,
+        ino: u64,
+        arg: &abi::SetattrIn,
+    ) -> SysResult<abi::AttrOut> {
+        let inode = self.inode(ino)?;
+        let valid = arg.valid;
+        let file = (valid & fattr::FH != 0)
+            .then(|| self.files.get(arg.fh))
+            .flatten();
+        let path = self.path_fd(&inode)?;
+        if valid & fattr::MODE != 0 {
+            if inode.is_symlink() {
+                return Err(libc::EOPNOTSUPP);
+            }
+            match &file {
+                Some(file) => sys::chmod(&file.fd, false, arg.mode)?,
+                None => sys::chmod(&path, true, arg.mode)?,
+            }
+        }
+        if valid & (fattr::UID | fattr::GID) != 0 {
+            let uid = if valid & fattr::UID != 0 {
+                arg.uid
+            } else {
+                u32::MAX
+            };
+            let gid = if valid & fattr::GID != 0 {
+                arg.gid
+            } else {
+                u32::MAX
+            };
+            sys::chown(&path, uid, gid)?;
+        }
+        if valid & fattr::SIZE != 0 {
+            let kill = self.killpriv_v2() && valid & fattr::KILL_SUIDGID != 0;
+            let _gate = inode.gate.exclusive();
+            let opened;
+            let fd = match file.as_ref().filter(|f| f.writable()) {
+                Some(file) => &file.fd,
+                None => {
+                    opened = self.open_inode(&inode, libc::O_WRONLY | libc::O_NOFOLLOW)?;
+                    &opened
+                }
+            };
+            self.killing_privileges(req, &inode, (fd, false), kill, || {
+                sys::ftruncate(fd, arg.size)
+            })?;
+            inode.gate.set_size(arg.size);
+        }
+        let times = fattr::ATIME | fattr::MTIME | fattr::ATIME_NOW | fattr::MTIME_NOW;
+        if valid & times != 0 {
+            let ts = [
+                time_arg(
+                    valid & fattr::ATIME != 0,
+                    valid & fattr::ATIME_NOW != 0,
+                    arg.atime,
+                    arg.atimensec,
+                ),
+                time_arg(
+                    valid & fattr::MTIME != 0,
+                    valid & fattr::MTIME_NOW != 0,
+                    arg.mtime,
+                    arg.mtimensec,
+                ),
+            ];
+            sys::utimens(&path, &ts)?;
+        }
+        let st = match &file {
+            Some(file) => sys::fstat(&file.fd)?,
+            None => sys::fstat(&path)?,
+        };
+        Ok(self.attr_out(&inode, &st))
+    }
+
+    pub(super) fn do_readlink(&self, ino: u64) -> SysResult<Vec<u8>> {
+        let inode = self.inode(ino)?;
+        sys::readlink(&*self.path_fd(&inode)?)
+    }
+
+    pub(super) fn do_statfs(&self, ino: u64) -> SysResult<abi::Kstatfs> {
+        let inode = self.inode(ino)?;
+        let st = sys::fstatfs(&*self.path_fd(&inode)?)?;
+        Ok(abi::Kstatfs {
+            blocks: st.f_blocks,
+            bfree: st.f_bfree,
+            bavail: st.f_bavail,
+            files: st.f_files,
+            ffree: st.f_ffree,
+            bsize: st.f_bsize as u32,
+            namelen: st.f_namelen as u32,
+            frsize: st.f_frsize as u32,
+            ..Default::default()
+        })
+    }
+
+    pub(super) fn do_access(&self, ino: u64, mask: u32) -> SysResult<()> {
+        let inode = self.inode(ino)?;
+        sys::access(&*self.path_fd(&inode)?, mask)
+    }
+
+    /// Runs an xattr call on the inode: a symlink through its parent and last known name
+    /// (checked to still name it), anything else through its own fd.
+    fn on_xattr_target<T>(
+        &self,
+        inode: &Inode,
+        call: impl FnOnce(&XattrTarget<'_>) -> SysResult<T>,
+    ) -> SysResult<T> {
+        if !inode.is_symlink() {
+            return call(&XattrTarget::Object(&*self.path_fd(inode)?));
+        }
+        let (parent, name) = inode.link_name().ok_or(libc::ESTALE)?;
+        let dir = self.path_fd(&parent)?;
+        let st = sys::fstatat(&dir, &name, 0)?;
+        if (st.st_dev, st.st_ino) != (inode.key.dev, inode.key.ino) {
+            return Err(libc::ESTALE);
+        }
+        call(&XattrTarget::Symlink(&dir, &name))
+    }
+
+    pub(super) fn do_getxattr(&self, ino: u64, name: &OsStr, size: u32, reply: Reply) {
+        let (inode, name) = match self.inode(ino).and_then(|i| Ok((i, xattr_name(name)?))) {
+            Ok(found) => found,
+            Err(e) => return reply.error(e),
+        };
+        if size == 0 {
+            match self.on_xattr_target(&inode, |t| sys::getxattr(t, &name, &mut [])) {
+                Ok(n) => reply.xattr_size(n as u32),
+                Err(e) => reply.error(e),
+            }
+        } else {
+            reply.data_with(size as usize, |buf| {
+                self.on_xattr_target(&inode, |t| sys::getxattr(t, &name, buf))
+            })
+        }
+    }
+
+    pub(super) fn do_listxattr(&self, ino: u64, size: u32, reply: Reply) {
+        let inode = match self.inode(ino) {
+            Ok(inode) => inode,
+            Err(e) => return reply.error(e),
+        };
+        if size == 0 {
+            match self.on_xattr_target(&inode, |t| sys::listxattr(t, &mut [])) {
+                Ok(n) => reply.xattr_size(n as u32),
+                Err(e) => reply.error(e),
+            }
+        } else {
+            reply.data_with(size as usize, |buf| {
+                self.on_xattr_target(&inode, |t| sys::listxattr(t, buf))
+            })
+        }
+    }
+
+    pub(super) fn do_setxattr(
+        &self,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: u32,
+        setxattr_flags: u32,
+    ) -> SysResult<()> {
+        let inode = self.inode(ino)?;
+        let name = xattr_name(name)?;
+        self.on_xattr_target(&inode, |t| sys::setxattr(t, &name, value, flags as i32))?;
+        // The kernel found the caller may not keep set-group-ID when setting an access ACL
+        // (outside the group, without CAP_FSETID): the host, seeing us, kept it.
+        if setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0 {
+            let fd = self.path_fd(&inode)?;
+            let st = sys::fstat(&fd)?;
+            if st.st_mode & libc::S_ISGID != 0 {
+                sys::chmod(&fd, true, st.st_mode & 0o7777 & !libc::S_ISGID)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn do_removexattr(&self, ino: u64, name: &OsStr) -> SysResult<()> {
+        let inode = self.inode(ino)?;
+        let name = xattr_name(name)?;
+        self.on_xattr_target(&inode, |t| sys::removexattr(t, &name))
+    }
+}
+
+fn xattr_name(name: &OsStr) -> SysResult<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(name.as_bytes()).map_err(|_| libc::EINVAL)
+}

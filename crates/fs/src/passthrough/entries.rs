@@ -1,0 +1,202 @@
+//! Operations on names: lookup, create, tmpfile, mkdir, mknod, symlink, link, unlink, rmdir,
+//! rename. New inodes are made as the caller (per-thread fsuid/fsgid, see `creds`).
+
+use std::ffi::{CStr, OsStr};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use lanefs_fuse::Request;
+use lanefs_fuse::abi;
+
+use super::creds::CallerGuard;
+use super::inode::{Inode, InodeKey};
+use super::sys::{self, SysResult, component};
+use super::{Found, PassthroughFs, decode_dev};
+
+impl PassthroughFs {
+    /// Prepares this thread to create an inode for `req`: the caller's fsuid/fsgid until
+    /// the guard drops, and the caller's umask (`umask` from the request), which the host
+    /// then applies as natively: not where a default ACL rules instead. Without DONT_MASK
+    /// the kernel applied it already, and none is applied again.
+    fn as_creator(&self, req: &Request, umask: u32) -> SysResult<CallerGuard<'_>> {
+        let dont_mask = self.negotiated().is_some_and(|n| n.dont_mask);
+        sys::set_thread_umask(if dont_mask { umask & 0o777 } else { 0 })?;
+        self.creds.as_caller(req.uid, req.gid)
+    }
+
+    pub(super) fn do_lookup(&self, parent: u64, name: &OsStr) -> SysResult<abi::EntryOut> {
+        let parent = self.inode(parent)?;
+        let name = component(name)?;
+        self.lookup_child(&parent, &name)
+    }
+
+    pub(super) fn do_mkdir(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::MkdirIn,
+    ) -> SysResult<abi::EntryOut> {
+        let parent = self.inode(parent)?;
+        let name = component(name)?;
+        let dir = self.path_fd(&parent)?;
+        {
+            let _caller = self.as_creator(req, arg.umask)?;
+            sys::mkdirat(&dir, &name, arg.mode)?;
+        }
+        self.lookup_child(&parent, &name)
+    }
+
+    pub(super) fn do_mknod(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::MknodIn,
+    ) -> SysResult<abi::EntryOut> {
+        let parent = self.inode(parent)?;
+        let name = component(name)?;
+        let dir = self.path_fd(&parent)?;
+        {
+            let _caller = self.as_creator(req, arg.umask)?;
+            sys::mknodat(&dir, &name, arg.mode, decode_dev(arg.rdev))?;
+        }
+        self.lookup_child(&parent, &name)
+    }
+
+    pub(super) fn do_symlink(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        target: &OsStr,
+    ) -> SysResult<abi::EntryOut> {
+        let parent = self.inode(parent)?;
+        let name = component(name)?;
+        // The target is stored as given, never resolved by us.
+        let target = std::ffi::CString::new(target.as_bytes()).map_err(|_| libc::EINVAL)?;
+        let dir = self.path_fd(&parent)?;
+        {
+            // Symlinks have no mode to mask.
+            let _caller = self.as_creator(req, 0)?;
+            sys::symlinkat(&target, &dir, &name)?;
+        }
+        self.lookup_child(&parent, &name)
+    }
+
+    pub(super) fn do_link(
+        &self,
+        ino: u64,
+        newparent: u64,
+        newname: &OsStr,
+    ) -> SysResult<abi::EntryOut> {
+        let inode = self.inode(ino)?;
+        let parent = self.inode(newparent)?;
+        let name = component(newname)?;
+        let fd = self.path_fd(&inode)?;
+        let dir = self.path_fd(&parent)?;
+        sys::linkat(&fd, &dir, &name)?;
+        self.lookup_child(&parent, &name)
+    }
+
+    pub(super) fn do_remove(&self, parent: u64, name: &OsStr, flags: i32) -> SysResult<()> {
+        let parent = self.inode(parent)?;
+        let name = component(name)?;
+        let dir = self.path_fd(&parent)?;
+        sys::unlinkat(&dir, &name, flags)
+    }
+
+    pub(super) fn do_rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> SysResult<()> {
+        let parent = self.inode(parent)?;
+        let newparent = self.inode(newparent)?;
+        let name = component(name)?;
+        let newname = component(newname)?;
+        let dir = self.path_fd(&parent)?;
+        let newdir = self.path_fd(&newparent)?;
+        sys::renameat2(&dir, &name, &newdir, &newname, flags)?;
+        // A symlink that moved is reached under its new name for xattrs.
+        self.note_symlink_name(&newparent, &newdir, &newname);
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            self.note_symlink_name(&parent, &dir, &name);
+        }
+        Ok(())
+    }
+
+    fn note_symlink_name(&self, parent: &Arc<Inode>, dir: &OwnedFd, name: &CStr) {
+        if let Ok(st) = sys::fstatat(dir, name, 0)
+            && st.st_mode & libc::S_IFMT == libc::S_IFLNK
+            && let Some(inode) = self.inodes.find(&InodeKey {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            })
+        {
+            inode.set_link_name(parent.clone(), name.to_owned());
+        }
+    }
+
+    pub(super) fn do_create(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::CreateIn,
+    ) -> SysResult<(abi::EntryOut, abi::OpenOut)> {
+        let parent = self.inode(parent)?;
+        let name = component(name)?;
+        let dir = self.path_fd(&parent)?;
+        let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_CREAT;
+        let fd = {
+            let _caller = self.as_creator(req, arg.umask)?;
+            sys::openat(&dir, &name, flags, arg.mode)?
+        };
+        self.created(req, &parent, fd, arg.flags as i32, false)
+    }
+
+    /// O_TMPFILE: an unnamed file in `parent`. It has no name to reopen by handle until it
+    /// is linked, so its inode keeps an O_PATH fd.
+    pub(super) fn do_tmpfile(
+        &self,
+        req: &Request,
+        parent: u64,
+        arg: &abi::CreateIn,
+    ) -> SysResult<(abi::EntryOut, abi::OpenOut)> {
+        let parent = self.inode(parent)?;
+        let dir = self.path_fd(&parent)?;
+        let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_TMPFILE;
+        let fd = {
+            let _caller = self.as_creator(req, arg.umask)?;
+            // O_NOFOLLOW is harmless on ".", which names `dir` itself.
+            sys::openat(&dir, c".", flags & !libc::O_CREAT, arg.mode)?
+        };
+        self.created(req, &parent, fd, arg.flags as i32, true)
+    }
+
+    /// Registers a file just created through `fd` and opens it for the client.
+    fn created(
+        &self,
+        req: &Request,
+        parent: &Inode,
+        fd: OwnedFd,
+        flags: i32,
+        keep_fd: bool,
+    ) -> SysResult<(abi::EntryOut, abi::OpenOut)> {
+        let st = sys::fstat(&fd)?;
+        let inode = self.register(parent, Found::Open(&fd), keep_fd, &st)?;
+        let entry = self.entry_out(inode.nodeid, &st);
+        match self.finish_open(req, &inode, fd, flags, Some(st.st_mode)) {
+            Ok(open) => Ok((entry, open)),
+            Err(e) => {
+                self.unregister(inode.nodeid);
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! Data operations: open (and the choice between kernel passthrough, page cache and direct
+//! I/O), read, write, fsync, fallocate, lseek, copy_file_range, release.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+
+use lanefs_fuse::abi::{self, fopen};
+use lanefs_fuse::{Reply, Request};
+
+use super::PassthroughFs;
+use super::counters::Counters;
+use super::creds;
+use super::handle::OpenFile;
+use super::inode::{Backing, Inode};
+use super::sys::{self, SysResult};
+
+/// The flags of our host open for a client's open: the kernel's own (O_CREAT, O_EXCL,
+/// O_NOCTTY) and O_DIRECT dropped (our buffers are not aligned for it, and the kernel's
+/// cache is already bypassed), symlinks never followed.
+pub(super) fn host_open_flags(flags: i32) -> i32 {
+    (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_NOFOLLOW
+}
+
+impl PassthroughFs {
+    pub(super) fn do_open(
+        &self,
+        req: &Request,
+        ino: u64,
+        arg: &abi::OpenIn,
+    ) -> SysResult<abi::OpenOut> {
+        let inode = self.inode(ino)?;
+        let flags = arg.flags as i32;
+        let truncate = flags & libc::O_TRUNC != 0;
+        let kill = truncate && self.killpriv_v2() && arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+        let path = self.path_fd(&inode)?;
+        let fd = {
+            // O_TRUNC changes the size: exclusive, like truncate.
+            let _gate = truncate.then(|| inode.gate.exclusive());
+            let fd = self.killing_privileges(req, &inode, (&path, true), kill, || {
+                self.open_inode(&inode, host_open_flags(flags))
+            })?;
+            if truncate {
+                inode.gate.set_size(0);
+            }
+            fd
+        };
+        self.finish_open(req, &inode, fd, flags, None)
+    }
+
+    /// Runs `change` (a write, truncate or O_TRUNC open by a caller without CAP_FSETID, when
+    /// `kill`) so that the file loses what it would natively: the host strips set-user-id
+    /// bits and security.capability when CAP_FSETID is dropped; the set-group-id bit of a
+    /// file without group execute also goes when the caller is outside the file's group
+    /// (Linux 6.2+), which the host cannot judge (it sees us, root), so we clear it. `fd`
+    /// is any fd of the file (O_PATH when the flag says so). The kernel does not refetch
+    /// the mode afterwards, so it is told to.
+    pub(super) fn killing_privileges<T>(
+        &self,
+        req: &Request,
+        inode: &Inode,
+        (fd, is_path_fd): (&OwnedFd, bool),
+        kill: bool,
+        change: impl FnOnce() -> SysResult<T>,
+    ) -> SysResult<T> {
+        if !kill {
+            return change();
+        }
+        let before = sys::fstat(fd).ok();
+        let result = {
+            let _caps = self.creds.without_fsetid(true)?;
+            change()?
+        };
+        if let Some(st) = before
+            && st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
+        {
+            let group_bit_survives = st.st_mode & libc::S_ISGID != 0
+                && st.st_mode & libc::S_IXGRP == 0
+                && !creds::caller_in_group(req.pid, req.gid, st.st_gid);
+            if group_bit_survives {
+                sys::chmod(fd, is_path_fd, st.st_mode & 0o7777 & !libc::S_ISGID)?;
+            }
+            Counters::bump(&self.counters.kill_suidgid);
+            self.invalidate_attrs(inode.nodeid);
+        }
+        Ok(result)
+    }
+
+    /// Decides how the kernel reaches the data of a new open file holding `fd`, records it,
+    /// and builds the answer. `mode` is the file's mode when the caller just read it.
+    ///
+    /// The kernel's rules (fs/fuse/iomode.c): once an inode has a backing id, every open of
+    /// it must carry FOPEN_PASSTHROUGH with that id (anything else fails with EIO), and
+    /// page-cache opens exclude passthrough ones; FOPEN_DIRECT_IO opens mix with either, and
+    /// DIRECT_IO with PASSTHROUGH routes the open's I/O to us while keeping the backing id.
+    ///
+    /// The kernel writes through a backing file with its registrant's credentials, so a
+    /// write open shares the passthrough only when its opener would strip set-ID bits the
+    /// same way (root keeps them, others lose them); otherwise its writes come to us.
+    pub(super) fn finish_open(
+        &self,
+        req: &Request,
+        inode: &std::sync::Arc<Inode>,
+        fd: OwnedFd,
+        flags: i32,
+        mode: Option<u32>,
+    ) -> SysResult<abi::OpenOut> {
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        // A write through passthrough never reaches us, so we could not strip set-ID bits
+        // as the host does for the caller, nor tell the kernel: such opens are served by us.
+        let sxid_write = writable
+            && self.killpriv_v2()
+            && mode
+                .map_or_else(|| sys::fstat(&fd).map(|st| st.st_mode), Ok)
+                .is_ok_and(|mode| mode & (libc::S_ISUID | libc::S_ISGID) != 0);
+        let served_by_us = self.opts.direct_io || flags & libc::O_DIRECT != 0 || sxid_write;
+        // Root has CAP_FSETID (the open does not say; uid 0 stands for it).
+        let privileged = req.uid == 0;
+        let direct_io = if self.opts.parallel_writes {
+            fopen::DIRECT_IO | fopen::PARALLEL_DIRECT_WRITES
+        } else {
+            fopen::DIRECT_IO
+        };
+        let mut out = abi::OpenOut::default();
+        let mut passthrough = false;
+        let mut cached = false;
+        {
+            let mut guard = inode.open_state();
+            let state = &mut *guard;
+            if let Some(b) = &mut state.backing {
+                b.opens += 1;
+                out.backing_id = b.id;
+                out.open_flags = fopen::PASSTHROUGH;
+                if served_by_us || (writable && b.keeps_set_id != privileged) {
+                    out.open_flags |= direct_io;
+                }
+                passthrough = true;
+            } else if served_by_us {
+                out.open_flags = direct_io;
+            } else if state.cached == 0
+                && inode.is_regular()
+                && self.passthrough_wanted()
+                && let Some(id) = self.register_backing(inode, privileged)
+            {
+                state.backing = Some(Backing {
+                    id,
+                    opens: 1,
+                    keeps_set_id: privileged,
+                });
+                out.backing_id = id;
+                out.open_flags = fopen::PASSTHROUGH;
+                passthrough = true;
+            } else {
+                if inode.is_regular() && self.passthrough_wanted() {
+                    Counters::bump(&self.counters.passthrough_declined);
+                }
+                out.open_flags = fopen::KEEP_CACHE;
+                state.cached += 1;
+                cached = true;
+            }
+            state.opens += 1;
+        }
+        out.fh = self.files.insert(OpenFile {
+            fd,
+            inode: inode.clone(),
+            flags,
+            passthrough,
+            cached,
+        });
+        Ok(out)
+    }
+
+    /// Tells the kernel to refetch the attributes of `nodeid`.
+    fn invalidate_attrs(&self, nodeid: u64) {
+        if let Some(n) = self.negotiated()
+            && let Err(e) = sys::notify_inval_attrs(n.session_fd, nodeid)
+            && e != libc::ENOENT
+        {
+            tracing::warn!(nodeid, errno = e, "invalidating cached attributes failed");
+        }
+    }
+
+    fn passthrough_wanted(&self) -> bool {
+        self.negotiated().is_some_and(|n| n.passthrough)
+            && !self.passthrough_broken.load(Ordering::Relaxed)
+    }
+
+    /// Registers the inode's host file as a backing file (FUSE_DEV_IOC_BACKING_OPEN) and
+    /// returns its id, or None when the kernel refuses. `keeps_set_id`: register with
+    /// CAP_FSETID (for a root opener). The kernel opens its own backing
+    /// file per open from the registered file's path, with the open's flags and the
+    /// registrant's credentials, so the inode's O_PATH fd serves every access mode.
+    fn register_backing(&self, inode: &Inode, keeps_set_id: bool) -> Option<i32> {
+        let negotiated = self.negotiated()?;
+        let file = self.path_fd(inode).ok()?;
+        // The kernel writes through backing files with the credentials of whoever
+        // registered them: without CAP_FSETID unless `keeps_set_id`, so that the host
+        // strips set-ID bits on write as it would for an unprivileged writer.
+        let registered = {
+            let _caps = self
+                .creds
+                .without_fsetid(negotiated.killpriv_v2 && !keeps_set_id)
+                .ok()?;
+            sys::backing_open(negotiated.session_fd, &file)
+        };
+        match registered {
+            Ok(id) => {
+                Counters::bump(&self.counters.backing_opened);
+                Counters::bump(&self.counters.backing_live);
+                Some(id)
+            }
+            Err(e) => {
+                let permanent = matches!(
+                    e,
+                    libc::EPERM | libc::EOPNOTSUPP | libc::ENOTTY | libc::ELOOP | libc::EINVAL
+                );
+                if permanent && !self.passthrough_broken.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "kernel passthrough unavailable ({}): serving file I/O ourselves",
+                        std::io::Error::from_raw_os_error(e)
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    pub(super) fn do_release(&self, arg: &abi::ReleaseIn) {
+        let Some(file) = self.files.remove(arg.fh) else {
+            return;
+        };
+        let last = {
+            let mut state = file.inode.open_state();
+            state.opens = state.opens.saturating_sub(1);
+            if file.cached {
+                state.cached = state.cached.saturating_sub(1);
+            }
+            if file.passthrough
+                && let Some(b) = &mut state.backing
+            {
+                b.opens -= 1;
+                if b.opens == 0 {
+                    let id = b.id;
+                    state.backing = None;
+                    if let Some(n) = self.negotiated()
+                        && let Err(e) = sys::backing_close(n.session_fd, id)
+                    {
+                        tracing::warn!(id, errno = e, "closing a backing id failed");
+                    }
+                    self.counters.backing_live.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            state.opens == 0
+        };
+        if last {
+            self.locks.release_inode(file.inode.nodeid);
+        }
+    }
+
+    fn file(&self, fh: u64) -> SysResult<std::sync::Arc<OpenFile>> {
+        self.files.get(fh).ok_or(libc::EBADF)
+    }
+
+    pub(super) fn do_read(&self, _ino: u64, arg: &abi::ReadIn, reply: Reply) {
+        let file = match self.file(arg.fh) {
+            Ok(file) => file,
+            Err(e) => return reply.error(e),
+        };
+        reply.data_with(arg.size as usize, |buf| {
+            sys::pread(&file.fd, buf, arg.offset)
+        })
+    }
+
+    pub(super) fn do_write(
+        &self,
+        req: &Request,
+        arg: &abi::WriteIn,
+        data: &[u8],
+    ) -> SysResult<u32> {
+        let file = self.file(arg.fh)?;
+        let end = arg.offset.saturating_add(data.len() as u64);
+        // An O_APPEND write lands at the host's end of file, wherever the kernel thought.
+        let parallel = self.opts.parallel_writes && file.flags & libc::O_APPEND == 0;
+        let kill = self.killpriv_v2() && arg.write_flags & abi::write_flags::KILL_SUIDGID != 0;
+        let _gate = file.inode.gate.enter_write(end, parallel);
+        let written = self.killing_privileges(req, &file.inode, (&file.fd, false), kill, || {
+            sys::pwrite(&file.fd, data, arg.offset)
+        })?;
+        file.inode.gate.written(arg.offset + written as u64);
+        Ok(written as u32)
+    }
+
+    pub(super) fn do_fsync(&self, arg: &abi::FsyncIn) -> SysResult<()> {
+        let file = self.file(arg.fh)?;
+        sys::fsync(&file.fd, arg.fsync_flags & 1 != 0)
+    }
+
+    pub(super) fn do_fallocate(&self, arg: &abi::FallocateIn) -> SysResult<()> {
+        let file = self.file(arg.fh)?;
+        let _gate = file.inode.gate.exclusive();
+        sys::fallocate(&file.fd, arg.mode as i32, arg.offset, arg.length)?;
+        if arg.mode as i32 & libc::FALLOC_FL_KEEP_SIZE == 0 {
+            file.inode
+                .gate
+                .written(arg.offset.saturating_add(arg.length));
+        }
+        Ok(())
+    }
+
+    /// Never takes the write gate (seed 002): the host answers from its own state.
+    pub(super) fn do_lseek(&self, arg: &abi::LseekIn) -> SysResult<u64> {
+        let file = self.file(arg.fh)?;
+        sys::lseek(&file.fd, arg.offset, arg.whence as i32)
+    }
+
+    pub(super) fn do_copy_file_range(&self, arg: &abi::CopyFileRangeIn) -> SysResult<u64> {
+        let from = self.file(arg.fh_in)?;
+        let to = self.file(arg.fh_out)?;
+        let end = arg.off_out.saturating_add(arg.len);
+        let _gate = to.inode.gate.enter_write(end, self.opts.parallel_writes);
+        let copied = sys::copy_file_range(
+            &from.fd,
+            arg.off_in,
+            &to.fd,
+            arg.off_out,
+            arg.len,
+            arg.flags as u32,
+        )?;
+        to.inode.gate.written(arg.off_out + copied as u64);
+        Ok(copied as u64)
+    }
+
+    pub(super) fn do_syncfs(&self, ino: u64) -> SysResult<()> {
+        let inode = self.inode(ino)?;
+        let fd = self.open_inode(&inode, libc::O_RDONLY | libc::O_NOFOLLOW)?;
+        sys::syncfs(&fd)
+    }
+}

@@ -1,0 +1,96 @@
+//! The per-inode write gate (seed 000): writes that end at or below the current size run in
+//! parallel (shared), writes that extend the file, truncates and fallocates run alone
+//! (exclusive). The size is an atomic so that lseek and getattr never wait on the gate.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+pub struct WriteGate {
+    /// Held shared by non-extending writes, exclusive by extending writes, truncate and
+    /// fallocate of the inode. Lock order: a leaf; nothing is taken while holding it except
+    /// the host syscall it guards.
+    lock: RwLock<()>,
+    /// The file's size as last seen by us (stat, truncate, extending writes). A hint for
+    /// choosing shared or exclusive: the host fs keeps each write atomic on its own.
+    size: AtomicU64,
+}
+
+/// Held while a write runs: one of the two guards.
+pub struct GateGuard<'a> {
+    _shared: Option<RwLockReadGuard<'a, ()>>,
+    _exclusive: Option<RwLockWriteGuard<'a, ()>>,
+}
+
+impl GateGuard<'_> {
+    #[cfg(test)]
+    fn is_shared(&self) -> bool {
+        self._shared.is_some()
+    }
+}
+
+impl WriteGate {
+    pub fn new(size: u64) -> WriteGate {
+        WriteGate {
+            lock: RwLock::new(()),
+            size: AtomicU64::new(size),
+        }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// Records a size read from the host (getattr, lookup, truncate).
+    pub fn set_size(&self, size: u64) {
+        self.size.store(size, Ordering::Relaxed);
+    }
+
+    /// Enters for a write ending at `end`. With `parallel` false every write is exclusive.
+    pub fn enter_write(&self, end: u64, parallel: bool) -> GateGuard<'_> {
+        if parallel && end <= self.size() {
+            let shared = self.lock.read().unwrap_or_else(|e| e.into_inner());
+            // A truncate may have shrunk the file while we waited.
+            if end <= self.size() {
+                return GateGuard {
+                    _shared: Some(shared),
+                    _exclusive: None,
+                };
+            }
+        }
+        GateGuard {
+            _shared: None,
+            _exclusive: Some(self.exclusive()),
+        }
+    }
+
+    /// After a write that ended at `end` succeeded.
+    pub fn written(&self, end: u64) {
+        self.size.fetch_max(end, Ordering::Relaxed);
+    }
+
+    /// For truncate and fallocate.
+    pub fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.lock.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extending_writes_are_exclusive_others_shared() {
+        let gate = WriteGate::new(4096);
+        assert!(gate.enter_write(4096, true).is_shared());
+        assert!(!gate.enter_write(4097, true).is_shared());
+        assert!(!gate.enter_write(10, false).is_shared());
+        let a = gate.enter_write(100, true);
+        let b = gate.enter_write(200, true);
+        assert!(a.is_shared() && b.is_shared());
+        drop((a, b));
+        gate.written(8192);
+        assert_eq!(gate.size(), 8192);
+        gate.written(10);
+        assert_eq!(gate.size(), 8192);
+    }
+}

@@ -1,0 +1,332 @@
+//! The inode table: every host inode the kernel knows, keyed by (device, inode number) so
+//! that hard links share one entry, and by the nodeid the kernel uses. Entries live exactly
+//! as long as the kernel's lookup count (FORGET removes them), so memory stays bounded when
+//! a client walks millions of files.
+//!
+//! An inode holds no fd of its own when the host supports file handles: it keeps the handle
+//! (name_to_handle_at) and reopens through the fd cache.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use super::gate::WriteGate;
+use super::sys::FileHandle;
+
+const SHARDS: usize = 64;
+
+/// A multiplicative hash for integer keys (nodeids, inode numbers): SipHash's resistance to
+/// chosen keys buys nothing for numbers the kernel and the host pick.
+#[derive(Default, Clone, Copy)]
+pub struct IdHash(u64);
+
+impl Hasher for IdHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+pub type IdHasher = BuildHasherDefault<IdHash>;
+
+/// Which host inode: its device and inode number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// How we reach the host inode again.
+pub enum HostRef {
+    /// Its file handle, reopened on demand through the fd cache; `mount` is an fd (not
+    /// O_PATH) of any object on the same host mount (open_by_handle_at's mount_fd).
+    Handle {
+        handle: FileHandle,
+        mount: Arc<OwnedFd>,
+    },
+    /// An O_PATH fd held for the inode's lifetime: the host fs has no file handles, or the
+    /// inode is an unnamed O_TMPFILE (its handle could not be reopened).
+    Fd(Arc<OwnedFd>),
+}
+
+/// The passthrough opens of an inode share one backing id (the kernel requires it).
+#[derive(Debug, Clone, Copy)]
+pub struct Backing {
+    pub id: i32,
+    /// Opens carrying the id (FOPEN_PASSTHROUGH, with or without DIRECT_IO).
+    pub opens: u32,
+    /// Registered with CAP_FSETID (by a root open): writes through it keep set-ID bits, as
+    /// root's do natively. Without it the host strips them, as for any other writer.
+    pub keeps_set_id: bool,
+}
+
+/// How the open files of an inode reach its data. The kernel refuses to mix page-cache and
+/// passthrough opens of one inode, and once it has a backing id every open must carry it.
+#[derive(Debug, Default)]
+pub struct OpenState {
+    /// Open files of this inode, of any kind.
+    pub opens: u32,
+    /// Opens answered for page-cache I/O.
+    pub cached: u32,
+    pub backing: Option<Backing>,
+}
+
+/// The last name a symlink was seen under: the only way to reach a symlink itself for
+/// xattrs (its O_PATH fd, through /proc, would lead to its target).
+pub struct LinkName {
+    pub parent: Arc<Inode>,
+    pub name: CString,
+}
+
+pub struct Inode {
+    pub nodeid: u64,
+    pub key: InodeKey,
+    /// The file type bits (S_IFMT) of st_mode.
+    pub kind: u32,
+    /// The host mount id (name_to_handle_at), to tell when a child is on another mount.
+    pub mount_id: i32,
+    pub host: HostRef,
+    /// The kernel's lookup count; changed only under the inode's `by_key` shard lock.
+    lookups: AtomicU64,
+    pub gate: WriteGate,
+    /// Lock order: after nothing; taken on open and release only, never with another
+    /// inode's.
+    open_state: Mutex<OpenState>,
+    /// Symlinks only. Lock order: a leaf.
+    link_name: Mutex<Option<LinkName>>,
+}
+
+impl Inode {
+    pub fn new(
+        nodeid: u64,
+        key: InodeKey,
+        kind: u32,
+        mount_id: i32,
+        host: HostRef,
+        size: u64,
+    ) -> Inode {
+        Inode {
+            nodeid,
+            key,
+            kind,
+            mount_id,
+            host,
+            lookups: AtomicU64::new(1),
+            gate: WriteGate::new(size),
+            open_state: Mutex::new(OpenState::default()),
+            link_name: Mutex::new(None),
+        }
+    }
+
+    pub fn is_symlink(&self) -> bool {
+        self.kind == libc::S_IFLNK
+    }
+
+    pub fn is_regular(&self) -> bool {
+        self.kind == libc::S_IFREG
+    }
+
+    /// An fd (not O_PATH: open_by_handle_at refuses those) on the inode's host mount, when
+    /// the inode is known by handle.
+    pub fn mount_fd(&self) -> Option<&Arc<OwnedFd>> {
+        match &self.host {
+            HostRef::Handle { mount, .. } => Some(mount),
+            HostRef::Fd(_) => None,
+        }
+    }
+
+    /// Records the name a symlink was just seen under.
+    pub fn set_link_name(&self, parent: Arc<Inode>, name: CString) {
+        *self.link_name.lock().unwrap_or_else(|e| e.into_inner()) = Some(LinkName { parent, name });
+    }
+
+    /// The parent and name a symlink was last seen under.
+    pub fn link_name(&self) -> Option<(Arc<Inode>, CString)> {
+        self.link_name
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|l| (l.parent.clone(), l.name.clone()))
+    }
+
+    pub fn open_state(&self) -> MutexGuard<'_, OpenState> {
+        self.open_state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn same_host(&self, other: &HostRef) -> bool {
+        match (&self.host, other) {
+            // A held O_PATH fd keeps the host inode alive, so its number is not reused: a
+            // linked O_TMPFILE found by name is the same inode.
+            (HostRef::Fd(_), _) => true,
+            (HostRef::Handle { handle: a, .. }, HostRef::Handle { handle: b, .. }) => a == b,
+            // No handle to compare with: a new object.
+            (HostRef::Handle { .. }, HostRef::Fd(_)) => false,
+        }
+    }
+}
+
+type ByKey = HashMap<InodeKey, Arc<Inode>, IdHasher>;
+type ById = HashMap<u64, Arc<Inode>, IdHasher>;
+
+pub struct InodeTable {
+    /// (dev, ino) → inode, for lookups. Lock order: a `by_key` shard is taken before a
+    /// `by_id` shard, never the other way, and never two of either.
+    by_key: Box<[Mutex<ByKey>]>,
+    /// nodeid → inode, for every other request. Lock order: after `by_key`.
+    by_id: Box<[RwLock<ById>]>,
+    next_nodeid: AtomicU64,
+    live: AtomicU64,
+}
+
+fn shard_of(n: u64) -> usize {
+    (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
+}
+
+impl InodeTable {
+    pub fn new(root: Inode) -> InodeTable {
+        let table = InodeTable {
+            by_key: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            by_id: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            next_nodeid: AtomicU64::new(lanefs_fuse::abi::ROOT_ID + 1),
+            live: AtomicU64::new(1),
+        };
+        let root = Arc::new(root);
+        table.key_shard(&root.key).insert(root.key, root.clone());
+        table.by_id[shard_of(root.nodeid)]
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(root.nodeid, root);
+        table
+    }
+
+    fn key_shard(&self, key: &InodeKey) -> MutexGuard<'_, ByKey> {
+        self.by_key[shard_of(key.ino ^ key.dev.rotate_left(32))]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inode the kernel knows for a host object, if any.
+    pub fn find(&self, key: &InodeKey) -> Option<Arc<Inode>> {
+        self.key_shard(key).get(key).cloned()
+    }
+
+    pub fn get(&self, nodeid: u64) -> Option<Arc<Inode>> {
+        self.by_id[shard_of(nodeid)]
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&nodeid)
+            .cloned()
+    }
+
+    /// The kernel learns of `key` once more (lookup, create, readdirplus): the known inode
+    /// with its lookup count raised, or a new one built by `make` from a fresh nodeid. A known
+    /// inode whose host object differs (the host reused the inode number) is replaced; the
+    /// old one stays reachable by nodeid until the kernel forgets it. Returns the inode and
+    /// whether it is new.
+    pub fn remember(
+        &self,
+        key: InodeKey,
+        host: HostRef,
+        make: impl FnOnce(u64, HostRef) -> Inode,
+    ) -> (Arc<Inode>, bool) {
+        let mut by_key = self.key_shard(&key);
+        if let Some(known) = by_key.get(&key)
+            && known.same_host(&host)
+        {
+            known.lookups.fetch_add(1, Ordering::Relaxed);
+            return (known.clone(), false);
+        }
+        let nodeid = self.next_nodeid.fetch_add(1, Ordering::Relaxed);
+        let inode = Arc::new(make(nodeid, host));
+        by_key.insert(key, inode.clone());
+        self.by_id[shard_of(nodeid)]
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(nodeid, inode.clone());
+        self.live.fetch_add(1, Ordering::Relaxed);
+        (inode, true)
+    }
+
+    /// The kernel drops `nlookup` references; at zero the inode leaves the table. Returns
+    /// true when it left.
+    pub fn forget(&self, nodeid: u64, nlookup: u64) -> bool {
+        if nodeid == lanefs_fuse::abi::ROOT_ID {
+            return false;
+        }
+        let Some(inode) = self.get(nodeid) else {
+            return false;
+        };
+        let mut by_key = self.key_shard(&inode.key);
+        let before = inode.lookups.load(Ordering::Relaxed);
+        let after = before.saturating_sub(nlookup);
+        inode.lookups.store(after, Ordering::Relaxed);
+        if after > 0 {
+            return false;
+        }
+        if by_key
+            .get(&inode.key)
+            .is_some_and(|known| Arc::ptr_eq(known, &inode))
+        {
+            by_key.remove(&inode.key);
+        }
+        self.by_id[shard_of(nodeid)]
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&nodeid);
+        self.live.fetch_sub(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Inodes the kernel currently knows, the root included.
+    pub fn live(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fd() -> Arc<OwnedFd> {
+        Arc::new(std::fs::File::open("/dev/null").unwrap().into())
+    }
+
+    fn make(key: InodeKey) -> impl FnOnce(u64, HostRef) -> Inode {
+        move |id, host| Inode::new(id, key, libc::S_IFREG, 0, host, 0)
+    }
+
+    #[test]
+    fn hard_links_share_and_forget_removes_at_zero() {
+        let root_key = InodeKey { dev: 1, ino: 2 };
+        let table = InodeTable::new(Inode::new(
+            1,
+            root_key,
+            libc::S_IFDIR,
+            0,
+            HostRef::Fd(fd()),
+            0,
+        ));
+        let key = InodeKey { dev: 1, ino: 10 };
+        let (a, new_a) = table.remember(key, HostRef::Fd(fd()), make(key));
+        let (b, new_b) = table.remember(key, HostRef::Fd(fd()), make(key));
+        assert!(new_a && !new_b);
+        assert_eq!(a.nodeid, b.nodeid);
+        assert_eq!(table.live(), 2);
+        assert!(!table.forget(a.nodeid, 1));
+        assert!(table.get(a.nodeid).is_some());
+        assert!(table.forget(a.nodeid, 1));
+        assert!(table.get(a.nodeid).is_none());
+        assert_eq!(table.live(), 1);
+        assert!(!table.forget(1, 100), "the root is never forgotten");
+    }
+}

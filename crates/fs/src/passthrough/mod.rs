@@ -1,0 +1,746 @@
+//! The passthrough file system: a host directory (SOURCE) exported as is.
+//!
+//! Module map: `sys` wraps every syscall (all the `unsafe`), `creds` acts as the caller,
+//! `inode` is the sharded inode table, `fdcache` the bounded cache of O_PATH fds reopened from
+//! file handles, `handle` the open files and directories, `gate` the per-inode write gate,
+//! `counters` what `lanefs stats` shows. The operations live by kind: `entries` (names),
+//! `attrs` (attributes, xattrs, statfs), `files` (data), `locks`, `dir`.
+//!
+//! Safety of the export: the kernel hands us nodeids and single names. A name is checked to
+//! be one component (no `/`, `.` or `..`) and resolved with `*at` calls relative to its
+//! parent's fd with symlinks never followed, so no request reaches outside SOURCE; inodes are
+//! reopened from their file handles, never from paths.
+
+mod attrs;
+mod counters;
+mod creds;
+mod dir;
+mod entries;
+mod fdcache;
+mod files;
+mod gate;
+mod handle;
+mod inode;
+mod locks;
+mod sys;
+
+use std::ffi::{CStr, OsStr};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use lanefs_fuse::abi::{self, init_flags};
+use lanefs_fuse::{Connection, Filesystem, InitRequest, Reply, Request};
+
+use counters::Counters;
+use creds::Credentials;
+use fdcache::FdCache;
+use handle::{HandleTable, OpenDir, OpenFile};
+use inode::{HostRef, Inode, InodeKey, InodeTable};
+use locks::LockTable;
+use sys::{Errno, SysResult};
+
+/// Options of the passthrough file system (`lanefs mount SOURCE MOUNTPOINT ...`).
+#[derive(Debug, Clone)]
+pub struct PassthroughOptions {
+    pub source: PathBuf,
+    /// Every open bypasses the page cache (FOPEN_DIRECT_IO), as O_DIRECT opens always do.
+    pub direct_io: bool,
+    /// Kernel passthrough (FOPEN_PASSTHROUGH) for page-cache opens of regular files, as root.
+    pub passthrough: bool,
+    /// Direct writes that do not extend a file run in parallel (seed 000).
+    pub parallel_writes: bool,
+    pub attr_timeout: Duration,
+    pub entry_timeout: Duration,
+    /// At most this many O_PATH fds are kept open for known inodes.
+    pub fd_cache: usize,
+    /// Negotiate FUSE_HANDLE_KILLPRIV_V2: we strip set-user-id bits ourselves, which spares
+    /// the kernel a GETXATTR(security.capability) round trip per write.
+    pub killpriv_v2: bool,
+    /// Know inodes by file handle; off keeps an O_PATH fd per known inode.
+    pub file_handles: bool,
+}
+
+impl PassthroughOptions {
+    pub fn new(source: PathBuf) -> Self {
+        PassthroughOptions {
+            source,
+            direct_io: false,
+            passthrough: true,
+            parallel_writes: true,
+            attr_timeout: Duration::from_secs(1),
+            entry_timeout: Duration::from_secs(1),
+            fd_cache: 4096,
+            killpriv_v2: true,
+            file_handles: true,
+        }
+    }
+}
+
+/// What INIT settled that changes how we answer.
+#[derive(Debug, Clone, Copy)]
+struct Negotiated {
+    session_fd: i32,
+    passthrough: bool,
+    killpriv_v2: bool,
+    /// Modes arrive without the caller's umask, which comes beside them (DONT_MASK).
+    dont_mask: bool,
+}
+
+pub struct PassthroughFs {
+    opts: PassthroughOptions,
+    creds: Credentials,
+    inodes: InodeTable,
+    fds: FdCache,
+    files: HandleTable<OpenFile>,
+    dirs: HandleTable<OpenDir>,
+    locks: LockTable,
+    counters: Counters,
+    negotiated: OnceLock<Negotiated>,
+    /// Set when a backing open failed in a way every later one would (no CAP_SYS_ADMIN, stack
+    /// too deep): later opens do not try.
+    passthrough_broken: AtomicBool,
+    /// A host file system without file handles was met (the warning is logged once).
+    handles_missing: AtomicBool,
+    /// SOURCE opened for reading: the mount fd of the inodes on SOURCE's own mount.
+    root_mount: Arc<OwnedFd>,
+    /// Passthrough stacking depth to ask for: 2 when SOURCE is itself on FUSE or overlayfs.
+    stack_depth: u32,
+}
+
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+
+impl PassthroughFs {
+    /// Opens SOURCE; fails with a sentence when it is missing or not a directory.
+    pub fn new(mut opts: PassthroughOptions) -> io::Result<PassthroughFs> {
+        let shown = opts.source.display().to_string();
+        let fail = |what: &str, errno: Errno| {
+            io::Error::new(
+                io::Error::from_raw_os_error(errno).kind(),
+                format!("{what} {shown}: {}", io::Error::from_raw_os_error(errno)),
+            )
+        };
+        let not_a_directory = || {
+            io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("source {shown} is not a directory"),
+            )
+        };
+        let path = std::ffi::CString::new(opts.source.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in SOURCE"))?;
+        // SOURCE itself is the user's path: symlinks in it are followed (only here).
+        let root_fd = sys::open_source(&path).map_err(|e| match e {
+            libc::ENOTDIR => not_a_directory(),
+            _ => fail("cannot open source directory", e),
+        })?;
+        let st = sys::fstat(&root_fd).map_err(|e| fail("cannot stat", e))?;
+        let root_mount = sys::reopen(&root_fd, libc::O_RDONLY | libc::O_DIRECTORY)
+            .map_err(|e| fail("cannot open source directory", e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(not_a_directory());
+        }
+        let fs_type = sys::fstatfs(&root_fd).map_or(0, |s| s.f_type);
+        let stack_depth = if fs_type == FUSE_SUPER_MAGIC || fs_type == OVERLAYFS_SUPER_MAGIC {
+            2
+        } else {
+            1
+        };
+        // The fd cache takes at most half the open-file limit: the rest is for open files,
+        // the queues and the kernel's lock and backing needs.
+        let fd_limit = sys::raise_open_file_limit();
+        let fd_cache_max = usize::try_from(fd_limit / 2).unwrap_or(usize::MAX);
+        if opts.fd_cache > fd_cache_max {
+            tracing::warn!(
+                "--fd-cache {} is more than half the open-file limit ({fd_limit}): using {}",
+                opts.fd_cache,
+                fd_cache_max
+            );
+            opts.fd_cache = fd_cache_max;
+        }
+        let handles_missing = AtomicBool::new(false);
+        let mut mount_id = -1;
+        if opts.file_handles {
+            // Reopening by handle needs CAP_DAC_READ_SEARCH as well as host support: try both.
+            let reopened = sys::handle_of(&root_fd).and_then(|(handle, id)| {
+                sys::open_by_handle(&root_mount, &handle, libc::O_PATH).map(|_| id)
+            });
+            match reopened {
+                Ok(id) => mount_id = id,
+                Err(e) => {
+                    warn_no_handles(&shown, e);
+                    handles_missing.store(true, Ordering::Relaxed);
+                    opts.file_handles = false;
+                }
+            }
+        } else {
+            tracing::info!("--no-file-handles: keeping an O_PATH fd per known inode");
+        }
+        let root = Inode::new(
+            abi::ROOT_ID,
+            InodeKey {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            },
+            libc::S_IFDIR,
+            mount_id,
+            HostRef::Fd(Arc::new(root_fd)),
+            0,
+        );
+        Ok(PassthroughFs {
+            fds: FdCache::new(opts.fd_cache),
+            opts,
+            creds: Credentials::of_this_process(),
+            inodes: InodeTable::new(root),
+            files: HandleTable::new(),
+            dirs: HandleTable::new(),
+            locks: LockTable::new(),
+            counters: Counters::default(),
+            negotiated: OnceLock::new(),
+            passthrough_broken: AtomicBool::new(false),
+            handles_missing,
+            root_mount: Arc::new(root_mount),
+            stack_depth,
+        })
+    }
+
+    fn inode(&self, nodeid: u64) -> SysResult<Arc<Inode>> {
+        // The kernel only names nodeids we gave it and has not forgotten.
+        self.inodes.get(nodeid).ok_or(libc::ESTALE)
+    }
+
+    /// An O_PATH fd of the inode: its own, or one from the fd cache.
+    fn path_fd(&self, inode: &Inode) -> SysResult<Arc<OwnedFd>> {
+        match &inode.host {
+            HostRef::Fd(fd) => Ok(fd.clone()),
+            HostRef::Handle { handle, mount } => self.fds.get_or_open(inode.nodeid, || {
+                sys::open_by_handle(mount, handle, libc::O_PATH | libc::O_NOFOLLOW)
+            }),
+        }
+    }
+
+    /// A new fd of the inode opened with `flags` (for an open file, a truncate, a listing).
+    fn open_inode(&self, inode: &Inode, flags: i32) -> SysResult<OwnedFd> {
+        match &inode.host {
+            HostRef::Fd(fd) => sys::reopen(fd, flags),
+            HostRef::Handle { handle, mount } => sys::open_by_handle(mount, handle, flags),
+        }
+    }
+
+    fn negotiated(&self) -> Option<Negotiated> {
+        self.negotiated.get().copied()
+    }
+
+    fn killpriv_v2(&self) -> bool {
+        self.negotiated().is_some_and(|n| n.killpriv_v2)
+    }
+
+    fn attr(st: &libc::stat) -> abi::Attr {
+        abi::Attr {
+            ino: st.st_ino,
+            size: st.st_size as u64,
+            blocks: st.st_blocks as u64,
+            atime: st.st_atime as u64,
+            mtime: st.st_mtime as u64,
+            ctime: st.st_ctime as u64,
+            atimensec: st.st_atime_nsec as u32,
+            mtimensec: st.st_mtime_nsec as u32,
+            ctimensec: st.st_ctime_nsec as u32,
+            mode: st.st_mode,
+            nlink: st.st_nlink as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            rdev: encode_dev(st.st_rdev),
+            blksize: st.st_blksize as u32,
+            flags: 0,
+        }
+    }
+
+    /// The attributes answer for `inode`. A set-ID file with passthrough writers that lose
+    /// the bits on the host is answered uncacheable: the kernel does not refetch the mode
+    /// after a passthrough write, and a cached mode would show bits already gone.
+    fn attr_out(&self, inode: &Inode, st: &libc::stat) -> abi::AttrOut {
+        let volatile_mode = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
+            && inode.open_state().backing.is_some_and(|b| !b.keeps_set_id);
+        let timeout = if volatile_mode {
+            Duration::ZERO
+        } else {
+            self.opts.attr_timeout
+        };
+        let (secs, nsecs) = split(timeout);
+        abi::AttrOut {
+            attr_valid: secs,
+            attr_valid_nsec: nsecs,
+            dummy: 0,
+            attr: Self::attr(st),
+        }
+    }
+
+    fn entry_out(&self, nodeid: u64, st: &libc::stat) -> abi::EntryOut {
+        let (entry_secs, entry_nsecs) = split(self.opts.entry_timeout);
+        let (attr_secs, attr_nsecs) = split(self.opts.attr_timeout);
+        abi::EntryOut {
+            nodeid,
+            generation: 0,
+            entry_valid: entry_secs,
+            attr_valid: attr_secs,
+            entry_valid_nsec: entry_nsecs,
+            attr_valid_nsec: attr_nsecs,
+            attr: Self::attr(st),
+        }
+    }
+
+    /// Makes the host object `found` refers to (with stat `st`, a child of `parent`) known
+    /// to the kernel: finds or adds its inode and counts one lookup. `keep_fd` makes the
+    /// inode keep an O_PATH fd instead of a file handle.
+    fn register(
+        &self,
+        parent: &Inode,
+        found: Found<'_>,
+        keep_fd: bool,
+        st: &libc::stat,
+    ) -> SysResult<Arc<Inode>> {
+        let key = InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        };
+        let kind = st.st_mode & libc::S_IFMT;
+        let mut mount_id = -1;
+        let mut seed = None;
+        let handle = if keep_fd {
+            None
+        } else {
+            self.handle_for(found.fd(), &mut mount_id)?
+        };
+        let host = match handle {
+            Some(handle) => {
+                let mount = if mount_id == parent.mount_id {
+                    parent.mount_fd().unwrap_or(&self.root_mount).clone()
+                } else {
+                    // The first inode met on another mount lends it its mount fd.
+                    Arc::new(sys::reopen(found.fd(), libc::O_RDONLY | libc::O_NONBLOCK)?)
+                };
+                if let Found::Path(fd) = found {
+                    seed = Some(Arc::new(fd));
+                }
+                HostRef::Handle { handle, mount }
+            }
+            None => HostRef::Fd(Arc::new(match found {
+                Found::Path(fd) => fd,
+                Found::Open(fd) => sys::reopen(fd, libc::O_PATH)?,
+            })),
+        };
+        let (inode, new) = self.inodes.remember(key, host, |nodeid, host| {
+            Inode::new(nodeid, key, kind, mount_id, host, st.st_size as u64)
+        });
+        if !new && inode.is_regular() {
+            inode.gate.set_size(st.st_size as u64);
+        }
+        if let Some(fd) = seed
+            && matches!(inode.host, HostRef::Handle { .. })
+        {
+            self.fds.insert(inode.nodeid, fd);
+        }
+        Ok(inode)
+    }
+
+    /// The file handle of `fd`, or None when we keep fds instead (no handle support).
+    fn handle_for(&self, fd: &OwnedFd, mount_id: &mut i32) -> SysResult<Option<sys::FileHandle>> {
+        if !self.opts.file_handles {
+            return Ok(None);
+        }
+        match sys::handle_of(fd) {
+            Ok((handle, id)) => {
+                *mount_id = id;
+                Ok(Some(handle))
+            }
+            Err(e @ (libc::EOPNOTSUPP | libc::ENOSYS)) => {
+                if !self.handles_missing.swap(true, Ordering::Relaxed) {
+                    warn_no_handles(&self.opts.source.display().to_string(), e);
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Looks `name` up in `parent` on the host and makes it known: the entry answer.
+    fn lookup_child(&self, parent: &Arc<Inode>, name: &CStr) -> SysResult<abi::EntryOut> {
+        let dir = self.path_fd(parent)?;
+        let fd = sys::openat(&dir, name, libc::O_PATH, 0)?;
+        let st = sys::fstat(&fd)?;
+        let inode = self.register(parent, Found::Path(fd), false, &st)?;
+        if inode.is_symlink() {
+            inode.set_link_name(parent.clone(), name.to_owned());
+        }
+        Ok(self.entry_out(inode.nodeid, &st))
+    }
+
+    /// Undoes the lookup count of an entry the kernel will not learn of (a create whose open
+    /// failed after the file was made known).
+    fn unregister(&self, nodeid: u64) {
+        if self.inodes.forget(nodeid, 1) {
+            self.fds.remove(nodeid);
+        }
+    }
+}
+
+/// How `register` got hold of a host object.
+enum Found<'a> {
+    /// An O_PATH fd of it: cached (or kept) for later path operations.
+    Path(OwnedFd),
+    /// An fd opened for I/O (a create's): used for its handle only.
+    Open(&'a OwnedFd),
+}
+
+impl Found<'_> {
+    fn fd(&self) -> &OwnedFd {
+        match self {
+            Found::Path(fd) => fd,
+            Found::Open(fd) => fd,
+        }
+    }
+}
+
+fn warn_no_handles(source: &str, errno: Errno) {
+    tracing::warn!(
+        "cannot use file handles under {source} ({}; they need host support and \
+         CAP_DAC_READ_SEARCH): keeping an O_PATH fd per known inode instead, so a walk of \
+         many files can hit the open-file limit",
+        io::Error::from_raw_os_error(errno)
+    );
+}
+
+fn split(d: Duration) -> (u64, u32) {
+    (d.as_secs(), d.subsec_nanos())
+}
+
+/// The kernel's `new_encode_dev`: the 32-bit device number FUSE carries.
+fn encode_dev(dev: libc::dev_t) -> u32 {
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+/// The kernel's `new_decode_dev`.
+fn decode_dev(dev: u32) -> libc::dev_t {
+    let major = (dev & 0xfff00) >> 8;
+    let minor = (dev & 0xff) | ((dev >> 12) & 0xfff00);
+    libc::makedev(major, minor)
+}
+
+/// Answers with `result`'s error, or lets `ok` answer.
+fn answer<T>(reply: Reply, result: SysResult<T>, ok: impl FnOnce(Reply, T)) {
+    match result {
+        Ok(value) => ok(reply, value),
+        Err(errno) => reply.error(errno),
+    }
+}
+
+impl Filesystem for PassthroughFs {
+    fn init(&self, offered: u64) -> InitRequest {
+        let mut want = init_flags::DO_READDIRPLUS
+            | init_flags::READDIRPLUS_AUTO
+            | init_flags::POSIX_LOCKS
+            | init_flags::FLOCK_LOCKS
+            | init_flags::ATOMIC_O_TRUNC
+            | init_flags::CACHE_SYMLINKS
+            | init_flags::AUTO_INVAL_DATA
+            // The kernel checks permissions with the host's ACLs (fetched through
+            // getxattr and cached), the host applies default ACLs and the caller's umask
+            // (DONT_MASK), and setting an access ACL tells us to drop set-group-ID
+            // (SETXATTR_EXT's flags).
+            | init_flags::POSIX_ACL
+            | init_flags::DONT_MASK
+            | init_flags::SETXATTR_EXT;
+        if self.opts.killpriv_v2 {
+            want |= init_flags::HANDLE_KILLPRIV_V2;
+        }
+        if self.opts.passthrough && self.creds.can_switch {
+            want |= init_flags::PASSTHROUGH;
+        }
+        if self.opts.passthrough && offered & init_flags::PASSTHROUGH == 0 {
+            tracing::info!("the kernel does not offer FUSE passthrough; serving all I/O");
+        }
+        InitRequest {
+            want,
+            max_stack_depth: self.stack_depth,
+        }
+    }
+
+    fn connected(&self, conn: &Connection) {
+        let _ = self.negotiated.set(Negotiated {
+            session_fd: conn.session_fd,
+            passthrough: conn.flags & init_flags::PASSTHROUGH != 0,
+            killpriv_v2: conn.flags & init_flags::HANDLE_KILLPRIV_V2 != 0,
+            dont_mask: conn.flags & init_flags::DONT_MASK != 0,
+        });
+    }
+
+    fn counters(&self) -> Vec<(String, u64)> {
+        let fds = self.fds.counts();
+        let c = &self.counters;
+        [
+            ("getxattr", Counters::get(&c.getxattr)),
+            ("inodes", self.inodes.live()),
+            ("fd_cache_fds", fds.cached),
+            ("fd_cache_hits", fds.hits),
+            ("fd_cache_misses", fds.misses),
+            ("fd_cache_evictions", fds.evictions),
+            ("backing_ids_live", Counters::get(&c.backing_live)),
+            ("backing_ids_opened", Counters::get(&c.backing_opened)),
+            (
+                "passthrough_declined",
+                Counters::get(&c.passthrough_declined),
+            ),
+            ("kill_suidgid", Counters::get(&c.kill_suidgid)),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect()
+    }
+
+    fn interrupt(&self, unique: u64) {
+        self.locks.interrupt(unique)
+    }
+
+    fn lookup(&self, _req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+        match self.do_lookup(parent, name) {
+            Ok(entry) => reply.entry(&entry),
+            // A negative entry: the kernel remembers the name is absent for entry_timeout.
+            Err(libc::ENOENT) if !self.opts.entry_timeout.is_zero() => {
+                let (secs, nsecs) = split(self.opts.entry_timeout);
+                reply.entry(&abi::EntryOut {
+                    entry_valid: secs,
+                    entry_valid_nsec: nsecs,
+                    ..Default::default()
+                })
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, ino: u64, nlookup: u64) {
+        if self.inodes.forget(ino, nlookup) {
+            self.fds.remove(ino);
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: u64, fh: Option<u64>, reply: Reply) {
+        answer(reply, self.do_getattr(ino, fh), |r, a| r.attr(&a))
+    }
+
+    fn setattr(&self, req: &Request, ino: u64, arg: &abi::SetattrIn, reply: Reply) {
+        answer(reply, self.do_setattr(req, ino, arg), |r, a| r.attr(&a))
+    }
+
+    fn readlink(&self, _req: &Request, ino: u64, reply: Reply) {
+        answer(reply, self.do_readlink(ino), |r, t| r.data(&t))
+    }
+
+    fn symlink(&self, req: &Request, parent: u64, name: &OsStr, target: &OsStr, reply: Reply) {
+        answer(reply, self.do_symlink(req, parent, name, target), |r, e| {
+            r.entry(&e)
+        })
+    }
+
+    fn mknod(&self, req: &Request, parent: u64, name: &OsStr, arg: &abi::MknodIn, reply: Reply) {
+        answer(reply, self.do_mknod(req, parent, name, arg), |r, e| {
+            r.entry(&e)
+        })
+    }
+
+    fn mkdir(&self, req: &Request, parent: u64, name: &OsStr, arg: &abi::MkdirIn, reply: Reply) {
+        answer(reply, self.do_mkdir(req, parent, name, arg), |r, e| {
+            r.entry(&e)
+        })
+    }
+
+    fn unlink(&self, _req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+        answer(reply, self.do_remove(parent, name, 0), |r, ()| r.ok())
+    }
+
+    fn rmdir(&self, _req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+        answer(
+            reply,
+            self.do_remove(parent, name, libc::AT_REMOVEDIR),
+            |r, ()| r.ok(),
+        )
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: Reply,
+    ) {
+        answer(
+            reply,
+            self.do_rename(parent, name, newparent, newname, flags),
+            |r, ()| r.ok(),
+        )
+    }
+
+    fn link(&self, _req: &Request, ino: u64, newparent: u64, newname: &OsStr, reply: Reply) {
+        answer(reply, self.do_link(ino, newparent, newname), |r, e| {
+            r.entry(&e)
+        })
+    }
+
+    fn open(&self, req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
+        answer(reply, self.do_open(req, ino, arg), |r, o| r.open(&o))
+    }
+
+    fn read(&self, _req: &Request, ino: u64, arg: &abi::ReadIn, reply: Reply) {
+        self.do_read(ino, arg, reply)
+    }
+
+    fn write(&self, req: &Request, _ino: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply) {
+        answer(reply, self.do_write(req, arg, data), |r, n| r.written(n))
+    }
+
+    fn flush(&self, _req: &Request, ino: u64, arg: &abi::FlushIn, reply: Reply) {
+        // close(2) drops the closing process's POSIX locks; nothing else to do, as writes
+        // are already on the host.
+        self.locks.release_owner(ino, arg.lock_owner);
+        reply.ok()
+    }
+
+    fn release(&self, _req: &Request, _ino: u64, arg: &abi::ReleaseIn, reply: Reply) {
+        self.do_release(arg);
+        reply.ok()
+    }
+
+    fn fsync(&self, _req: &Request, _ino: u64, arg: &abi::FsyncIn, reply: Reply) {
+        answer(reply, self.do_fsync(arg), |r, ()| r.ok())
+    }
+
+    fn opendir(&self, _req: &Request, ino: u64, _arg: &abi::OpenIn, reply: Reply) {
+        answer(reply, self.do_opendir(ino), |r, o| r.open(&o))
+    }
+
+    fn readdir(&self, _req: &Request, _ino: u64, arg: &abi::ReadIn, plus: bool, reply: Reply) {
+        answer(reply, self.do_readdir(arg, plus), |r, buf| {
+            r.data(buf.as_bytes())
+        })
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: u64, arg: &abi::ReleaseIn, reply: Reply) {
+        self.dirs.remove(arg.fh);
+        reply.ok()
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: u64, arg: &abi::FsyncIn, reply: Reply) {
+        answer(reply, self.do_fsyncdir(arg), |r, ()| r.ok())
+    }
+
+    fn statfs(&self, _req: &Request, ino: u64, reply: Reply) {
+        answer(reply, self.do_statfs(ino), |r, s| r.statfs(&s))
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: u32,
+        setxattr_flags: u32,
+        reply: Reply,
+    ) {
+        answer(
+            reply,
+            self.do_setxattr(ino, name, value, flags, setxattr_flags),
+            |r, ()| r.ok(),
+        )
+    }
+
+    fn getxattr(&self, _req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {
+        Counters::bump(&self.counters.getxattr);
+        tracing::trace!(ino, ?name, size, "getxattr");
+        self.do_getxattr(ino, name, size, reply)
+    }
+
+    fn listxattr(&self, _req: &Request, ino: u64, size: u32, reply: Reply) {
+        self.do_listxattr(ino, size, reply)
+    }
+
+    fn removexattr(&self, _req: &Request, ino: u64, name: &OsStr, reply: Reply) {
+        answer(reply, self.do_removexattr(ino, name), |r, ()| r.ok())
+    }
+
+    fn access(&self, _req: &Request, ino: u64, mask: u32, reply: Reply) {
+        answer(reply, self.do_access(ino, mask), |r, ()| r.ok())
+    }
+
+    fn create(&self, req: &Request, parent: u64, name: &OsStr, arg: &abi::CreateIn, reply: Reply) {
+        answer(
+            reply,
+            self.do_create(req, parent, name, arg),
+            |r, (e, o)| r.create(&e, &o),
+        )
+    }
+
+    fn tmpfile(&self, req: &Request, parent: u64, arg: &abi::CreateIn, reply: Reply) {
+        answer(reply, self.do_tmpfile(req, parent, arg), |r, (e, o)| {
+            r.create(&e, &o)
+        })
+    }
+
+    fn getlk(&self, _req: &Request, ino: u64, arg: &abi::LkIn, reply: Reply) {
+        answer(reply, self.do_getlk(ino, arg), |r, lk| r.lock(&lk))
+    }
+
+    fn setlk(&self, req: &Request, ino: u64, arg: &abi::LkIn, sleep: bool, reply: Reply) {
+        self.do_setlk(req, ino, arg, sleep, reply)
+    }
+
+    fn fallocate(&self, _req: &Request, _ino: u64, arg: &abi::FallocateIn, reply: Reply) {
+        answer(reply, self.do_fallocate(arg), |r, ()| r.ok())
+    }
+
+    fn lseek(&self, _req: &Request, _ino: u64, arg: &abi::LseekIn, reply: Reply) {
+        answer(reply, self.do_lseek(arg), |r, off| r.lseek(off))
+    }
+
+    fn copy_file_range(&self, _req: &Request, _ino: u64, arg: &abi::CopyFileRangeIn, reply: Reply) {
+        answer(reply, self.do_copy_file_range(arg), |r, n| r.copied(n))
+    }
+
+    fn syncfs(&self, _req: &Request, ino: u64, reply: Reply) {
+        answer(reply, self.do_syncfs(ino), |r, ()| r.ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_numbers_round_trip_the_kernel_encoding() {
+        for (major, minor) in [(0, 0), (1, 3), (8, 17), (259, 65536), (4095, 1 << 19)] {
+            let dev = libc::makedev(major, minor);
+            assert_eq!(decode_dev(encode_dev(dev)), dev, "{major}:{minor}");
+        }
+        assert_eq!(encode_dev(libc::makedev(1, 3)), 0x103);
+    }
+
+    #[test]
+    fn a_missing_or_file_source_is_refused_with_its_path() {
+        let err = PassthroughFs::new(PassthroughOptions::new("/nonexistent/lanefs".into()))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("/nonexistent/lanefs"), "{err}");
+        let err = PassthroughFs::new(PassthroughOptions::new("/etc/hostname".into()))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+}
