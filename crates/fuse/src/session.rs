@@ -169,6 +169,7 @@ pub fn negotiate(
         flags,
         max_write,
         session_fd: -1,
+        per_cpu_queues: false,
     };
     Ok((out, conn))
 }
@@ -236,12 +237,13 @@ pub fn run<F: Filesystem>(
         }),
         stats: stats::QueueStats::new(0, None, None),
     });
-    let conn =
+    let mut conn =
         answer_init(&*fs, &session_fd, &init_queue, opts, want_uring).map_err(unmount_on_error)?;
     let wire = WireFormat {
         setxattr_ext: conn.flags & init_flags::SETXATTR_EXT != 0,
     };
     let over_uring = conn.flags & init_flags::OVER_IO_URING != 0;
+    conn.per_cpu_queues = over_uring;
     // Why /dev/fuse serves although io_uring was not refused: said in the mount line.
     let dev_note = match opts.transport {
         Transport::Dev => None,

@@ -25,7 +25,8 @@
 //! Head-of-line blocking: handlers run inline on the worker, as on /dev/fuse. While one
 //! handler blocks, the other requests of that ring wait (requests on other CPUs do not). A
 //! file system that may block (on a disk, a network) should keep the `Reply` and answer from
-//! its own thread: the entry stays with the request and the worker goes on serving.
+//! its own thread: the entry stays with the request and the worker goes on serving
+//! (`Connection::per_cpu_queues` tells a file system it runs over rings).
 
 use std::cell::{RefCell, UnsafeCell};
 use std::io::{self, IoSlice};
@@ -667,6 +668,7 @@ mod tests {
             flags,
             max_write,
             session_fd: -1,
+            per_cpu_queues: true,
         }
     }
 

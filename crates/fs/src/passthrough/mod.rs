@@ -30,7 +30,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lanefs_fuse::abi::{self, init_flags};
@@ -89,9 +89,24 @@ struct Negotiated {
     killpriv_v2: bool,
     /// Modes arrive without the caller's umask, which comes beside them (DONT_MASK).
     dont_mask: bool,
+    /// Each CPU's requests wait for one worker (io_uring): slow requests go off the queue.
+    per_cpu_queues: bool,
 }
 
-pub struct PassthroughFs {
+/// The passthrough file system: a handle on its state, cloned into the threads that answer
+/// requests off their queue (see [`PassthroughFs::off_queue`]).
+#[derive(Clone)]
+pub struct PassthroughFs(Arc<State>);
+
+impl std::ops::Deref for PassthroughFs {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0
+    }
+}
+
+pub struct State {
     opts: PassthroughOptions,
     creds: Credentials,
     inodes: InodeTable,
@@ -111,6 +126,9 @@ pub struct PassthroughFs {
     /// Passthrough stacking depth to ask for: 2 when SOURCE is itself on FUSE or overlayfs.
     stack_depth: u32,
 }
+
+/// Stack of a thread answering one slow request: the handlers keep their buffers on the heap.
+const OFF_QUEUE_STACK_BYTES: usize = 256 << 10;
 
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
@@ -191,7 +209,7 @@ impl PassthroughFs {
             HostRef::Fd(Arc::new(root_fd)),
             0,
         );
-        Ok(PassthroughFs {
+        Ok(PassthroughFs(Arc::new(State {
             fds: FdCache::new(opts.fd_cache),
             opts,
             creds: Credentials::of_this_process(),
@@ -205,7 +223,40 @@ impl PassthroughFs {
             handles_missing,
             root_mount: Arc::new(root_mount),
             stack_depth,
-        })
+        })))
+    }
+
+    /// Whether a request that may hold its worker for long should be answered from a thread
+    /// of its own: only where each CPU's requests wait for one worker (io_uring), so that a
+    /// truncate of a large file or an open stuck on a lease break does not make the stat
+    /// and lseek calls of that CPU's other callers wait (seed 002's guarantee).
+    fn off_queue(&self) -> bool {
+        self.negotiated().is_some_and(|n| n.per_cpu_queues)
+    }
+
+    /// Runs `job` (which answers its request) on a short-lived thread; inline if no thread
+    /// can be started, which only costs the queue the wait this avoids.
+    fn answer_off_queue(&self, job: impl FnOnce() + Send + 'static) {
+        let slot = Arc::new(Mutex::new(Some(job)));
+        let spawned = std::thread::Builder::new()
+            .name("lanefs-slow-op".into())
+            .stack_size(OFF_QUEUE_STACK_BYTES)
+            .spawn({
+                let slot = slot.clone();
+                move || {
+                    let job = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(job) = job {
+                        job();
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a thread for a slow request ({e}): serving it inline");
+            let job = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(job) = job {
+                job();
+            }
+        }
     }
 
     fn inode(&self, nodeid: u64) -> SysResult<Arc<Inode>> {
@@ -477,6 +528,7 @@ impl Filesystem for PassthroughFs {
             passthrough: conn.flags & init_flags::PASSTHROUGH != 0,
             killpriv_v2: conn.flags & init_flags::HANDLE_KILLPRIV_V2 != 0,
             dont_mask: conn.flags & init_flags::DONT_MASK != 0,
+            per_cpu_queues: conn.per_cpu_queues,
         });
     }
 
@@ -534,6 +586,12 @@ impl Filesystem for PassthroughFs {
     }
 
     fn setattr(&self, req: &Request, ino: u64, arg: &abi::SetattrIn, reply: Reply) {
+        if arg.valid & abi::fattr::SIZE != 0 && self.off_queue() {
+            let (fs, req, arg) = (self.clone(), *req, *arg);
+            return self.answer_off_queue(move || {
+                answer(reply, fs.do_setattr(&req, ino, &arg), |r, a| r.attr(&a))
+            });
+        }
         answer(reply, self.do_setattr(req, ino, arg), |r, a| r.attr(&a))
     }
 
@@ -595,6 +653,12 @@ impl Filesystem for PassthroughFs {
     }
 
     fn open(&self, req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
+        if arg.flags as i32 & libc::O_TRUNC != 0 && self.off_queue() {
+            let (fs, req, arg) = (self.clone(), *req, *arg);
+            return self.answer_off_queue(move || {
+                answer(reply, fs.do_open(&req, ino, &arg), |r, o| r.open(&o))
+            });
+        }
         answer(reply, self.do_open(req, ino, arg), |r, o| r.open(&o))
     }
 
@@ -703,6 +767,11 @@ impl Filesystem for PassthroughFs {
     }
 
     fn fallocate(&self, _req: &Request, _ino: u64, arg: &abi::FallocateIn, reply: Reply) {
+        if self.off_queue() {
+            let (fs, arg) = (self.clone(), *arg);
+            return self
+                .answer_off_queue(move || answer(reply, fs.do_fallocate(&arg), |r, ()| r.ok()));
+        }
         answer(reply, self.do_fallocate(arg), |r, ()| r.ok())
     }
 
