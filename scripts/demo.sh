@@ -10,7 +10,25 @@ install -m 755 target/release/lanefs /usr/local/bin/lanefs
 
 run() { echo "+ $*"; "$@"; }
 mnt=$(mktemp -d /tmp/lanefs-demo.XXXXXX)
-trap 'lanefs umount --lazy "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true' EXIT
+src=$(mktemp -d /tmp/lanefs-demo-src.XXXXXX)
+trap 'lanefs umount --lazy "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true
+      rm -rf "$src"' EXIT
+
+echo "== passthrough: a host directory, exported as is"
+run lanefs mount --daemon "$src" "$mnt"
+run mkdir -p "$mnt/project/src"
+run sh -c "printf 'int main(void) { return 0; }\n' > '$mnt/project/src/main.c'"
+run ln -s src/main.c "$mnt/project/main-link.c"
+run git -C "$mnt/project" init -q
+run git -C "$mnt/project" add -A
+run git -C "$mnt/project" -c user.name=demo -c user.email=demo@example.com commit -qm first
+run git -C "$mnt/project" log --oneline
+run ls -lR "$src/project" --ignore=.git
+run fio --name=randwrite --directory="$mnt" --rw=randwrite --bs=4k --ioengine=psync \
+  --numjobs=2 --size=64M --runtime=3 --time_based --group_reporting \
+  | grep -E '^ *(read|write):'
+run lanefs stats "$mnt"
+run lanefs umount "$mnt"
 
 echo "== the null file system: the engine's overhead probe"
 run lanefs mount --daemon null: "$mnt"
