@@ -125,7 +125,7 @@ pub fn markdown(results: &BenchResults) -> String {
         let _ = writeln!(s, "## {}: {}\n", suite.name, suite.title);
         let _ = writeln!(s, "{}\n", suite.seed);
         if !suite.aims.is_empty() {
-            let _ = writeln!(s, "**Aims (issue 2)**, from the medians:\n");
+            let _ = writeln!(s, "**Aims** (the issues' targets), from the medians:\n");
             for a in &suite.aims {
                 let _ = writeln!(s, "- {a}");
             }
