@@ -345,33 +345,14 @@ fn scopeguard(path: &std::path::Path) -> impl Drop + '_ {
 
 #[test]
 fn a_regular_user_mounts_through_fusermount3() {
-    use std::os::unix::fs::PermissionsExt;
     if Command::new("setpriv").arg("--version").output().is_err()
         || Command::new("fusermount3").arg("-V").output().is_err()
     {
         eprintln!("setpriv or fusermount3 missing: skipping");
         return;
     }
-    // Some VMs create /dev/fuse 0600; Debian's udev makes it 0666. Open it up for this test.
-    let original = std::fs::metadata("/dev/fuse").unwrap().permissions();
-    struct Restore(std::fs::Permissions);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let _ = std::fs::set_permissions("/dev/fuse", self.0.clone());
-        }
-    }
-    let _restore = Restore(original.clone());
-    std::fs::set_permissions(
-        "/dev/fuse",
-        std::fs::Permissions::from_mode(original.mode() | 0o666),
-    )
-    .unwrap();
-
-    let dir = TempDir::new("user");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    // The test binary's directory may not be reachable by nobody: use a copy.
-    let bin = dir.path().join("lanefs");
-    std::fs::copy(common::lanefs(), &bin).unwrap();
+    let kit = common::UserMountKit::new("user");
+    let (dir, bin) = (&kit.dir, &kit.bin);
     let mountpoint = dir.path().join("mnt");
     std::fs::create_dir(&mountpoint).unwrap();
     Command::new("chown")
@@ -388,7 +369,7 @@ fn a_regular_user_mounts_through_fusermount3() {
                 "env",
                 "XDG_RUNTIME_DIR=",
             ])
-            .arg(&bin)
+            .arg(bin)
             .args(args)
             .output()
             .unwrap()

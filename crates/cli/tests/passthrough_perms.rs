@@ -322,29 +322,12 @@ fn writes_do_not_cost_a_getxattr_each() {
 /// behaves, and what it creates is theirs on the host.
 #[test]
 fn a_regular_user_mounts_a_passthrough_of_their_own_dir() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::MetadataExt;
     if Command::new("fusermount3").arg("-V").output().is_err() {
         panic!("fusermount3 is required (apt-get install fuse3)");
     }
-    // Some VMs create /dev/fuse 0600; Debian's udev makes it 0666. Open it up for this test.
-    let original = std::fs::metadata("/dev/fuse").unwrap().permissions();
-    struct Restore(std::fs::Permissions);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let _ = std::fs::set_permissions("/dev/fuse", self.0.clone());
-        }
-    }
-    let _restore = Restore(original.clone());
-    std::fs::set_permissions(
-        "/dev/fuse",
-        std::fs::Permissions::from_mode(original.mode() | 0o666),
-    )
-    .unwrap();
-    let dir = TempDir::new("user-pt");
-    sys::chmod(dir.path(), 0o755).unwrap();
-    // The test binary's directory may not be reachable by nobody: use a copy.
-    let bin = dir.path().join("lanefs");
-    std::fs::copy(common::lanefs(), &bin).unwrap();
+    let kit = common::UserMountKit::new("user-pt");
+    let (dir, bin) = (&kit.dir, &kit.bin);
     let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
     for d in [&src, &mnt] {
         std::fs::create_dir(d).unwrap();

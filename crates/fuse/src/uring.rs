@@ -586,14 +586,7 @@ fn serve_entry<F: Filesystem>(
             payload_len,
             "ring request with inconsistent lengths; answering EIO"
         );
-        Reply::new(
-            commit_id,
-            i as u64,
-            in_header.opcode,
-            Instant::now(),
-            queue.clone(),
-        )
-        .error(libc::EIO);
+        recycle_with_eio(commit_id, i, in_header.opcode, queue);
         return commit_id;
     };
     // In place (the headers copied in front of the payload, which stays where the kernel
@@ -646,16 +639,14 @@ fn serve_entry<F: Filesystem>(
             op = abi::opcode::name(in_header.opcode),
             "a request that takes no answer came on a ring; answering EIO to recycle the entry"
         );
-        Reply::new(
-            commit_id,
-            i as u64,
-            in_header.opcode,
-            Instant::now(),
-            queue.clone(),
-        )
-        .error(libc::EIO);
+        recycle_with_eio(commit_id, i, in_header.opcode, queue);
     }
     commit_id
+}
+
+/// Answers EIO for entry `i`, so that the kernel gets the entry back for its next request.
+fn recycle_with_eio(commit_id: u64, i: usize, opcode: u32, queue: &Arc<QueueHandle>) {
+    Reply::new(commit_id, i as u64, opcode, Instant::now(), queue.clone()).error(libc::EIO);
 }
 
 #[cfg(test)]

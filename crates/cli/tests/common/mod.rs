@@ -562,3 +562,40 @@ pub fn assert_same_tree(
         diffs[..diffs.len().min(20)].join("\n")
     );
 }
+
+/// What a test that mounts as a regular user (through fusermount3) needs: /dev/fuse open to
+/// everyone while this lives (some VMs create it 0600; Debian's udev makes it 0666; the mode
+/// is put back on drop), and a 0755 temp dir holding a copy of the lanefs binary, since the
+/// test binary's own directory may not be reachable by that user.
+pub struct UserMountKit {
+    pub dir: TempDir,
+    pub bin: PathBuf,
+    dev_fuse: std::fs::Permissions,
+}
+
+impl UserMountKit {
+    pub fn new(tag: &str) -> UserMountKit {
+        use std::os::unix::fs::PermissionsExt;
+        let dev_fuse = std::fs::metadata("/dev/fuse").unwrap().permissions();
+        std::fs::set_permissions(
+            "/dev/fuse",
+            std::fs::Permissions::from_mode(dev_fuse.mode() | 0o666),
+        )
+        .unwrap();
+        let mut kit = UserMountKit {
+            dir: TempDir::new(tag),
+            bin: PathBuf::new(),
+            dev_fuse,
+        };
+        std::fs::set_permissions(kit.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        kit.bin = kit.dir.path().join("lanefs");
+        std::fs::copy(lanefs(), &kit.bin).unwrap();
+        kit
+    }
+}
+
+impl Drop for UserMountKit {
+    fn drop(&mut self) {
+        let _ = std::fs::set_permissions("/dev/fuse", self.dev_fuse.clone());
+    }
+}

@@ -644,8 +644,8 @@ struct CapHeader {
 const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 const CAP_FSETID: u32 = 4;
 
-/// The effective capabilities of the calling thread (64 bits).
-pub fn effective_caps() -> SysResult<u64> {
+/// The calling thread's capability sets (v3: two 32-bit words each).
+fn capget() -> SysResult<(CapHeader, [CapData; 2])> {
     let mut header = CapHeader {
         version: CAPABILITY_VERSION_3,
         pid: 0,
@@ -656,24 +656,21 @@ pub fn effective_caps() -> SysResult<u64> {
     if ret < 0 {
         return Err(errno());
     }
+    Ok((header, data))
+}
+
+/// The effective capabilities of the calling thread (64 bits).
+pub fn effective_caps() -> SysResult<u64> {
+    let (_, data) = capget()?;
     Ok(data[0].effective as u64 | (data[1].effective as u64) << 32)
 }
 
 /// Sets the calling thread's effective capabilities (a raw syscall: this thread only).
 pub fn set_effective_caps(effective: u64) -> SysResult<()> {
-    let mut header = CapHeader {
-        version: CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: as in effective_caps.
-    let ret = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
-    if ret < 0 {
-        return Err(errno());
-    }
+    let (mut header, mut data) = capget()?;
     data[0].effective = effective as u32;
     data[1].effective = (effective >> 32) as u32;
-    // SAFETY: as above; capset only reads.
+    // SAFETY: header and data are the v3 layout capset expects; capset only reads.
     let ret = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
     if ret < 0 { Err(errno()) } else { Ok(()) }
 }
