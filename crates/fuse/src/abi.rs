@@ -522,9 +522,13 @@ pub struct StatfsOut {
 #[derive(Debug, Default, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct FsyncIn {
     pub fh: u64,
+    /// FSYNC_FDATASYNC or 0.
     pub fsync_flags: u32,
     pub padding: u32,
 }
+
+/// FsyncIn.fsync_flags: only the data (fdatasync).
+pub const FSYNC_FDATASYNC: u32 = 1 << 0;
 
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]

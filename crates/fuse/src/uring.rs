@@ -248,6 +248,18 @@ impl RingShared {
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
         }))
     }
+
+    /// Wakes the worker: its pending read of the eventfd completes.
+    fn wake(&self) -> io::Result<()> {
+        let one = 1u64;
+        // SAFETY: an 8-byte write from a live u64 to our eventfd.
+        let n = unsafe { libc::write(self.wake.as_raw_fd(), (&raw const one).cast(), 8) };
+        if n == 8 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
 }
 
 thread_local! {
@@ -331,19 +343,15 @@ fn hand_back(shared: &RingShared, entry: u16) {
         on_worker
     });
     if !inline {
-        shared
-            .deferred
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(entry);
-        let one = 1u64;
-        // SAFETY: an 8-byte write from a live u64 to our eventfd.
-        let n = unsafe { libc::write(shared.wake.as_raw_fd(), (&raw const one).cast(), 8) };
-        if n != 8 {
-            tracing::warn!(
-                "waking a ring worker failed: {}",
-                io::Error::last_os_error()
-            );
+        let first = {
+            let mut deferred = shared.deferred.lock().unwrap_or_else(|e| e.into_inner());
+            deferred.push(entry);
+            deferred.len() == 1
+        };
+        // The worker drains the whole list when it wakes, so only the answer that finds it
+        // empty needs to wake it: one eventfd write per batch, not per answer.
+        if first && let Err(e) = shared.wake() {
+            tracing::warn!("waking a ring worker failed: {e}");
         }
     }
 }
@@ -351,7 +359,9 @@ fn hand_back(shared: &RingShared, entry: u16) {
 /// Where an entry is, as its worker sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EntryState {
-    /// A REGISTER or COMMIT_AND_FETCH is in the kernel.
+    /// A REGISTER is in the kernel.
+    Registering,
+    /// A COMMIT_AND_FETCH is in the kernel.
     InKernel,
     /// Its request is with the file system, waiting for the Reply.
     Answering,
@@ -411,7 +421,7 @@ pub fn serve_ring<F: Filesystem>(
         ];
     let mut wake_word = Box::new(0u64);
     let mut ring = Ring::new(depth as u32 + 1)?;
-    let mut states = vec![EntryState::InKernel; depth];
+    let mut states = vec![EntryState::Registering; depth];
     let mut commit_ids = vec![0u64; depth];
     let dev = dev_fd.as_raw_fd();
 
@@ -498,6 +508,17 @@ pub fn serve_ring<F: Filesystem>(
                     states[i] = EntryState::Ended;
                     connection_ended = true;
                 }
+                errno if states[i] == EntryState::Registering => {
+                    // Refused for good (buffers the kernel finds too small, say): trying
+                    // again would spin. The queue goes on with the entries it has.
+                    tracing::error!(
+                        qid = config.qid,
+                        entry = i,
+                        "the kernel refused to register a ring entry: {}",
+                        io::Error::from_raw_os_error(errno)
+                    );
+                    states[i] = EntryState::Ended;
+                }
                 errno => {
                     // The kernel dropped the entry (a commit it could not match, say): give
                     // it the buffers again so this CPU's queue keeps its depth.
@@ -507,6 +528,7 @@ pub fn serve_ring<F: Filesystem>(
                         "ring command failed: {}; registering the entry again",
                         io::Error::from_raw_os_error(errno)
                     );
+                    states[i] = EntryState::Registering;
                     register(&mut ring, i);
                 }
             }
@@ -521,11 +543,18 @@ pub fn serve_ring<F: Filesystem>(
         }
         let in_kernel = states
             .iter()
-            .filter(|s| **s == EntryState::InKernel)
+            .filter(|s| matches!(s, EntryState::InKernel | EntryState::Registering))
             .count();
         if connection_ended && in_kernel == 0 {
             // Entries still with the file system get answered into a dead ring: harmless.
             break Ok(());
+        }
+        if states.iter().all(|s| *s == EntryState::Ended) && !connection_ended {
+            // No completion would ever come to end this loop; nothing of ours is in the
+            // kernel, so the buffers may go.
+            break Err(io::Error::other(
+                "the kernel registered no entry of this ring",
+            ));
         }
         if !wake_pending && !connection_ended {
             arm_wake(&mut ring, &mut wake_word);
@@ -534,9 +563,7 @@ pub fn serve_ring<F: Filesystem>(
     };
     // The eventfd read must complete before its word is freed: poke it and reap it.
     if wake_pending {
-        let one = 1u64;
-        // SAFETY: an 8-byte write from a live u64 to our eventfd.
-        unsafe { libc::write(shared.wake.as_raw_fd(), (&raw const one).cast(), 8) };
+        let _ = shared.wake();
         let deadline = Instant::now() + Duration::from_secs(1);
         while wake_pending && Instant::now() < deadline {
             if ring.submit_and_wait(1).is_err() {

@@ -140,7 +140,7 @@ impl PassthroughFs {
     pub(super) fn do_fsyncdir(&self, arg: &abi::FsyncIn) -> SysResult<()> {
         let dir = self.dirs.get(arg.fh).ok_or(libc::EBADF)?;
         let stream = dir.stream.lock().unwrap_or_else(|e| e.into_inner());
-        sys::fsync(&stream.fd, arg.fsync_flags & 1 != 0)
+        sys::fsync(&stream.fd, arg.fsync_flags & abi::FSYNC_FDATASYNC != 0)
     }
 }
 

@@ -93,7 +93,13 @@ impl FdCache {
         }
         let shard = self.shard(nodeid);
         let mut map = shard.map.write().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= self.per_shard && !map.contains_key(&nodeid) {
+        if let Some(known) = map.get(&nodeid) {
+            // A lookup of an inode already cached: keep its fd, and count it as a use
+            // rather than make it the next victim.
+            known.referenced.store(true, Ordering::Relaxed);
+            return;
+        }
+        if map.len() >= self.per_shard {
             let victim = map
                 .iter()
                 .find(|(_, e)| !e.referenced.swap(false, Ordering::Relaxed))

@@ -32,13 +32,16 @@ impl PassthroughFs {
         let flags = arg.flags as i32;
         let truncate = flags & libc::O_TRUNC != 0;
         let kill = truncate && self.killpriv_v2() && arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
-        let path = self.path_fd(&inode)?;
         let fd = {
             // O_TRUNC changes the size: exclusive, like truncate.
             let _gate = truncate.then(|| inode.gate.exclusive());
-            let fd = self.killing_privileges(req, &inode, (&path, true), kill, || {
-                self.open_inode(&inode, host_open_flags(flags))
-            })?;
+            let open = || self.open_inode(&inode, host_open_flags(flags));
+            let fd = if kill {
+                let path = self.path_fd(&inode)?;
+                self.killing_privileges(req, &inode, (&path, true), kill, open)?
+            } else {
+                open()?
+            };
             if truncate {
                 inode.gate.set_size(0);
             }
@@ -66,6 +69,12 @@ impl PassthroughFs {
             return change();
         }
         let before = sys::fstat(fd).ok();
+        // Without set-ID bits there is nothing for CAP_FSETID to keep (the host drops
+        // security.capability on write whatever the writer's capabilities), so skip the two
+        // capset calls: the common write of a non-root caller.
+        if before.is_some_and(|st| st.st_mode & (libc::S_ISUID | libc::S_ISGID) == 0) {
+            return change();
+        }
         let result = {
             let _caps = self.creds.without_fsetid(true)?;
             change()?
@@ -291,7 +300,7 @@ impl PassthroughFs {
 
     pub(super) fn do_fsync(&self, arg: &abi::FsyncIn) -> SysResult<()> {
         let file = self.file(arg.fh)?;
-        sys::fsync(&file.fd, arg.fsync_flags & 1 != 0)
+        sys::fsync(&file.fd, arg.fsync_flags & abi::FSYNC_FDATASYNC != 0)
     }
 
     pub(super) fn do_fallocate(&self, arg: &abi::FallocateIn) -> SysResult<()> {

@@ -1,11 +1,11 @@
 //! Seed 004: dd with 4 up to 8x cores processes writing, then reading, one mount in 1 MiB
 //! blocks; aggregate MiB/s.
 
-use super::SuitePlan;
+use super::{SuitePlan, plans_for};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::{SuiteResult, Unit};
-use crate::bench::runner::{Ctx, Plan, Settings};
+use crate::bench::runner::{Ctx, Settings};
 use crate::bench::systems::{Mode, SystemSpec};
 use crate::bench::workloads::{Kind, Metric, Workload};
 
@@ -37,7 +37,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             }
         })
         .collect();
-    let plans = [
+    let systems = [
         SystemSpec::NativeTmpfs,
         SystemSpec::Libfuse {
             example: Example::Null,
@@ -58,13 +58,8 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             kernel_passthrough: true,
             uring_depth: None,
         },
-    ]
-    .into_iter()
-    .map(|system| Plan {
-        system,
-        workloads: workloads.clone(),
-    })
-    .collect();
+    ];
+    let plans = plans_for(systems, &workloads);
     result.note(format!(
         "{total_mib} MiB in all per phase, split over the processes. dd is buffered as in the \
          seed: on tmpfs and libfuse passthrough_ll (no direct_io) the reads come from the page \

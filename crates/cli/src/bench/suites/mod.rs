@@ -12,6 +12,7 @@ use crate::bench::Suite;
 use crate::bench::fio::FioJob;
 use crate::bench::model::{Role, Row, Status, SuiteResult, Unit, better, speedup};
 use crate::bench::runner::{Ctx, Plan, Stop};
+use crate::bench::systems::SystemSpec;
 use crate::bench::workloads::Workload;
 
 /// A suite's header and what it will run.
@@ -143,6 +144,17 @@ fn fio_seed000(shared: bool, numjobs: u32, quick: bool) -> Workload {
             region: "4G".into(),
         },
     )
+}
+
+/// Every system meets the same workloads.
+fn plans_for(systems: impl IntoIterator<Item = SystemSpec>, workloads: &[Workload]) -> Vec<Plan> {
+    systems
+        .into_iter()
+        .map(|system| Plan {
+            system,
+            workloads: workloads.to_vec(),
+        })
+        .collect()
 }
 
 /// Sorted, without duplicates.

@@ -3,11 +3,13 @@
 //! without kernel passthrough, against native tmpfs and libfuse's passthrough_ll
 //! single-threaded and multi-threaded with clone_fd. Every source directory is on tmpfs.
 
-use super::{SuitePlan, aim_line, best_median, fio_4k_io, fio_seed000, uring_line, workloads_of};
+use super::{
+    SuitePlan, aim_line, best_median, fio_4k_io, fio_seed000, plans_for, uring_line, workloads_of,
+};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::{Role, SuiteResult};
-use crate::bench::runner::{Ctx, Plan};
+use crate::bench::runner::Ctx;
 use crate::bench::systems::{Mode, SystemSpec};
 
 pub fn plan(ctx: &Ctx) -> SuitePlan {
@@ -52,13 +54,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
         kernel_passthrough: false,
         uring_depth: Some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH),
     });
-    let plans = systems
-        .into_iter()
-        .map(|system| Plan {
-            system,
-            workloads: workloads.clone(),
-        })
-        .collect();
+    let plans = plans_for(systems, &workloads);
     result.note(
         "lanefs passthrough hands opens without O_DIRECT to the kernel (FUSE passthrough) \
          when it runs as root on a kernel that offers it; O_DIRECT opens go through the \

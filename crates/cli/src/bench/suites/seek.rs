@@ -1,11 +1,11 @@
 //! Seed 002: lseek without the inode lock. Reader threads do lseek(SEEK_END),
 //! lseek(SEEK_HOLE) and a 4k pread on one file while a writer extends it.
 
-use super::SuitePlan;
+use super::{SuitePlan, plans_for};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::{SuiteResult, Unit};
-use crate::bench::runner::{Ctx, Plan, Settings};
+use crate::bench::runner::{Ctx, Settings};
 use crate::bench::systems::{Mode, SystemSpec};
 use crate::bench::workloads::{Kind, Metric, Workload};
 
@@ -41,7 +41,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             }
         })
         .collect();
-    let plans = [
+    let systems = [
         SystemSpec::NativeTmpfs,
         SystemSpec::NativeDisk,
         SystemSpec::Libfuse {
@@ -59,13 +59,8 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             parallel_writes: true,
             size: Some("16M"),
         },
-    ]
-    .into_iter()
-    .map(|system| Plan {
-        system,
-        workloads: workloads.clone(),
-    })
-    .collect();
+    ];
+    let plans = plans_for(systems, &workloads);
     result.note(
         "lanefs null keeps no data and has no holes: its SEEK_HOLE answers the end of the \
          file and the writer's appends only move its size. It still shows the cost of \
