@@ -52,8 +52,9 @@ pub struct MountArgs {
     /// Background requests the kernel keeps in flight [default: 128].
     #[arg(long)]
     pub max_background: Option<u16>,
-    /// Microseconds an idle worker keeps polling its queue before sleeping; for daemons with
-    /// CPUs to spare [default: 0, never].
+    /// Microseconds an idle worker keeps polling its queue (yielding its CPU) before sleeping
+    /// [default: 50 over io_uring, where a sleeping worker makes the scheduler move the caller
+    /// to another CPU on every round trip; 0 over /dev/fuse]
     #[arg(long, value_name = "MICROSECONDS")]
     pub poll_us: Option<u64>,
     /// Let other users use the mount (always on as root).
@@ -258,7 +259,7 @@ fn session_options(args: &MountArgs) -> io::Result<SessionOptions> {
         opts.max_write = max_write as u32;
     }
     if let Some(poll_us) = args.poll_us {
-        opts.poll = std::time::Duration::from_micros(poll_us.min(1_000_000));
+        opts.poll = Some(std::time::Duration::from_micros(poll_us.min(1_000_000)));
     }
     if let Some(max_background) = args.max_background {
         opts.max_background = max_background.max(1);

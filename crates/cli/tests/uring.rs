@@ -1,6 +1,7 @@
-//! The io_uring transport on real mounts: every CPU's ring answers, unmounting with requests
-//! in flight ends every caller and the daemon, and `auto` falls back to /dev/fuse (and
-//! `uring` refuses) when the kernel's module parameter is off.
+//! The io_uring transport on real mounts: every CPU's ring answers (with idle workers polling
+//! or sleeping at once), unmounting with requests in flight ends every caller and the daemon,
+//! and `auto` falls back to /dev/fuse (and `uring` refuses) when the kernel's module parameter
+//! is off or when this process may not create an io_uring (kernel.io_uring_disabled).
 //!
 //! These tests set /sys/module/fuse/parameters/enable_uring themselves (root only) and put
 //! back the value they found; a lock keeps them from doing so concurrently.
@@ -72,7 +73,14 @@ fn a_request_from_every_cpu_is_answered_on_that_cpus_ring() {
     let Some(_param) = Parameter::set("Y") else {
         return;
     };
-    let m = Mount::null(&["--transport", "uring"]);
+    // The default (workers poll 50 us before sleeping) and workers that sleep at once.
+    for poll in ["50", "0"] {
+        every_cpu_is_answered(&["--transport", "uring", "--poll-us", poll]);
+    }
+}
+
+fn every_cpu_is_answered(args: &[&str]) {
+    let m = Mount::null(args);
     assert!(m.over_uring(), "{}", m.line);
     const ROUNDS: u64 = 200;
     let clients: Vec<_> = online_cpus()
@@ -234,6 +242,71 @@ fn with_the_parameter_off_auto_falls_back_and_uring_refuses() {
         );
         assert!(!is_mounted(tmp.path()), "{form:?} left a mount behind");
     }
+}
+
+/// Holds kernel.io_uring_disabled at 2 (io_uring_setup refused to every process) and restores
+/// the old value on drop. Taken while the module parameter is held, so under its lock.
+struct SetupDisabled(String);
+
+const SETUP_SYSCTL: &str = "/proc/sys/kernel/io_uring_disabled";
+
+impl SetupDisabled {
+    fn set() -> Option<SetupDisabled> {
+        let Ok(old) = std::fs::read_to_string(SETUP_SYSCTL) else {
+            eprintln!("{SETUP_SYSCTL} missing (kernel before 6.6): skipping");
+            return None;
+        };
+        std::fs::write(SETUP_SYSCTL, "2").expect("writing io_uring_disabled (tests run as root)");
+        Some(SetupDisabled(old.trim().to_string()))
+    }
+}
+
+impl Drop for SetupDisabled {
+    fn drop(&mut self) {
+        let _ = std::fs::write(SETUP_SYSCTL, &self.0);
+    }
+}
+
+#[test]
+fn with_io_uring_setup_refused_auto_falls_back_and_uring_refuses() {
+    let Some(_param) = Parameter::set("Y") else {
+        return;
+    };
+    let Some(_disabled) = SetupDisabled::set() else {
+        return;
+    };
+    // FUSE offers io_uring, but this process cannot create one: INIT must not ask for it.
+    let m = Mount::null(&["--transport", "auto"]);
+    assert!(!m.over_uring(), "{}", m.line);
+    assert!(
+        m.line.contains("may not create an io_uring") && m.line.contains("io_uring_disabled"),
+        "the mount line should say why /dev/fuse serves: {}",
+        m.line
+    );
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(
+        File::open(m.path("data"))
+            .unwrap()
+            .read_at(&mut buf, 0)
+            .unwrap(),
+        4096
+    );
+    assert_eq!(m.stats()["transport"], "/dev/fuse");
+    m.unmount();
+
+    let tmp = common::TempDir::new("setup-refused");
+    let out = Command::new(lanefs())
+        .args(["mount", "--transport", "uring", "null:"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted: {stderr}");
+    assert!(
+        stderr.contains("may not create an io_uring"),
+        "unclear refusal: {stderr}"
+    );
+    assert!(!is_mounted(tmp.path()), "a refused mount was left behind");
 }
 
 #[test]

@@ -330,6 +330,12 @@ impl Ring {
         Ok(())
     }
 
+    /// Whether a completion is ready to reap (no syscall).
+    pub fn has_completions(&self) -> bool {
+        self.cq_head_atomic().load(Ordering::Relaxed)
+            != self.cq_tail_atomic().load(Ordering::Acquire)
+    }
+
     /// Moves every ready completion into `out`.
     pub fn reap(&mut self, out: &mut Vec<Cqe>) {
         let mut head = self.cq_head_atomic().load(Ordering::Relaxed);

@@ -36,12 +36,13 @@ const MIN_KERNEL_MINOR: u32 = 31;
 pub const MAX_MAX_WRITE: u32 = 256 * 4096;
 /// Extra read-buffer room beyond max_write: headers, and SETXATTR's 64 KiB value limit.
 const BUFFER_SLACK: usize = 64 * 1024 + 8192;
-/// How long an idle worker polls its queue before sleeping, by default: not at all. Measured on
-/// 2 vCPUs: polling 50 us lifts 4k psync at 1 job from 65k to 95k IOPS (null), but when the
-/// CPUs are oversubscribed (seed 002's seek load: writer + readers + daemon) the poller takes
-/// CPU from the callers and seeks drop from 21.8k/s to 0.8k/s with an 8 ms p99. Opt in with
-/// `--poll-us` where the daemon has CPUs to spare.
-pub const DEFAULT_POLL: Duration = Duration::ZERO;
+/// How long an idle /dev/fuse worker polls its queue before sleeping, by default: not at all.
+/// Measured on 2 vCPUs: polling 50 us lifts 4k psync at 1 job from 65k to 95k IOPS (null), but
+/// when the CPUs are oversubscribed (seed 002's seek load: writer + readers + daemon) the
+/// poller takes CPU from the callers and seeks drop from 21.8k/s to 0.8k/s with an 8 ms p99.
+/// Opt in with `--poll-us` where the daemon has CPUs to spare. io_uring's default differs:
+/// see `uring::DEFAULT_RING_POLL`.
+pub const DEFAULT_DEV_POLL: Duration = Duration::ZERO;
 /// How long a signalled daemon waits for open files to close before aborting the connection.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -84,8 +85,9 @@ pub struct SessionOptions {
     pub max_write: u32,
     /// Background requests (async reads, async direct I/O) the kernel keeps in flight.
     pub max_background: u16,
-    /// How long an idle worker keeps polling its queue before it sleeps (0: never polls).
-    pub poll: Duration,
+    /// How long an idle worker keeps polling its queue before it sleeps (0: never polls);
+    /// None: the transport's default (`DEFAULT_DEV_POLL`, `uring::DEFAULT_RING_POLL`).
+    pub poll: Option<Duration>,
 }
 
 impl Default for SessionOptions {
@@ -97,7 +99,7 @@ impl Default for SessionOptions {
             pin: false,
             max_write: MAX_MAX_WRITE,
             max_background: 128,
-            poll: DEFAULT_POLL,
+            poll: None,
         }
     }
 }
@@ -216,7 +218,22 @@ pub fn run<F: Filesystem>(
             format!("--transport uring: {why}"),
         ));
     }
-    let want_uring = opts.transport != Transport::Dev && kernel_uring == KernelSupport::Enabled;
+    // io_uring may be enabled for FUSE yet refused to this process (kernel.io_uring_disabled,
+    // a seccomp filter, RLIMIT_MEMLOCK on old kernels): find out before INIT commits to it.
+    let ring_refused = (opts.transport != Transport::Dev && kernel_uring == KernelSupport::Enabled)
+        .then(uring::probe_setup)
+        .and_then(Result::err);
+    if opts.transport == Transport::Uring
+        && let Some(e) = &ring_refused
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("--transport uring: {}", uring::setup_refused(e)),
+        ));
+    }
+    let want_uring = opts.transport != Transport::Dev
+        && kernel_uring == KernelSupport::Enabled
+        && ring_refused.is_none();
 
     let session_fd = Arc::new(mount::mount(spec)?);
     // From here on, a failure before serving must not leave a dead mount behind.
@@ -257,6 +274,7 @@ pub fn run<F: Filesystem>(
         Transport::Auto => Some(
             kernel_uring
                 .obstacle()
+                .or_else(|| ring_refused.as_ref().map(uring::setup_refused))
                 .unwrap_or_else(|| "the kernel did not offer io_uring in INIT".into()),
         ),
     };
@@ -280,8 +298,10 @@ pub fn run<F: Filesystem>(
                 qid: cpu as u16,
                 depth,
                 payload_bytes,
+                poll: opts.poll.unwrap_or(uring::DEFAULT_RING_POLL),
             };
             let (fs, fd, queue) = (fs.clone(), session_fd.clone(), handle.clone());
+            let mountpoint = spec.mountpoint.clone();
             workers.push(
                 std::thread::Builder::new()
                     .name(format!("lanefs-ring{cpu}"))
@@ -293,7 +313,15 @@ pub fn run<F: Filesystem>(
                         }
                         if let Err(e) = uring::serve_ring(&*fs, wire, &fd, &shared, &queue, &config)
                         {
-                            tracing::error!(cpu, "ring stopped: {e}");
+                            // The kernel keeps queueing this CPU's requests on the ring, and
+                            // nobody would answer them: end the connection rather than let
+                            // callers on this CPU hang.
+                            tracing::error!(
+                                cpu,
+                                "ring stopped: {e}; ending the connection (callers get \
+                                 ECONNABORTED instead of waiting forever)"
+                            );
+                            end_connection(&mountpoint);
                         }
                     })?,
             );
@@ -354,7 +382,7 @@ pub fn run<F: Filesystem>(
             queue_fds.push(fd);
         }
         let poll = Arc::new(PollPolicy {
-            window: opts.poll,
+            window: opts.poll.unwrap_or(DEFAULT_DEV_POLL),
             poller: AtomicBool::new(false),
         });
         for (fd, handle) in queue_fds.into_iter().zip(handles.iter().cloned()) {
@@ -599,6 +627,19 @@ fn wait_for_shutdown(signals: libc::sigset_t, mountpoint: &Path, finished: &Atom
                 }
             }
         }
+    }
+}
+
+/// Ends a connection the daemon can no longer serve: unmounts lazily (new callers get
+/// ENOTCONN) and aborts the connection, so that requests already queued fail instead of
+/// waiting for an answer that will not come.
+fn end_connection(mountpoint: &Path) {
+    let device = mount::find_mount(mountpoint).ok().flatten();
+    if let Err(e) = mount::unmount(mountpoint, true) {
+        tracing::warn!("{e}");
+    }
+    if let Some(device) = device {
+        abort_connection(device.minor);
     }
 }
 

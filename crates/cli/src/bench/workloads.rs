@@ -64,6 +64,17 @@ impl Workload {
         }
     }
 
+    /// The same fio job, also reporting its completion latency's p99 as a second row.
+    pub fn with_p99(mut self) -> Workload {
+        let rate = self.metrics[0].clone();
+        self.metrics.push(Metric {
+            key: format!("{}, p99", rate.key),
+            family: format!("{} p99", rate.family),
+            unit: Unit::MICROS,
+        });
+        self
+    }
+
     pub fn title(&self) -> &str {
         &self.metrics[0].key
     }
@@ -97,7 +108,19 @@ impl Workload {
         _warmup: bool,
     ) -> Result<(Vec<f64>, Value), String> {
         match &self.kind {
-            Kind::Fio(job) => run_fio(ctx, target, job, runtime, self.metrics[0].unit),
+            Kind::Fio(job) => {
+                run_fio(ctx, target, job, runtime, self.metrics[0].unit).map(|(mut values, raw)| {
+                    if self.metrics.len() > 1 {
+                        // Reads or writes: the other direction's p99 is 0.
+                        let p99_ns = raw["read_clat_p99_ns"]
+                            .as_f64()
+                            .unwrap_or(0.0)
+                            .max(raw["write_clat_p99_ns"].as_f64().unwrap_or(0.0));
+                        values.push(p99_ns / 1000.0);
+                    }
+                    (values, raw)
+                })
+            }
             Kind::Seek { readers } => {
                 let (file, make) = match &target.place {
                     Place::File(f) => (f.clone(), false),

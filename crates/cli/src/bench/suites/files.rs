@@ -53,7 +53,18 @@ pub fn plan_create(ctx: &Ctx) -> SuitePlan {
         "Seed 003: `for i in `seq 1 N`; do echo \"foobarbaz\" > $DIR/$i; done` in one bash \
          (real time).",
     );
-    let w = Workload {
+    let plans = plans_for(systems(ctx), &[create_workload(files)]);
+    result.skip("lanefs null: it cannot create files");
+    result.note(
+        "libfuse's passthrough examples and lanefs passthrough serve a directory on the \
+         bench's tmpfs; passthrough_fh mirrors all of / and is used through that path.",
+    );
+    SuitePlan { result, plans }
+}
+
+/// Seed 003's create loop over `files` files, timed.
+pub fn create_workload(files: u32) -> Workload {
+    Workload {
         metrics: vec![Metric {
             key: format!("{files} x echo foobarbaz > $i"),
             family: "create".into(),
@@ -62,14 +73,7 @@ pub fn plan_create(ctx: &Ctx) -> SuitePlan {
         numjobs: 1,
         config: serde_json::json!({"tool": "bash", "files": files}),
         kind: Kind::Create { files },
-    };
-    let plans = plans_for(systems(ctx), &[w]);
-    result.skip("lanefs null: it cannot create files");
-    result.note(
-        "libfuse's passthrough examples and lanefs passthrough serve a directory on the \
-         bench's tmpfs; passthrough_fh mirrors all of / and is used through that path.",
-    );
-    SuitePlan { result, plans }
+    }
 }
 
 /// Issue 3's aims for creates and untar: lanefs within 5x of native and at least 1.5x faster

@@ -7,6 +7,7 @@ mod passthrough;
 mod queues;
 mod seek;
 mod ssf;
+mod transport;
 
 use crate::bench::Suite;
 use crate::bench::fio::FioJob;
@@ -28,13 +29,14 @@ fn plan(suite: Suite, ctx: &Ctx) -> SuitePlan {
         Suite::Queues => queues::plan(ctx),
         Suite::Seek => seek::plan(ctx),
         Suite::Passthrough => passthrough::plan(ctx),
+        Suite::Transport => transport::plan(ctx),
         Suite::Create => files::plan_create(ctx),
         Suite::Untar => files::plan_untar(ctx),
         Suite::Dd => dd::plan(ctx),
     };
     let uses_fio = matches!(
         suite,
-        Suite::Engine | Suite::Ssf | Suite::Queues | Suite::Passthrough
+        Suite::Engine | Suite::Ssf | Suite::Queues | Suite::Passthrough | Suite::Transport
     );
     if uses_fio && let Err(why) = &ctx.fio {
         p.result.skip(format!("every row: {why}"));
@@ -62,6 +64,7 @@ pub fn run(suite: Suite, ctx: &mut Ctx) -> Result<SuiteResult, Stop> {
     match suite {
         Suite::Engine => engine::aims(&mut result),
         Suite::Passthrough => passthrough::aims(&mut result),
+        Suite::Transport => transport::aims(&mut result),
         Suite::Create | Suite::Untar => files::aims(&mut result),
         _ => {}
     }
