@@ -13,6 +13,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -32,7 +33,8 @@ use zerocopy::IntoBytes;
 pub const PROTOCOL_MINOR: u32 = 45;
 /// The oldest kernel protocol we accept (Linux 5.10 speaks 7.32).
 const MIN_KERNEL_MINOR: u32 = 31;
-/// The largest max_write the kernel accepts (its FUSE_MAX_MAX_PAGES of 256 pages).
+/// The largest max_write we ask for: the kernel's FUSE_MAX_MAX_PAGES of 256 pages with 4 KiB
+/// pages (more with larger pages; 1 MiB is where the seeds' large-I/O gains flatten out).
 pub const MAX_MAX_WRITE: u32 = 256 * 4096;
 /// Extra read-buffer room beyond max_write: headers, and SETXATTR's 64 KiB value limit.
 const BUFFER_SLACK: usize = 64 * 1024 + 8192;
@@ -131,6 +133,17 @@ pub fn offered_flags(kernel: &abi::InitIn) -> u64 {
     offered
 }
 
+/// The kernel's page size: max_pages counts pages, and io_uring payload buffers must hold
+/// max_pages of them (4 KiB on x86-64; 16 or 64 KiB on some arm64 kernels).
+pub fn page_bytes() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    })
+}
+
 /// Settles INIT: the answer to the kernel and the connection the file system will see.
 pub fn negotiate(
     kernel: &abi::InitIn,
@@ -161,7 +174,7 @@ pub fn negotiate(
         ..Default::default()
     };
     if flags & init_flags::MAX_PAGES != 0 {
-        out.max_pages = max_write.div_ceil(4096) as u16;
+        out.max_pages = (max_write as usize).div_ceil(page_bytes()) as u16;
     }
     if flags & init_flags::PASSTHROUGH != 0 {
         out.max_stack_depth = fs_want.max_stack_depth.max(1);

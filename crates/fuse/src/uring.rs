@@ -72,7 +72,6 @@ pub const MAX_QUEUE_DEPTH: usize = 128;
 const MIN_PAYLOAD_BYTES: usize = 8192;
 /// Pages per request when MAX_PAGES is not negotiated (FUSE_DEFAULT_MAX_PAGES_PER_REQ).
 const DEFAULT_MAX_PAGES: usize = 32;
-const PAGE_BYTES: usize = 4096;
 /// The `user_data` of the worker's pending eventfd read; entries use their index.
 const WAKE_TAG: u64 = u64::MAX;
 /// How long a REGISTER refused with EAGAIN (connection not yet initialised) waits to retry.
@@ -116,11 +115,11 @@ impl KernelSupport {
 /// larger of max_write and max_pages pages (and never below 8 KiB).
 pub fn payload_bytes(conn: &Connection) -> usize {
     let pages = if conn.flags & init_flags::MAX_PAGES != 0 {
-        (conn.max_write as usize).div_ceil(PAGE_BYTES)
+        (conn.max_write as usize).div_ceil(crate::session::page_bytes())
     } else {
         DEFAULT_MAX_PAGES
     };
-    (pages * PAGE_BYTES)
+    (pages * crate::session::page_bytes())
         .max(conn.max_write as usize)
         .max(MIN_PAYLOAD_BYTES)
 }
