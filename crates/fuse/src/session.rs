@@ -233,9 +233,8 @@ pub fn run<F: Filesystem>(
     }
     // io_uring may be enabled for FUSE yet refused to this process (kernel.io_uring_disabled,
     // a seccomp filter, RLIMIT_MEMLOCK on old kernels): find out before INIT commits to it.
-    let ring_refused = (opts.transport != Transport::Dev && kernel_uring == KernelSupport::Enabled)
-        .then(uring::probe_setup)
-        .and_then(Result::err);
+    let uring_offered = opts.transport != Transport::Dev && kernel_uring == KernelSupport::Enabled;
+    let ring_refused = uring_offered.then(uring::probe_setup).and_then(Result::err);
     if opts.transport == Transport::Uring
         && let Some(e) = &ring_refused
     {
@@ -244,9 +243,7 @@ pub fn run<F: Filesystem>(
             format!("--transport uring: {}", uring::setup_refused(e)),
         ));
     }
-    let want_uring = opts.transport != Transport::Dev
-        && kernel_uring == KernelSupport::Enabled
-        && ring_refused.is_none();
+    let want_uring = uring_offered && ring_refused.is_none();
 
     let session_fd = Arc::new(mount::mount(spec)?);
     // From here on, a failure before serving must not leave a dead mount behind.

@@ -108,19 +108,7 @@ impl Workload {
         _warmup: bool,
     ) -> Result<(Vec<f64>, Value), String> {
         match &self.kind {
-            Kind::Fio(job) => {
-                run_fio(ctx, target, job, runtime, self.metrics[0].unit).map(|(mut values, raw)| {
-                    if self.metrics.len() > 1 {
-                        // Reads or writes: the other direction's p99 is 0.
-                        let p99_ns = raw["read_clat_p99_ns"]
-                            .as_f64()
-                            .unwrap_or(0.0)
-                            .max(raw["write_clat_p99_ns"].as_f64().unwrap_or(0.0));
-                        values.push(p99_ns / 1000.0);
-                    }
-                    (values, raw)
-                })
-            }
+            Kind::Fio(job) => run_fio(ctx, target, job, runtime, &self.metrics),
             Kind::Seek { readers } => {
                 let (file, make) = match &target.place {
                     Place::File(f) => (f.clone(), false),
@@ -238,7 +226,7 @@ fn run_fio(
     target: &Target,
     job: &FioJob,
     runtime: Duration,
-    unit: Unit,
+    metrics: &[Metric],
 ) -> Result<(Vec<f64>, Value), String> {
     let (fio_path, _) = ctx.fio.as_ref().map_err(Clone::clone)?;
     let args = match &target.place {
@@ -257,14 +245,18 @@ fn run_fio(
             format!("fio exited ({}): {why}", done.status)
         }
     })?;
-    let value = if unit == Unit::IOPS {
+    let mut values = vec![if metrics[0].unit == Unit::IOPS {
         parsed.iops()
     } else {
         parsed.mib_per_s()
-    };
+    }];
+    if metrics.len() > 1 {
+        // `with_p99`: reads or writes, so the other direction's p99 is 0.
+        values.push(parsed.read_clat_p99_ns.max(parsed.write_clat_p99_ns) / 1000.0);
+    }
     let mut raw = serde_json::to_value(&parsed).unwrap_or(Value::Null);
     raw["args"] = json!(args);
-    Ok((vec![value], raw))
+    Ok((values, raw))
 }
 
 /// The seed's loop, verbatim but for the directory and count.

@@ -102,7 +102,7 @@ pub fn aims(result: &mut SuiteResult) {
             });
             if let (Some(ring), Some(dev)) = (&ring, &dev) {
                 let (at_least, aim) = if unit == Unit::SECONDS {
-                    (1.05, "> 1x (faster on metadata)")
+                    (1.05, ">= 1.05x (faster on metadata)")
                 } else {
                     (1.0, ">= 1x")
                 };
