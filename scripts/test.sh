@@ -13,6 +13,14 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The engine's integration tests run under both transports. The io_uring run turns the
 # kernel's switch on for its duration (lanefs itself never touches it) and puts the old value
 # back however the script ends; the /dev/fuse run repeats only the integration tests.
+# What was already there (a user's own lanefs mounts and daemons, e.g. the README's fstab
+# line) is not the tests' to answer for: the check at the end looks only at what is new.
+lanefs_mounts() { awk '$3 == "fuse.lanefs" { print $2 }' /proc/mounts | sort; }
+# (Exited daemons may linger as zombies until init reaps them: those do not count.)
+live_daemons() { ps -eo stat=,pid=,args= | awk '$1 !~ /^Z/ && $3 ~ /(^|\/)lanefs$/ { print $2, $3, $4, $5, $6 }' | sort; }
+mounts_before=$(lanefs_mounts)
+daemons_before=$(live_daemons | awk '{ print $1 }')
+
 uring_switch=/sys/module/fuse/parameters/enable_uring
 if [ -w "$uring_switch" ]; then
   uring_was=$(cat "$uring_switch")
@@ -38,13 +46,13 @@ done
 ls "$bench_out"/*.svg >/dev/null
 rm -rf "$bench_out"
 
-# Nothing may outlive the tests.
-# (Exited daemons may linger as zombies until init reaps them: those do not count.)
-live_daemons() { ps -eo stat=,pid=,args= | awk '$1 !~ /^Z/ && $3 ~ /(^|\/)lanefs$/'; }
-if grep -q 'fuse.lanefs' /proc/mounts || [ -n "$(live_daemons)" ]; then
+# Nothing the tests started may outlive them.
+new_mounts=$(comm -13 <(echo "$mounts_before") <(lanefs_mounts) | grep . || true)
+new_daemons=$(live_daemons | awk -v before=" $(echo $daemons_before) " 'index(before, " " $1 " ") == 0' || true)
+if [ -n "$new_mounts" ] || [ -n "$new_daemons" ]; then
   echo "tests left lanefs mounts or daemons behind:" >&2
-  grep 'fuse.lanefs' /proc/mounts >&2 || true
-  live_daemons >&2
+  [ -z "$new_mounts" ] || echo "$new_mounts" >&2
+  [ -z "$new_daemons" ] || echo "$new_daemons" >&2
   exit 1
 fi
 echo "all tests passed"

@@ -65,13 +65,16 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr (the daemon's is the --log file); LANEFS_LOG sets the filter.
+/// Logs go to stderr (the daemon's is the --log file); LANEFS_LOG sets the filter. Colours
+/// only on a terminal: a log file or a pipe gets plain text.
 fn init_logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("LANEFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
 }

@@ -22,6 +22,7 @@ const DAEMON_CHILD_ENV: &str = "LANEFS_DAEMON_CHILD";
 pub struct MountArgs {
     /// `null:` for the null file system, or a host directory to pass through.
     pub source: String,
+    /// An existing empty directory to mount on (not already a FUSE mount).
     pub mountpoint: PathBuf,
     /// Run in the background; return once the mount is ready.
     #[arg(long, short = 'd')]
@@ -34,10 +35,12 @@ pub struct MountArgs {
     /// io_uring entries per CPU: requests one CPU's queue holds at once, 1..128 [default: 4].
     #[arg(long, value_name = "N")]
     pub queue_depth: Option<usize>,
-    /// Worker threads, each with its own /dev/fuse queue [default: online CPUs].
+    /// /dev/fuse transport: worker threads, each with its own cloned fd [default: online
+    /// CPUs].
     #[arg(long)]
     pub queues: Option<usize>,
-    /// Pin each worker to a CPU, spread over NUMA nodes.
+    /// /dev/fuse transport: pin each worker to a CPU, spread over NUMA nodes (io_uring
+    /// workers are always pinned, each to its ring's CPU).
     #[arg(long)]
     pub pin: bool,
     /// Serialise direct writes to a file (seed 000 off, for A/B runs).
@@ -72,8 +75,10 @@ pub struct MountArgs {
     /// Honour device files (off by default, like fusermount).
     #[arg(long)]
     pub dev: bool,
+    /// Refuse to execute programs from the mount.
     #[arg(long)]
     pub noexec: bool,
+    /// Never update access times on the mount.
     #[arg(long)]
     pub noatime: bool,
     /// The mount's source as shown by df and findmnt [default: SOURCE].
@@ -143,8 +148,35 @@ pub fn run(mut args: MountArgs) -> io::Result<()> {
     options::apply(&mut args, &lists).map_err(invalid)?;
     let child = std::env::var_os(DAEMON_CHILD_ENV).is_some();
     if args.daemon && !child {
+        // What can be refused without mounting is refused here, where the caller's terminal
+        // sees the reason (the daemon's stderr is its log).
+        check_source(&args.source)?;
+        session_options(&args)?;
         return spawn_daemon(&args);
     }
+    let result = mount_and_serve(args, child);
+    if let Err(e) = &result
+        && child
+    {
+        // Before the mount is ready this reaches the waiting parent; after it, stdout is
+        // /dev/null and the error goes to the log through the caller of `run`.
+        report_ready(&format!("ERR {e}"));
+    }
+    result
+}
+
+/// A SOURCE that is clearly a typo gets a hint before anything else is tried.
+fn check_source(source: &str) -> io::Result<()> {
+    if source == "null" && !Path::new(source).exists() {
+        return Err(invalid(
+            "SOURCE `null` is not a directory here: did you mean `null:` (the null file system)?",
+        ));
+    }
+    Ok(())
+}
+
+fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
+    check_source(&args.source)?;
     let mountpoint = mount::absolute(&args.mountpoint)?;
     let source = args.source.clone();
     let session_options = session_options(&args)?;
@@ -154,15 +186,7 @@ pub fn run(mut args: MountArgs) -> io::Result<()> {
     let passthrough = if source == "null:" {
         None
     } else {
-        match PassthroughFs::new(passthrough_options(&args)) {
-            Ok(fs) => Some(fs),
-            Err(e) => {
-                if child {
-                    report_ready(&format!("ERR {e}"));
-                }
-                return Err(e);
-            }
-        }
+        Some(PassthroughFs::new(passthrough_options(&args))?)
     };
     if child {
         // Do not keep the caller's working directory (and its file system) busy.
@@ -175,7 +199,7 @@ pub fn run(mut args: MountArgs) -> io::Result<()> {
             println!("{}", mounted.line);
         }
     };
-    let result = match passthrough {
+    match passthrough {
         Some(fs) => serve(fs, &spec, &session_options, &source, "passthrough", ready),
         None => {
             let fs = NullFs::new(NullOptions {
@@ -186,13 +210,7 @@ pub fn run(mut args: MountArgs) -> io::Result<()> {
             });
             serve(fs, &spec, &session_options, &source, "null", ready)
         }
-    };
-    if let Err(e) = &result
-        && child
-    {
-        report_ready(&format!("ERR {e}"));
     }
-    result
 }
 
 fn serve<F: Filesystem>(
@@ -390,11 +408,15 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     let socket = lanefs_fuse::control::socket_path(&info);
     mount::unmount(&mountpoint, lazy)?;
     if info.fstype == mount::FSTYPE && !lazy {
+        // The daemon closes its control socket last; one that was killed (or exited and
+        // awaits its parent's wait) listens no more, so there is nothing to wait for.
         let start = std::time::Instant::now();
-        while socket.exists() && start.elapsed() < DAEMON_EXIT_WAIT {
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        let mut listening = lanefs_fuse::control::daemon_listening(&socket);
+        while listening && start.elapsed() < DAEMON_EXIT_WAIT {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            listening = lanefs_fuse::control::daemon_listening(&socket);
         }
-        if socket.exists() {
+        if listening {
             eprintln!(
                 "lanefs: unmounted {}, but its daemon has not exited after {DAEMON_EXIT_WAIT:?}",
                 mountpoint.display()

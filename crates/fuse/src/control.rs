@@ -92,6 +92,13 @@ impl Drop for ControlSocket {
     }
 }
 
+/// Whether a daemon still listens on the control socket at `path`. A daemon that was killed
+/// (or is a zombie waiting to be reaped) leaves its socket file behind with nobody
+/// listening: connecting is refused at once.
+pub fn daemon_listening(path: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
 /// Reads the statistics of a mount from its control socket.
 pub fn query(mount: &MountInfo) -> io::Result<StatsSnapshot> {
     use std::io::Read;
