@@ -304,11 +304,13 @@ pub fn run<F: Filesystem>(
                 sink: Box::new(RingSink(shared.clone())),
                 stats: stats::QueueStats::new(id, Some(cpu), topology.node_of(cpu)),
             });
+            let online = topology.online.contains(&cpu);
             let config = RingConfig {
                 qid: cpu as u16,
                 depth,
                 payload_bytes,
                 poll: opts.poll.unwrap_or(uring::DEFAULT_RING_POLL),
+                online,
             };
             let (fs, fd, queue) = (fs.clone(), session_fd.clone(), handle.clone());
             let mountpoint = spec.mountpoint.clone();
@@ -318,8 +320,11 @@ pub fn run<F: Filesystem>(
                     .spawn(move || {
                         if let Err(e) = topology::pin_current_thread(cpu) {
                             // An offline CPU: its ring is still needed (the kernel waits for
-                            // every possible CPU's queue) and serves from wherever it runs.
-                            tracing::warn!("pinning ring {cpu}'s worker failed: {e}");
+                            // every possible CPU's queue), with one entry until the CPU comes
+                            // online; it pins itself then.
+                            if online {
+                                tracing::warn!("pinning ring {cpu}'s worker failed: {e}");
+                            }
                         }
                         if let Err(e) = uring::serve_ring(&*fs, wire, &fd, &shared, &queue, &config)
                         {

@@ -155,7 +155,7 @@ fn dispatch_answers_every_request_exactly_once() {
         // What dispatch says must match what happened: the io_uring transport recycles a
         // ring entry on this word.
         assert_eq!(
-            dispatched == Dispatched::Answering,
+            dispatched != Dispatched::Silent,
             replies.len() == 1,
             "{} dispatched {dispatched:?} with {} answers (seed {seed}, run {runs})",
             opcode::name(op),
