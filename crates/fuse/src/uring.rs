@@ -1145,10 +1145,16 @@ mod tests {
     #[test]
     fn only_shortages_are_retried() {
         for errno in [libc::EAGAIN, libc::ENOMEM, libc::EBUSY, libc::EINTR] {
-            assert!(is_transient(&io::Error::from_raw_os_error(errno)), "{errno}");
+            assert!(
+                is_transient(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
         }
         for errno in [libc::EBADF, libc::EINVAL, libc::EFAULT] {
-            assert!(!is_transient(&io::Error::from_raw_os_error(errno)), "{errno}");
+            assert!(
+                !is_transient(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
         }
     }
 
