@@ -319,3 +319,59 @@ fn sigterm_leaves_a_mount_stacked_on_ours_alone() {
     );
     assert_eq!(kept.expect("the stacked mount's file"), b"stacked");
 }
+
+/// An open that waits on the host for a lease break (another process holds a read lease on
+/// the file, and the open is for writing) must not hold a queue: a lookup from the same CPU
+/// (over /dev/fuse: with one queue) is served meanwhile, and the open completes once the
+/// lease goes.
+#[test]
+fn an_open_waiting_for_a_lease_break_holds_no_queue() {
+    use std::os::fd::AsRawFd;
+    let _serial = serial();
+    // A lease break signals the holder (SIGIO by default, which would kill us).
+    // SAFETY: setting a signal disposition.
+    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+    let src = TempDir::new("liveness-lease");
+    let host = src.path().join("leased");
+    std::fs::write(&host, b"data").unwrap();
+    let m = Mount::start(src.path().to_str().unwrap(), &["--queues", "1"]);
+    let lease_holder = File::open(&host).unwrap();
+    let take_lease = || {
+        // SAFETY: fcntl on an fd we hold.
+        unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) == 0 }
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), take_lease),
+        "cannot take a read lease: {}",
+        std::io::Error::last_os_error()
+    );
+    let target = m.path("leased");
+    let (opened_tx, opened) = mpsc::channel();
+    std::thread::spawn(move || {
+        pin_to(0);
+        let start = Instant::now();
+        let file = std::fs::OpenOptions::new().write(true).open(&target);
+        let _ = opened_tx.send((start.elapsed(), file.map(drop)));
+    });
+    // Let the open reach the host and wait there.
+    std::thread::sleep(Duration::from_millis(500));
+    let root = m.mountpoint.clone();
+    let probe = timed_on_cpu0(PROMPT * 2, move || fresh_lookup(&root, "lease"));
+    // SAFETY: fcntl on an fd we hold: the lease goes, the open proceeds.
+    unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    let (open_took, open_result) = opened
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the open completes once the lease is gone");
+    open_result.expect("the open for writing");
+    let (took, kind) = probe.unwrap_or_else(|| {
+        panic!("a lookup from CPU 0 hung behind an open waiting for a lease break")
+    });
+    assert_eq!(kind, std::io::ErrorKind::NotFound);
+    assert!(took < PROMPT, "the lookup took {took:?}");
+    assert!(
+        open_took >= Duration::from_millis(400),
+        "the open took only {open_took:?}: the lease did not hold it, so this proves nothing"
+    );
+    drop(lease_holder);
+    m.unmount();
+}

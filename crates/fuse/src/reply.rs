@@ -14,6 +14,7 @@ use std::time::Instant;
 use zerocopy::IntoBytes;
 
 use crate::abi::{self, opcode};
+use crate::offload::Offload;
 use crate::stats::QueueStats;
 
 /// Where the replies of one queue go: the queue's /dev/fuse fd, or its io_uring ring.
@@ -51,6 +52,8 @@ pub trait ReplySink: Send + Sync {
 pub struct QueueHandle {
     pub sink: Box<dyn ReplySink>,
     pub stats: QueueStats,
+    /// Where `Reply::offload` sends slow work (the session's pools, one per NUMA node).
+    pub offload: Arc<Offload>,
 }
 
 /// The handle that answers one request.
@@ -93,6 +96,14 @@ impl Reply {
     /// The opcode of the request this answers.
     pub fn opcode(&self) -> u32 {
         self.opcode
+    }
+
+    /// Runs `job`, which answers through this Reply, on the session's offload pool (a few
+    /// threads per NUMA node, see `offload`): for work that can take long, so that it does
+    /// not hold the queue's worker. When the pool is full it runs at once, here.
+    pub fn offload(self, job: impl FnOnce(Reply) + Send + 'static) {
+        let offload = self.queue.offload.clone();
+        offload.run(move || job(self));
     }
 
     fn send(mut self, error: i32, payload: &[&[u8]]) {
@@ -416,6 +427,7 @@ mod tests {
         let queue = Arc::new(QueueHandle {
             sink: Box::new(capture.clone()),
             stats: QueueStats::new(0, None, None),
+            offload: Arc::new(Offload::new(&crate::topology::Topology::single(1))),
         });
         (Reply::new(99, 0, op, Instant::now(), queue), capture)
     }

@@ -22,6 +22,7 @@ use crate::control::{self, ControlSocket};
 use crate::dev::{self, DevSink, PollPolicy, ReadOutcome};
 use crate::filesystem::{Connection, Filesystem, InitRequest};
 use crate::mount::{self, MountSpec};
+use crate::offload::Offload;
 use crate::reply::{QueueHandle, Reply};
 use crate::request::{self, Operation, WireFormat};
 use crate::stats::{self, QueueSnapshot, StatsSnapshot};
@@ -258,12 +259,15 @@ pub fn run<F: Filesystem>(
         tracing::warn!("cannot read the CPU topology ({e}); assuming one node");
         Topology::single(std::thread::available_parallelism().map_or(1, |n| n.get()))
     });
+    // The pools for slow requests, one per NUMA node; threads start on first use.
+    let offload = Arc::new(Offload::new(&topology));
     // INIT is answered on the session fd before the transport's queues exist.
     let init_queue = Arc::new(QueueHandle {
         sink: Box::new(DevSink {
             fd: session_fd.clone(),
         }),
         stats: stats::QueueStats::new(0, None, None),
+        offload: offload.clone(),
     });
     let mut conn =
         answer_init(&*fs, &session_fd, &init_queue, opts, want_uring).map_err(unmount_on_error)?;
@@ -304,6 +308,7 @@ pub fn run<F: Filesystem>(
             let handle = Arc::new(QueueHandle {
                 sink: Box::new(RingSink(shared.clone())),
                 stats: stats::QueueStats::new(id, Some(cpu), topology.node_of(cpu)),
+                offload: offload.clone(),
             });
             let online = topology.online.contains(&cpu);
             let config = RingConfig {
@@ -351,6 +356,7 @@ pub fn run<F: Filesystem>(
                 fd: session_fd.clone(),
             }),
             stats: stats::QueueStats::new(handles.len(), None, None),
+            offload: offload.clone(),
         });
         workers.push(spawn_dev_worker(
             &fs,
@@ -381,6 +387,7 @@ pub fn run<F: Filesystem>(
             Arc::new(QueueHandle {
                 sink: Box::new(DevSink { fd: fd.clone() }),
                 stats: stats::QueueStats::new(id, cpu, cpu.and_then(|c| topology.node_of(c))),
+                offload: offload.clone(),
             })
         };
         // Queue 0 serves on the session fd; the others on clones, whose replies go back on

@@ -1165,6 +1165,7 @@ mod tests {
         let queue = Arc::new(QueueHandle {
             sink: Box::new(sink),
             stats: crate::stats::QueueStats::new(0, None, None),
+            offload: Arc::new(crate::offload::Offload::new(&topology::Topology::single(1))),
         });
         let entry_payload = shared.entry(0).payload_ptr();
         Reply::new(11, 0, abi::opcode::READ, Instant::now(), queue.clone()).data_with(
