@@ -2,15 +2,17 @@
 //! a worker pinned to that CPU. The kernel queues a request on the ring of the CPU its caller
 //! runs on, so a request and its answer stay on one CPU.
 //!
-//! A ring has `depth` entries. Each entry is a pair of buffers registered with the kernel (a
-//! 288-byte `UringReqHeader` and a payload buffer of the connection's largest payload),
-//! allocated by the worker after it is pinned, so the pages come from its own NUMA node. An
-//! entry cycles: REGISTER (or COMMIT_AND_FETCH) is in the kernel → its completion carries a
-//! request → the file system answers through a [`Reply`](crate::Reply) → the answer is written
-//! into the entry's buffers → the worker submits COMMIT_AND_FETCH, which hands the answer to
-//! the kernel and waits for the next request in one step. Requests are served where the
-//! kernel put them (the headers are copied in front of the payload), except small ones with
-//! a name or xattr payload, which are copied out first; see `serve_entry`.
+//! A ring keeps `depth` entries free for new requests, plus a spare for each request parked
+//! beyond them (see `serve_ring`). Each entry is a pair of buffers registered with the
+//! kernel (a 288-byte `UringReqHeader` and a payload buffer of the connection's largest
+//! payload, an unpopulated mapping that costs memory once used, first touched on the
+//! worker's CPU). An entry cycles: REGISTER (or COMMIT_AND_FETCH) is in the kernel → its
+//! completion carries a request → the file system answers through a
+//! [`Reply`](crate::Reply) → the answer is written into the entry's buffers → the worker
+//! submits COMMIT_AND_FETCH, which hands the answer to the kernel and waits for the next
+//! request in one step. WRITEs are served where the kernel put them (the headers are copied
+//! in front of the data); other requests are rebuilt in the worker's buffer; see
+//! `serve_entry`.
 //!
 //! Replies from other threads. Every submission of a ring comes from its worker: the kernel
 //! copies the next request into the entry's buffers in the context of the task that submitted
@@ -24,9 +26,9 @@
 //!
 //! Head-of-line blocking: handlers run inline on the worker, as on /dev/fuse. While one
 //! handler blocks, the other requests of that ring wait (requests on other CPUs do not). A
-//! file system that may block (on a disk, a network) should keep the `Reply` and answer from
-//! its own thread: the entry stays with the request and the worker goes on serving
-//! (`Connection::per_cpu_queues` tells a file system it runs over rings).
+//! file system that may block hands the work to the offload pool (`Reply::offload`) or
+//! keeps the `Reply` and answers from its own thread: the request is parked, the entry stays
+//! with it, and the worker goes on serving with a spare.
 
 use std::cell::{RefCell, UnsafeCell};
 use std::io::{self, IoSlice};
