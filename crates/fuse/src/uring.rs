@@ -700,6 +700,7 @@ pub fn serve_ring<F: Filesystem>(
     SERVING.with(|s| s.borrow_mut().0 = Arc::as_ptr(shared));
     let mut wake_pending = false;
     let mut connection_ended = false;
+    let mut topped_up = config.online;
     let mut completions: Vec<Cqe> = Vec::with_capacity(depth + 1);
     let mut answered: Vec<u16> = Vec::with_capacity(depth);
 
@@ -730,9 +731,10 @@ pub fn serve_ring<F: Filesystem>(
                 let i = cqe.user_data as usize;
                 match -cqe.res {
                     0 => {
-                        if book.live < depth {
-                            // A request on a ring that started with one entry: its CPU is
-                            // online now. Serve it from here, with the full depth.
+                        if !topped_up {
+                            // The first request on a ring that started with one entry: its
+                            // CPU is online now. Serve it from there, with the full depth.
+                            topped_up = true;
                             if let Err(e) = topology::pin_current_thread(config.qid as usize) {
                                 tracing::debug!(qid = config.qid, "pinning: {e}");
                             }
