@@ -167,6 +167,16 @@ fn set_lock(file: &File, typ: i32) -> std::io::Result<()> {
     }
 }
 
+/// A process's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
 /// Waits for child `pid` for up to `limit`; its exit status, or None if it still runs.
 fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
     let start = Instant::now();
@@ -205,6 +215,7 @@ fn blocking_lock_waiters_never_use_up_a_cpus_queue() {
         .open(&target)
         .unwrap();
     set_lock(&holder, libc::F_WRLCK).expect("the holder takes the lock");
+    let rss_before = rss_kib(m.pid);
     let c_target = CString::new(target.as_os_str().as_bytes()).unwrap();
     let waiters: Vec<libc::pid_t> = (0..WAITERS).map(|_| spawn_lock_waiter(&c_target)).collect();
     // Let every waiter reach the daemon and park.
@@ -226,6 +237,9 @@ fn blocking_lock_waiters_never_use_up_a_cpus_queue() {
             panic!("a waiter exited while the lock was held: it did not wait");
         }
     }
+    // Each parked waiter may have cost a spare ring entry: its payload buffer (1 MiB) must
+    // cost no memory, as a lock request never touches it.
+    let rss_growth = rss_kib(m.pid).saturating_sub(rss_before);
     let root = m.mountpoint.clone();
     let probe = timed_on_cpu0(PROMPT * 2, move || fresh_lookup(&root, "lock-waiters"));
     let Some((took, kind)) = probe else {
@@ -257,6 +271,10 @@ fn blocking_lock_waiters_never_use_up_a_cpus_queue() {
     );
     assert!(took < PROMPT, "the lookup took {took:?}");
     assert!(unlock_took < PROMPT, "the unlock took {unlock_took:?}");
+    assert!(
+        rss_growth < 4096,
+        "the daemon grew by {rss_growth} KiB for {WAITERS} parked lock waiters"
+    );
     m.unmount();
 }
 
