@@ -114,8 +114,9 @@ impl Offload {
         }
     }
 
-    /// Threads started and jobs waiting, per node (for tests and stats).
-    pub fn load(&self) -> Vec<(usize, usize)> {
+    /// Threads started and jobs waiting, per node.
+    #[cfg(test)]
+    fn load(&self) -> Vec<(usize, usize)> {
         self.nodes
             .iter()
             .map(|n| {

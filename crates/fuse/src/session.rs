@@ -618,9 +618,9 @@ fn start_control<F: Filesystem>(
 /// shutdown unmounts and aborts this connection, never whatever a path leads to: a mount
 /// stacked on ours (on its mount point or inside it) is not ours to detach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectionDevice {
-    pub major: u32,
-    pub minor: u32,
+struct ConnectionDevice {
+    major: u32,
+    minor: u32,
 }
 
 impl ConnectionDevice {
