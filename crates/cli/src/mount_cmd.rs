@@ -118,6 +118,10 @@ pub struct MountArgs {
     /// For the engine's tests: null answers each read from another thread.
     #[arg(long, hide = true)]
     pub defer_reads: bool,
+    /// For the engine's tests: null answers each read from another thread after this many
+    /// milliseconds (the request stays parked meanwhile).
+    #[arg(long, hide = true, value_name = "MS")]
+    pub defer_reads_ms: Option<u64>,
 }
 
 #[derive(Parser)]
@@ -206,7 +210,10 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
                 size: args.size.unwrap_or(NullOptions::default().size),
                 parallel_writes: !args.no_parallel_writes,
                 panic_on_lookup: args.panic_on_lookup.clone(),
-                defer_reads: args.defer_reads,
+                defer_reads: args
+                    .defer_reads_ms
+                    .map(std::time::Duration::from_millis)
+                    .or(args.defer_reads.then_some(std::time::Duration::ZERO)),
             });
             serve(fs, &spec, &session_options, &source, "null", ready)
         }

@@ -4,7 +4,7 @@
 
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lanefs_fuse::abi::{self, fattr, fopen};
 use lanefs_fuse::{DirBuffer, DirEntry, Filesystem, Reply, Request};
@@ -26,9 +26,10 @@ pub struct NullOptions {
     pub parallel_writes: bool,
     /// Fault injection for the engine's tests: a lookup of this name panics in the handler.
     pub panic_on_lookup: Option<String>,
-    /// For the engine's tests: answer each read from a thread of its own, as a file system
-    /// that waits on something would, so the answer comes after the handler has returned.
-    pub defer_reads: bool,
+    /// For the engine's tests: answer each read from a thread of its own, after this long,
+    /// as a file system that waits on something would, so the answer comes after the
+    /// handler has returned (the request is parked meanwhile).
+    pub defer_reads: Option<Duration>,
 }
 
 impl Default for NullOptions {
@@ -37,7 +38,7 @@ impl Default for NullOptions {
             size: 1 << 40,
             parallel_writes: true,
             panic_on_lookup: None,
-            defer_reads: false,
+            defer_reads: None,
         }
     }
 }
@@ -155,8 +156,11 @@ impl Filesystem for NullFs {
         }
         let size = self.size.load(Ordering::Relaxed);
         let len = (arg.size as u64).min(size.saturating_sub(arg.offset)) as usize;
-        if self.options.defer_reads {
-            std::thread::spawn(move || reply.data(&ZEROS[..len.min(ZEROS.len())]));
+        if let Some(delay) = self.options.defer_reads {
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                reply.data(&ZEROS[..len.min(ZEROS.len())])
+            });
             return;
         }
         reply.data(&ZEROS[..len.min(ZEROS.len())])

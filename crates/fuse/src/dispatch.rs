@@ -7,14 +7,17 @@ use std::time::Instant;
 
 use crate::abi::{self, opcode};
 use crate::filesystem::{Filesystem, Request};
-use crate::reply::{QueueHandle, Reply};
+use crate::reply::{QueueHandle, Reply, answered_during};
 use crate::request::{self, DecodeError, Operation, WireFormat};
 
-/// Whether a dispatched request will be answered through its queue's sink.
+/// Whether a dispatched request was answered through its queue's sink, or will be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dispatched {
-    /// A `Reply` was made: it answers exactly once, now or later, from whichever thread.
-    Answering,
+    /// Answered before `dispatch` returned.
+    Answered,
+    /// Parked: the file system kept the `Reply` and answers later, from whichever thread.
+    /// Over io_uring the request keeps its ring entry until then.
+    Parked,
     /// No answer will come: FORGET, BATCH_FORGET, INTERRUPT, or a header too broken to answer.
     Silent,
 }
@@ -45,12 +48,12 @@ pub fn dispatch<F: Filesystem>(
         Ok(op) => op,
         Err(DecodeError::Unknown { .. }) => {
             reply().error(libc::ENOSYS);
-            return Dispatched::Answering;
+            return Dispatched::Answered;
         }
         Err(e) => {
             tracing::warn!(unique = header.unique, "malformed request: {e}");
             reply().error(libc::EINVAL);
-            return Dispatched::Answering;
+            return Dispatched::Answered;
         }
     };
     let req = Request {
@@ -67,77 +70,10 @@ pub fn dispatch<F: Filesystem>(
         op,
         Operation::Forget { .. } | Operation::BatchForget { .. } | Operation::Interrupt { .. }
     );
-    let outcome = catch_unwind(AssertUnwindSafe(|| match op {
-        Operation::Forget { nlookup } => {
-            fs.forget(ino, nlookup);
-            record_silent();
-        }
-        Operation::BatchForget { nodes } => {
-            fs.batch_forget(nodes);
-            record_silent();
-        }
-        // Handlers that finish promptly ignore it (their normal reply is accepted); one
-        // that holds a request (a blocking lock) answers it EINTR.
-        Operation::Interrupt { unique } => {
-            fs.interrupt(unique);
-            record_silent();
-        }
-        Operation::Init { .. } => {
-            tracing::warn!("second INIT on an initialised connection");
-            reply().error(libc::EPROTO)
-        }
-        // The session calls `fs.destroy()` once every queue has stopped, DESTROY or not.
-        Operation::Destroy => reply().ok(),
-        Operation::Lookup { name } => fs.lookup(&req, ino, name, reply()),
-        Operation::Getattr { arg } => {
-            let fh = (arg.getattr_flags & abi::GETATTR_FH != 0).then_some(arg.fh);
-            fs.getattr(&req, ino, fh, reply())
-        }
-        Operation::Setattr { arg } => fs.setattr(&req, ino, arg, reply()),
-        Operation::Readlink => fs.readlink(&req, ino, reply()),
-        Operation::Symlink { name, target } => fs.symlink(&req, ino, name, target, reply()),
-        Operation::Mknod { arg, name } => fs.mknod(&req, ino, name, arg, reply()),
-        Operation::Mkdir { arg, name } => fs.mkdir(&req, ino, name, arg, reply()),
-        Operation::Unlink { name } => fs.unlink(&req, ino, name, reply()),
-        Operation::Rmdir { name } => fs.rmdir(&req, ino, name, reply()),
-        Operation::Rename {
-            newdir,
-            flags,
-            name,
-            newname,
-        } => fs.rename(&req, ino, name, newdir, newname, flags, reply()),
-        Operation::Link { oldnodeid, newname } => fs.link(&req, oldnodeid, ino, newname, reply()),
-        Operation::Open { arg } => fs.open(&req, ino, arg, reply()),
-        Operation::Read { arg } => fs.read(&req, ino, arg, reply()),
-        Operation::Write { arg, data } => fs.write(&req, ino, arg, data, reply()),
-        Operation::Statfs => fs.statfs(&req, ino, reply()),
-        Operation::Release { arg } => fs.release(&req, ino, arg, reply()),
-        Operation::Fsync { arg } => fs.fsync(&req, ino, arg, reply()),
-        Operation::Setxattr {
-            name,
-            value,
-            flags,
-            setxattr_flags,
-        } => fs.setxattr(&req, ino, name, value, flags, setxattr_flags, reply()),
-        Operation::Getxattr { name, size } => fs.getxattr(&req, ino, name, size, reply()),
-        Operation::Listxattr { size } => fs.listxattr(&req, ino, size, reply()),
-        Operation::Removexattr { name } => fs.removexattr(&req, ino, name, reply()),
-        Operation::Flush { arg } => fs.flush(&req, ino, arg, reply()),
-        Operation::Opendir { arg } => fs.opendir(&req, ino, arg, reply()),
-        Operation::Readdir { arg } => fs.readdir(&req, ino, arg, false, reply()),
-        Operation::Readdirplus { arg } => fs.readdir(&req, ino, arg, true, reply()),
-        Operation::Releasedir { arg } => fs.releasedir(&req, ino, arg, reply()),
-        Operation::Fsyncdir { arg } => fs.fsyncdir(&req, ino, arg, reply()),
-        Operation::Getlk { arg } => fs.getlk(&req, ino, arg, reply()),
-        Operation::Setlk { arg, sleep } => fs.setlk(&req, ino, arg, sleep, reply()),
-        Operation::Access { mask } => fs.access(&req, ino, mask, reply()),
-        Operation::Create { arg, name } => fs.create(&req, ino, name, arg, reply()),
-        Operation::Tmpfile { arg } => fs.tmpfile(&req, ino, arg, reply()),
-        Operation::Fallocate { arg } => fs.fallocate(&req, ino, arg, reply()),
-        Operation::Lseek { arg } => fs.lseek(&req, ino, arg, reply()),
-        Operation::CopyFileRange { arg, .. } => fs.copy_file_range(&req, ino, arg, reply()),
-        Operation::Syncfs => fs.syncfs(&req, ino, reply()),
-    }));
+    let mut outcome = Ok(());
+    let answered = answered_during(header.unique, || {
+        outcome = catch_unwind(AssertUnwindSafe(|| serve(fs, &req, ino, op, reply)))
+    });
     if outcome.is_err() {
         // The Reply moved into the handler was dropped while unwinding and answered EIO.
         tracing::error!(
@@ -148,8 +84,83 @@ pub fn dispatch<F: Filesystem>(
         );
     }
     if silent {
+        record_silent();
         Dispatched::Silent
+    } else if answered {
+        Dispatched::Answered
     } else {
-        Dispatched::Answering
+        Dispatched::Parked
+    }
+}
+
+/// Calls the file system's method for `op`.
+fn serve<F: Filesystem>(
+    fs: &F,
+    req: &Request,
+    ino: u64,
+    op: Operation<'_>,
+    reply: impl Fn() -> Reply,
+) {
+    match op {
+        Operation::Forget { nlookup } => fs.forget(ino, nlookup),
+        Operation::BatchForget { nodes } => fs.batch_forget(nodes),
+        // Handlers that finish promptly ignore it (their normal reply is accepted); one
+        // that holds a request (a blocking lock) answers it EINTR.
+        Operation::Interrupt { unique } => fs.interrupt(unique),
+        Operation::Init { .. } => {
+            tracing::warn!("second INIT on an initialised connection");
+            reply().error(libc::EPROTO)
+        }
+        // The session calls `fs.destroy()` once every queue has stopped, DESTROY or not.
+        Operation::Destroy => reply().ok(),
+        Operation::Lookup { name } => fs.lookup(req, ino, name, reply()),
+        Operation::Getattr { arg } => {
+            let fh = (arg.getattr_flags & abi::GETATTR_FH != 0).then_some(arg.fh);
+            fs.getattr(req, ino, fh, reply())
+        }
+        Operation::Setattr { arg } => fs.setattr(req, ino, arg, reply()),
+        Operation::Readlink => fs.readlink(req, ino, reply()),
+        Operation::Symlink { name, target } => fs.symlink(req, ino, name, target, reply()),
+        Operation::Mknod { arg, name } => fs.mknod(req, ino, name, arg, reply()),
+        Operation::Mkdir { arg, name } => fs.mkdir(req, ino, name, arg, reply()),
+        Operation::Unlink { name } => fs.unlink(req, ino, name, reply()),
+        Operation::Rmdir { name } => fs.rmdir(req, ino, name, reply()),
+        Operation::Rename {
+            newdir,
+            flags,
+            name,
+            newname,
+        } => fs.rename(req, ino, name, newdir, newname, flags, reply()),
+        Operation::Link { oldnodeid, newname } => fs.link(req, oldnodeid, ino, newname, reply()),
+        Operation::Open { arg } => fs.open(req, ino, arg, reply()),
+        Operation::Read { arg } => fs.read(req, ino, arg, reply()),
+        Operation::Write { arg, data } => fs.write(req, ino, arg, data, reply()),
+        Operation::Statfs => fs.statfs(req, ino, reply()),
+        Operation::Release { arg } => fs.release(req, ino, arg, reply()),
+        Operation::Fsync { arg } => fs.fsync(req, ino, arg, reply()),
+        Operation::Setxattr {
+            name,
+            value,
+            flags,
+            setxattr_flags,
+        } => fs.setxattr(req, ino, name, value, flags, setxattr_flags, reply()),
+        Operation::Getxattr { name, size } => fs.getxattr(req, ino, name, size, reply()),
+        Operation::Listxattr { size } => fs.listxattr(req, ino, size, reply()),
+        Operation::Removexattr { name } => fs.removexattr(req, ino, name, reply()),
+        Operation::Flush { arg } => fs.flush(req, ino, arg, reply()),
+        Operation::Opendir { arg } => fs.opendir(req, ino, arg, reply()),
+        Operation::Readdir { arg } => fs.readdir(req, ino, arg, false, reply()),
+        Operation::Readdirplus { arg } => fs.readdir(req, ino, arg, true, reply()),
+        Operation::Releasedir { arg } => fs.releasedir(req, ino, arg, reply()),
+        Operation::Fsyncdir { arg } => fs.fsyncdir(req, ino, arg, reply()),
+        Operation::Getlk { arg } => fs.getlk(req, ino, arg, reply()),
+        Operation::Setlk { arg, sleep } => fs.setlk(req, ino, arg, sleep, reply()),
+        Operation::Access { mask } => fs.access(req, ino, mask, reply()),
+        Operation::Create { arg, name } => fs.create(req, ino, name, arg, reply()),
+        Operation::Tmpfile { arg } => fs.tmpfile(req, ino, arg, reply()),
+        Operation::Fallocate { arg } => fs.fallocate(req, ino, arg, reply()),
+        Operation::Lseek { arg } => fs.lseek(req, ino, arg, reply()),
+        Operation::CopyFileRange { arg, .. } => fs.copy_file_range(req, ino, arg, reply()),
+        Operation::Syncfs => fs.syncfs(req, ino, reply()),
     }
 }

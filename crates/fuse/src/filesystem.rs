@@ -41,10 +41,10 @@ pub struct Connection {
     /// The /dev/fuse fd of the session, for ioctls such as FUSE_DEV_IOC_BACKING_OPEN.
     pub session_fd: i32,
     /// Requests wait for the queue of their caller's CPU, whose one worker serves them one
-    /// after another (io_uring). A handler that may block for long (truncating a large file,
-    /// an open that waits for a lease break) should then answer from another thread, or the
-    /// CPU's other callers, stat and lseek included, wait behind it. Over /dev/fuse any idle
-    /// worker takes any request, so this is false.
+    /// after another (io_uring). Over /dev/fuse any idle worker takes any request, so this
+    /// is false. Either way a handler that may block for long (truncating a large file, an
+    /// open that waits for a lease break) should hand the work to `Reply::offload`, or the
+    /// queue's other callers, stat and lseek included, wait behind it.
     pub per_cpu_queues: bool,
 }
 

@@ -7,6 +7,7 @@ pub mod dev;
 pub mod dispatch;
 pub mod filesystem;
 pub mod mount;
+pub mod offload;
 pub mod reply;
 pub mod request;
 pub mod ring;

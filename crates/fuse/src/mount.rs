@@ -27,6 +27,9 @@ pub const FSTYPE: &str = "fuse.lanefs";
 /// A mount in /proc/self/mountinfo.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MountInfo {
+    /// The mount's id, and the id of the mount it sits on.
+    pub id: u32,
+    pub parent: u32,
     pub major: u32,
     pub minor: u32,
     pub mountpoint: PathBuf,
@@ -60,8 +63,8 @@ fn unescape(field: &str) -> Vec<u8> {
 /// Parses one line of /proc/self/mountinfo.
 pub fn parse_mountinfo_line(line: &str) -> Option<MountInfo> {
     let mut fields = line.split(' ');
-    let _id = fields.next()?;
-    let _parent = fields.next()?;
+    let id = fields.next()?.parse().ok()?;
+    let parent = fields.next()?.parse().ok()?;
     let (major, minor) = fields.next()?.split_once(':')?;
     let _root = fields.next()?;
     let mountpoint = PathBuf::from(OsStr::from_bytes(&unescape(fields.next()?)));
@@ -71,6 +74,8 @@ pub fn parse_mountinfo_line(line: &str) -> Option<MountInfo> {
     let fstype = rest.next()?.to_string();
     let source = String::from_utf8_lossy(&unescape(rest.next()?)).into_owned();
     Some(MountInfo {
+        id,
+        parent,
         major: major.parse().ok()?,
         minor: minor.parse().ok()?,
         mountpoint,
@@ -81,16 +86,20 @@ pub fn parse_mountinfo_line(line: &str) -> Option<MountInfo> {
 
 /// The mount at exactly `path`, the topmost one if several are stacked.
 pub fn find_mount(path: &Path) -> io::Result<Option<MountInfo>> {
+    Ok(mounts()?.into_iter().rfind(|info| info.mountpoint == path))
+}
+
+/// Every mount of this mount namespace, in mount order (a mount comes after the one it sits
+/// on).
+pub fn mounts() -> io::Result<Vec<MountInfo>> {
     let file = File::open("/proc/self/mountinfo")?;
-    let mut found = None;
+    let mut all = Vec::new();
     for line in BufReader::new(file).lines() {
-        if let Some(info) = parse_mountinfo_line(&line?)
-            && info.mountpoint == path
-        {
-            found = Some(info);
+        if let Some(info) = parse_mountinfo_line(&line?) {
+            all.push(info);
         }
     }
-    Ok(found)
+    Ok(all)
 }
 
 /// Makes a mount point absolute without touching it (canonicalize would stat a dead mount).
@@ -432,6 +441,7 @@ mod tests {
     fn parses_mountinfo_with_optional_fields_and_escapes() {
         let line = "36 35 0:52 / /tmp/my\\040mnt rw,nosuid,nodev shared:1 master:2 - fuse.lanefs null: rw,user_id=0,group_id=0";
         let info = parse_mountinfo_line(line).unwrap();
+        assert_eq!((info.id, info.parent), (36, 35));
         assert_eq!((info.major, info.minor), (0, 52));
         assert_eq!(info.mountpoint, PathBuf::from("/tmp/my mnt"));
         assert_eq!(info.fstype, "fuse.lanefs");

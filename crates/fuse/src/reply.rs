@@ -6,7 +6,7 @@
 //! methods consume the handle, and a handle dropped without an answer (a handler that forgot,
 //! or one that panicked and unwound) answers EIO and logs it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,6 +14,7 @@ use std::time::Instant;
 use zerocopy::IntoBytes;
 
 use crate::abi::{self, opcode};
+use crate::offload::Offload;
 use crate::stats::QueueStats;
 
 /// Where the replies of one queue go: the queue's /dev/fuse fd, or its io_uring ring.
@@ -21,12 +22,38 @@ pub trait ReplySink: Send + Sync {
     /// Writes one reply. `token` is what the transport put in the [`Reply`] (the io_uring
     /// entry, say). `iov[0]` is the out header; its `len` covers all slices.
     fn send(&self, token: u64, iov: &[IoSlice<'_>]) -> std::io::Result<()>;
+
+    /// The buffer (start, length) the kernel will read the answer's payload from, when the
+    /// transport has one per request (an io_uring entry's payload buffer), so that a read
+    /// lands there without a second copy; None (the default, /dev/fuse): the answer is
+    /// copied in by `send`. Only the one `Reply` of request `token` may write it, before it
+    /// answers, and not after.
+    fn payload_buffer(&self, token: u64) -> Option<(*mut u8, usize)> {
+        let _ = token;
+        None
+    }
+
+    /// Sends an answer whose payload (`payload_len` bytes) already lies at the start of
+    /// `payload_buffer(token)`. `out_header` is the out header.
+    fn send_in_place(
+        &self,
+        token: u64,
+        out_header: &[u8],
+        payload_len: usize,
+    ) -> std::io::Result<()> {
+        let _ = (token, out_header, payload_len);
+        Err(std::io::Error::other(
+            "this transport has no answer buffers to write into",
+        ))
+    }
 }
 
 /// One queue as seen by the replies of its requests.
 pub struct QueueHandle {
     pub sink: Box<dyn ReplySink>,
     pub stats: QueueStats,
+    /// Where `Reply::offload` sends slow work (the session's pools, one per NUMA node).
+    pub offload: Arc<Offload>,
 }
 
 /// The handle that answers one request.
@@ -40,6 +67,9 @@ pub struct Reply {
 }
 
 thread_local! {
+    /// The request this thread is dispatching (its unique; 0: none) and whether its answer
+    /// has been sent: how `dispatch` tells an answered request from a parked one.
+    static DISPATCHING: Cell<(u64, bool)> = const { Cell::new((0, false)) };
     /// Per-thread read buffer for [`Reply::data_with`], so that reads allocate only once per
     /// thread, whichever thread answers.
     static READ_BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -66,6 +96,14 @@ impl Reply {
     /// The opcode of the request this answers.
     pub fn opcode(&self) -> u32 {
         self.opcode
+    }
+
+    /// Runs `job`, which answers through this Reply, on the session's offload pool (a few
+    /// threads per NUMA node, see `offload`): for work that can take long, so that it does
+    /// not hold the queue's worker. When the pool is full it runs at once, here.
+    pub fn offload(self, job: impl FnOnce(Reply) + Send + 'static) {
+        let offload = self.queue.offload.clone();
+        offload.run(move || job(self));
     }
 
     fn send(mut self, error: i32, payload: &[&[u8]]) {
@@ -113,9 +151,42 @@ impl Reply {
         self.send(0, &[data]);
     }
 
-    /// Answers with up to `max` bytes produced by `fill` into a per-thread buffer, or with the
-    /// errno `fill` returns. The buffer is reused, so a read allocates nothing in steady state.
-    pub fn data_with(self, max: usize, fill: impl FnOnce(&mut [u8]) -> Result<usize, i32>) {
+    /// Answers with up to `max` bytes produced by `fill`, or with the errno `fill` returns.
+    /// Over io_uring `fill` writes straight into the ring entry's payload buffer, which the
+    /// kernel reads the answer from (no second copy); elsewhere into a per-thread buffer that
+    /// is reused, so a read allocates nothing in steady state.
+    pub fn data_with(mut self, max: usize, fill: impl FnOnce(&mut [u8]) -> Result<usize, i32>) {
+        if let Some((at, len)) = self.queue.sink.payload_buffer(self.token) {
+            // SAFETY: this Reply is the one of request `token` and has not answered, so the
+            // buffer is its alone (see `ReplySink::payload_buffer`); the slice is not used
+            // after the answer below.
+            let buf = unsafe { std::slice::from_raw_parts_mut(at, len) };
+            let max = max.min(buf.len());
+            match fill(&mut buf[..max]) {
+                Ok(n) => {
+                    let n = n.min(max);
+                    self.answered = true;
+                    let header = abi::OutHeader {
+                        len: (size_of::<abi::OutHeader>() + n) as u32,
+                        error: 0,
+                        unique: self.unique,
+                    };
+                    answered_now(self.unique);
+                    self.queue
+                        .stats
+                        .record(self.opcode, self.started.elapsed(), false);
+                    if let Err(e) = self
+                        .queue
+                        .sink
+                        .send_in_place(self.token, header.as_bytes(), n)
+                    {
+                        tracing::warn!(unique = self.unique, "sending reply failed: {e}");
+                    }
+                }
+                Err(errno) => self.error(errno),
+            }
+            return;
+        }
         READ_BUFFER.with(|cell| {
             let mut buf = cell.borrow_mut();
             if buf.len() < max {
@@ -191,6 +262,23 @@ impl Drop for Reply {
     }
 }
 
+/// Marks the request this thread is dispatching, if it is `unique`, as answered.
+fn answered_now(unique: u64) {
+    DISPATCHING.with(|d| {
+        if d.get().0 == unique {
+            d.set((unique, true));
+        }
+    });
+}
+
+/// Runs `serve` (which dispatches request `unique` on this thread) and says whether the
+/// request was answered before it returned; false: its Reply was kept to answer later.
+pub(crate) fn answered_during(unique: u64, serve: impl FnOnce()) -> bool {
+    let outer = DISPATCHING.with(|d| d.replace((unique, false)));
+    serve();
+    DISPATCHING.with(|d| d.replace(outer)).1
+}
+
 fn send_raw(
     queue: &QueueHandle,
     unique: u64,
@@ -213,6 +301,7 @@ fn send_raw(
         *slot = IoSlice::new(part);
     }
     let count = 1 + payload.len().min(3);
+    answered_now(unique);
     queue.stats.record(op, started.elapsed(), error != 0);
     if let Err(e) = queue.sink.send(token, &iov[..count]) {
         // ENOENT: the kernel gave up on the request (interrupted, or the caller was killed).
@@ -338,6 +427,7 @@ mod tests {
         let queue = Arc::new(QueueHandle {
             sink: Box::new(capture.clone()),
             stats: QueueStats::new(0, None, None),
+            offload: Arc::new(Offload::new(&crate::topology::Topology::single(1))),
         });
         (Reply::new(99, 0, op, Instant::now(), queue), capture)
     }

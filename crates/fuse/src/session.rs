@@ -22,6 +22,7 @@ use crate::control::{self, ControlSocket};
 use crate::dev::{self, DevSink, PollPolicy, ReadOutcome};
 use crate::filesystem::{Connection, Filesystem, InitRequest};
 use crate::mount::{self, MountSpec};
+use crate::offload::Offload;
 use crate::reply::{QueueHandle, Reply};
 use crate::request::{self, Operation, WireFormat};
 use crate::stats::{self, QueueSnapshot, StatsSnapshot};
@@ -246,6 +247,7 @@ pub fn run<F: Filesystem>(
     let want_uring = uring_offered && ring_refused.is_none();
 
     let session_fd = Arc::new(mount::mount(spec)?);
+    let device = ConnectionDevice::of_new_mount(&spec.mountpoint);
     // From here on, a failure before serving must not leave a dead mount behind.
     let unmount_on_error = |e: io::Error| {
         if let Err(u) = mount::unmount(&spec.mountpoint, true) {
@@ -257,12 +259,15 @@ pub fn run<F: Filesystem>(
         tracing::warn!("cannot read the CPU topology ({e}); assuming one node");
         Topology::single(std::thread::available_parallelism().map_or(1, |n| n.get()))
     });
+    // The pools for slow requests, one per NUMA node; threads start on first use.
+    let offload = Arc::new(Offload::new(&topology));
     // INIT is answered on the session fd before the transport's queues exist.
     let init_queue = Arc::new(QueueHandle {
         sink: Box::new(DevSink {
             fd: session_fd.clone(),
         }),
         stats: stats::QueueStats::new(0, None, None),
+        offload: offload.clone(),
     });
     let mut conn =
         answer_init(&*fs, &session_fd, &init_queue, opts, want_uring).map_err(unmount_on_error)?;
@@ -303,12 +308,15 @@ pub fn run<F: Filesystem>(
             let handle = Arc::new(QueueHandle {
                 sink: Box::new(RingSink(shared.clone())),
                 stats: stats::QueueStats::new(id, Some(cpu), topology.node_of(cpu)),
+                offload: offload.clone(),
             });
+            let online = topology.online.contains(&cpu);
             let config = RingConfig {
                 qid: cpu as u16,
                 depth,
                 payload_bytes,
                 poll: opts.poll.unwrap_or(uring::DEFAULT_RING_POLL),
+                online,
             };
             let (fs, fd, queue) = (fs.clone(), session_fd.clone(), handle.clone());
             let mountpoint = spec.mountpoint.clone();
@@ -318,8 +326,11 @@ pub fn run<F: Filesystem>(
                     .spawn(move || {
                         if let Err(e) = topology::pin_current_thread(cpu) {
                             // An offline CPU: its ring is still needed (the kernel waits for
-                            // every possible CPU's queue) and serves from wherever it runs.
-                            tracing::warn!("pinning ring {cpu}'s worker failed: {e}");
+                            // every possible CPU's queue), with one entry until the CPU comes
+                            // online; it pins itself then.
+                            if online {
+                                tracing::warn!("pinning ring {cpu}'s worker failed: {e}");
+                            }
                         }
                         if let Err(e) = uring::serve_ring(&*fs, wire, &fd, &shared, &queue, &config)
                         {
@@ -331,7 +342,7 @@ pub fn run<F: Filesystem>(
                                 "ring stopped: {e}; ending the connection (callers get \
                                  ECONNABORTED instead of waiting forever)"
                             );
-                            end_connection(&mountpoint);
+                            end_connection(&mountpoint, device);
                         }
                     })?,
             );
@@ -345,6 +356,7 @@ pub fn run<F: Filesystem>(
                 fd: session_fd.clone(),
             }),
             stats: stats::QueueStats::new(handles.len(), None, None),
+            offload: offload.clone(),
         });
         workers.push(spawn_dev_worker(
             &fs,
@@ -375,6 +387,7 @@ pub fn run<F: Filesystem>(
             Arc::new(QueueHandle {
                 sink: Box::new(DevSink { fd: fd.clone() }),
                 stats: stats::QueueStats::new(id, cpu, cpu.and_then(|c| topology.node_of(c))),
+                offload: offload.clone(),
             })
         };
         // Queue 0 serves on the session fd; the others on clones, whose replies go back on
@@ -434,7 +447,7 @@ pub fn run<F: Filesystem>(
         let mountpoint = spec.mountpoint.clone();
         std::thread::Builder::new()
             .name("lanefs-signals".into())
-            .spawn(move || wait_for_shutdown(signals, &mountpoint, &finished))?
+            .spawn(move || wait_for_shutdown(signals, &mountpoint, device, &finished))?
     };
 
     ready(&Mounted {
@@ -601,10 +614,110 @@ fn start_control<F: Filesystem>(
     }
 }
 
-/// The signal thread: a shutdown signal unmounts lazily, so the queues see the connection end
-/// once the last open file closes; if files stay open past the grace period, the connection
-/// is aborted through fusectl so the daemon still exits.
-fn wait_for_shutdown(signals: libc::sigset_t, mountpoint: &Path, finished: &AtomicBool) {
+/// Our FUSE connection's device number, as mountinfo and fusectl name it. The engine's
+/// shutdown unmounts and aborts this connection, never whatever a path leads to: a mount
+/// stacked on ours (on its mount point or inside it) is not ours to detach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ConnectionDevice {
+    major: u32,
+    minor: u32,
+}
+
+impl ConnectionDevice {
+    /// Our mount, found right after mounting (nothing can be stacked on it yet).
+    fn of_new_mount(mountpoint: &Path) -> Option<ConnectionDevice> {
+        match mount::find_mount(mountpoint) {
+            Ok(Some(info)) => Some(ConnectionDevice {
+                major: info.major,
+                minor: info.minor,
+            }),
+            other => {
+                tracing::warn!(
+                    "cannot find our mount in mountinfo ({other:?}); shutdown will unmount \
+                     {} by path",
+                    mountpoint.display()
+                );
+                None
+            }
+        }
+    }
+}
+
+/// What `unmount_ours` found and did.
+#[derive(Debug, PartialEq)]
+enum Detached {
+    /// Our mount(s) were unmounted lazily.
+    Unmounted,
+    /// Our connection is mounted nowhere any more.
+    Gone,
+    /// Another mount sits on or inside ours (here): unmounting ours would detach it too, so
+    /// ours stays; only aborting the connection ends it.
+    Covered(PathBuf),
+}
+
+/// Lazily unmounts every mount of our connection, unless another mount sits on or inside
+/// one of them. Decided from one reading of mountinfo: a mount stacked between that reading
+/// and the unmount would still be detached (a window of microseconds, which only root can
+/// use, against our own mount).
+fn unmount_ours(device: Option<ConnectionDevice>, mountpoint: &Path) -> Detached {
+    let Some(device) = device else {
+        if let Err(e) = mount::unmount(mountpoint, true) {
+            tracing::warn!("{e}");
+        }
+        return Detached::Unmounted;
+    };
+    let mounts = match mount::mounts() {
+        Ok(mounts) => mounts,
+        Err(e) => {
+            tracing::warn!("cannot read mountinfo ({e}); not unmounting");
+            return Detached::Gone;
+        }
+    };
+    match covering(&mounts, device) {
+        Err(()) => Detached::Gone,
+        Ok(Some(above)) => Detached::Covered(above),
+        Ok(None) => {
+            for ours in mounts
+                .iter()
+                .filter(|m| (m.major, m.minor) == (device.major, device.minor))
+            {
+                if let Err(e) = mount::unmount(&ours.mountpoint, true) {
+                    tracing::warn!("{e}");
+                }
+            }
+            Detached::Unmounted
+        }
+    }
+}
+
+/// Where another mount sits on or inside a mount of ours (Ok(None): nowhere); Err when our
+/// connection is not mounted at all.
+fn covering(mounts: &[mount::MountInfo], device: ConnectionDevice) -> Result<Option<PathBuf>, ()> {
+    let ours: Vec<u32> = mounts
+        .iter()
+        .filter(|m| (m.major, m.minor) == (device.major, device.minor))
+        .map(|m| m.id)
+        .collect();
+    if ours.is_empty() {
+        return Err(());
+    }
+    Ok(mounts
+        .iter()
+        .find(|m| ours.contains(&m.parent) && !ours.contains(&m.id))
+        .map(|m| m.mountpoint.clone()))
+}
+
+/// The signal thread: a shutdown signal unmounts our mount lazily, so the queues see the
+/// connection end once the last open file closes; if files stay open past the grace period,
+/// the connection is aborted through fusectl so the daemon still exits. If another mount is
+/// stacked on ours, ours is not unmounted (that would detach the other): the connection is
+/// aborted at once, and our mount stays, dead, under it.
+fn wait_for_shutdown(
+    signals: libc::sigset_t,
+    mountpoint: &Path,
+    device: Option<ConnectionDevice>,
+    finished: &AtomicBool,
+) {
     let tick = libc::timespec {
         tv_sec: 0,
         tv_nsec: 200_000_000,
@@ -619,34 +732,46 @@ fn wait_for_shutdown(signals: libc::sigset_t, mountpoint: &Path, finished: &Atom
         if sig > 0 && signalled_at.is_none() {
             tracing::info!("signal {sig}: unmounting {}", mountpoint.display());
             signalled_at = Some(Instant::now());
-            let device = mount::find_mount(mountpoint).ok().flatten();
-            if let Err(e) = mount::unmount(mountpoint, true) {
-                tracing::warn!("{e}");
-            }
-            if let Some(device) = device {
-                let finished_wait = Instant::now();
-                while !finished.load(Ordering::Acquire) && finished_wait.elapsed() < SHUTDOWN_GRACE
-                {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                if !finished.load(Ordering::Acquire) {
+            match unmount_ours(device, mountpoint) {
+                Detached::Covered(above) => {
                     tracing::warn!(
-                        "files still open after {SHUTDOWN_GRACE:?}; aborting the connection"
+                        "another mount sits on ours at {}: leaving both mounted and aborting \
+                         our connection (our mount stays, dead, until unmounted)",
+                        above.display()
                     );
-                    abort_connection(device.minor);
+                    if let Some(device) = device {
+                        abort_connection(device.minor);
+                    }
+                }
+                Detached::Unmounted | Detached::Gone => {
+                    let Some(device) = device else { continue };
+                    let finished_wait = Instant::now();
+                    while !finished.load(Ordering::Acquire)
+                        && finished_wait.elapsed() < SHUTDOWN_GRACE
+                    {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    if !finished.load(Ordering::Acquire) {
+                        tracing::warn!(
+                            "files still open after {SHUTDOWN_GRACE:?}; aborting the connection"
+                        );
+                        abort_connection(device.minor);
+                    }
                 }
             }
         }
     }
 }
 
-/// Ends a connection the daemon can no longer serve: unmounts lazily (new callers get
-/// ENOTCONN) and aborts the connection, so that requests already queued fail instead of
-/// waiting for an answer that will not come.
-fn end_connection(mountpoint: &Path) {
-    let device = mount::find_mount(mountpoint).ok().flatten();
-    if let Err(e) = mount::unmount(mountpoint, true) {
-        tracing::warn!("{e}");
+/// Ends a connection the daemon can no longer serve: unmounts our mount lazily (new callers
+/// get ENOTCONN; not if a mount is stacked on it) and aborts the connection, so that
+/// requests already queued fail instead of waiting for an answer that will not come.
+fn end_connection(mountpoint: &Path, device: Option<ConnectionDevice>) {
+    if let Detached::Covered(above) = unmount_ours(device, mountpoint) {
+        tracing::warn!(
+            "another mount sits on ours at {}: aborting our connection without unmounting",
+            above.display()
+        );
     }
     if let Some(device) = device {
         abort_connection(device.minor);
@@ -741,6 +866,43 @@ mod tests {
             negotiate(&k, InitRequest::default(), &SessionOptions::default()).unwrap();
         assert_eq!(conn.flags, init_flags::ASYNC_READ);
         assert_eq!(out.flags2, 0);
+    }
+
+    #[test]
+    fn a_mount_on_or_inside_ours_covers_it() {
+        let line = |id: u32, parent: u32, dev: &str, at: &str| {
+            mount::parse_mountinfo_line(&format!(
+                "{id} {parent} {dev} / {at} rw - fuse.lanefs null: rw"
+            ))
+            .unwrap()
+        };
+        let ours = ConnectionDevice {
+            major: 0,
+            minor: 52,
+        };
+        let alone = [line(1, 0, "8:1", "/"), line(40, 1, "0:52", "/mnt")];
+        assert_eq!(covering(&alone, ours), Ok(None));
+        // Stacked on our mount point, or mounted inside ours: both sit on our mount.
+        let stacked = [
+            alone[0].clone(),
+            alone[1].clone(),
+            line(41, 40, "0:60", "/mnt"),
+        ];
+        assert_eq!(covering(&stacked, ours), Ok(Some(PathBuf::from("/mnt"))));
+        let inside = [
+            alone[0].clone(),
+            alone[1].clone(),
+            line(41, 40, "0:60", "/mnt/d"),
+        ];
+        assert_eq!(covering(&inside, ours), Ok(Some(PathBuf::from("/mnt/d"))));
+        // Ours under someone else's: not covered. Gone: Err.
+        let under = [
+            alone[0].clone(),
+            line(39, 1, "0:60", "/mnt"),
+            line(40, 39, "0:52", "/mnt"),
+        ];
+        assert_eq!(covering(&under, ours), Ok(None));
+        assert_eq!(covering(&alone[..1], ours), Err(()));
     }
 
     #[test]

@@ -2,15 +2,17 @@
 //! a worker pinned to that CPU. The kernel queues a request on the ring of the CPU its caller
 //! runs on, so a request and its answer stay on one CPU.
 //!
-//! A ring has `depth` entries. Each entry is a pair of buffers registered with the kernel (a
-//! 288-byte `UringReqHeader` and a payload buffer of the connection's largest payload),
-//! allocated by the worker after it is pinned, so the pages come from its own NUMA node. An
-//! entry cycles: REGISTER (or COMMIT_AND_FETCH) is in the kernel → its completion carries a
-//! request → the file system answers through a [`Reply`](crate::Reply) → the answer is written
-//! into the entry's buffers → the worker submits COMMIT_AND_FETCH, which hands the answer to
-//! the kernel and waits for the next request in one step. Requests are served where the
-//! kernel put them (the headers are copied in front of the payload), except small ones with
-//! a name or xattr payload, which are copied out first; see `serve_entry`.
+//! A ring keeps `depth` entries free for new requests, plus a spare for each request parked
+//! beyond them (see `serve_ring`). Each entry is a pair of buffers registered with the
+//! kernel (a 288-byte `UringReqHeader` and a payload buffer of the connection's largest
+//! payload, an unpopulated mapping that costs memory once used, first touched on the
+//! worker's CPU). An entry cycles: REGISTER (or COMMIT_AND_FETCH) is in the kernel → its
+//! completion carries a request → the file system answers through a
+//! [`Reply`](crate::Reply) → the answer is written into the entry's buffers → the worker
+//! submits COMMIT_AND_FETCH, which hands the answer to the kernel and waits for the next
+//! request in one step. WRITEs are served where the kernel put them (the headers are copied
+//! in front of the data); other requests are rebuilt in the worker's buffer; see
+//! `serve_entry`.
 //!
 //! Replies from other threads. Every submission of a ring comes from its worker: the kernel
 //! copies the next request into the entry's buffers in the context of the task that submitted
@@ -24,9 +26,9 @@
 //!
 //! Head-of-line blocking: handlers run inline on the worker, as on /dev/fuse. While one
 //! handler blocks, the other requests of that ring wait (requests on other CPUs do not). A
-//! file system that may block (on a disk, a network) should keep the `Reply` and answer from
-//! its own thread: the entry stays with the request and the worker goes on serving
-//! (`Connection::per_cpu_queues` tells a file system it runs over rings).
+//! file system that may block hands the work to the offload pool (`Reply::offload`) or
+//! keeps the `Reply` and answers from its own thread: the request is parked, the entry stays
+//! with it, and the worker goes on serving with a spare.
 
 use std::cell::{RefCell, UnsafeCell};
 use std::io::{self, IoSlice};
@@ -43,6 +45,7 @@ use crate::filesystem::{Connection, Filesystem};
 use crate::reply::{QueueHandle, Reply, ReplySink};
 use crate::request::WireFormat;
 use crate::ring::{Cqe, Ring, Sqe128};
+use crate::topology;
 
 /// Where the kernel says whether FUSE over io_uring may be used.
 pub const ENABLE_PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -124,19 +127,111 @@ pub fn payload_bytes(conn: &Connection) -> usize {
         .max(MIN_PAYLOAD_BYTES)
 }
 
-/// Room before the payload for a request's in header and op header, so that a request can be
-/// laid out contiguously, as /dev/fuse delivers it, in front of its payload without moving
-/// the payload (8-byte aligned: every op header's size is a multiple of 8).
+/// Room before the payload for a request's in header and op header, so that a WRITE can be
+/// laid out contiguously, as /dev/fuse delivers it, in front of its data without moving the
+/// data (8-byte aligned: every op header's size is a multiple of 8).
 const PREFIX_BYTES: usize = size_of::<abi::InHeader>() + abi::URING_OP_IN_OUT_SZ;
 /// The largest answer that can wait in an entry's staging area (see `EntryBuffers::staged`):
 /// an out header and a WRITE's answer, with room to spare.
 const STAGE_BYTES: usize = 64;
+/// The most entries one ring may have: its depth plus the spares registered while requests
+/// are parked (see `serve_ring`). Each costs the kernel a small allocation, us 16 bytes of
+/// slot and an unpopulated payload mapping (address space, no memory until used).
+pub const MAX_RING_ENTRIES: usize = 512;
+/// A spare entry whose last use touched more than this much of its payload buffer gives the
+/// pages beyond its answer back to the kernel (MADV_DONTNEED) before it is committed, so
+/// that spares, once a large write or read has passed through them, do not stay resident.
+const SPARE_RESIDENT_MAX_BYTES: usize = 64 * 1024;
+/// io_uring_enter refused for lack of memory or resources (EAGAIN, ENOMEM, EBUSY): the first
+/// retry waits this long, doubling up to `ENTER_RETRY_MAX`. The ring is not given up: its
+/// CPU's callers would otherwise hang (or the whole mount end) on a passing shortage.
+const ENTER_RETRY_FIRST: Duration = Duration::from_millis(1);
+const ENTER_RETRY_MAX: Duration = Duration::from_millis(100);
+/// How many retries of a transient io_uring_enter failure pass between two log lines.
+const ENTER_RETRY_LOG_EVERY: u32 = 100;
 
 /// An answer written while its request still borrowed the payload buffer.
 struct StagedAnswer {
     /// Bytes used in `bytes`: the out header, then the answer's payload. 0: nothing staged.
     len: usize,
     bytes: [u8; STAGE_BYTES],
+}
+
+/// An anonymous private mapping: one page of room for a WRITE's headers (`PREFIX_BYTES` at
+/// its end), then the payload buffer the kernel knows, page aligned. MAP_NORESERVE and not
+/// populated: a page costs memory only once the kernel or a handler writes it (so an entry
+/// that carries only locks, getattrs and other payload-less requests costs none), and first
+/// touch comes from the ring's pinned worker (the kernel copies requests in that task's
+/// context), so the pages come from its own NUMA node.
+struct PayloadRegion {
+    base: *mut u8,
+    len: usize,
+}
+
+impl PayloadRegion {
+    fn new(payload_bytes: usize) -> io::Result<PayloadRegion> {
+        let page = crate::session::page_bytes();
+        let len = page + payload_bytes.div_ceil(page) * page;
+        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(PayloadRegion {
+            base: base.cast(),
+            len,
+        })
+    }
+
+    fn payload_ptr(&self) -> *mut u8 {
+        // SAFETY: the mapping is one page longer than the payload buffer.
+        unsafe { self.base.add(crate::session::page_bytes()) }
+    }
+
+    fn payload_len(&self) -> usize {
+        self.len - crate::session::page_bytes()
+    }
+
+    /// Gives the payload pages from `keep` bytes on back to the kernel; they read as zeros
+    /// and cost nothing until written again.
+    fn release_from(&self, keep: usize) {
+        let page = crate::session::page_bytes();
+        let from = keep.div_ceil(page) * page;
+        if from >= self.payload_len() {
+            return;
+        }
+        // SAFETY: the range lies inside our own mapping, and nothing in it is in use: the
+        // answer (the first `keep` bytes) is kept.
+        let rc = unsafe {
+            libc::madvise(
+                self.payload_ptr().add(from).cast(),
+                self.payload_len() - from,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(
+                "releasing a spare ring entry's pages: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+impl Drop for PayloadRegion {
+    fn drop(&mut self) {
+        // SAFETY: base/len are the mapping made in `new`, not yet unmapped.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
 }
 
 /// One entry's buffers, shared with the kernel.
@@ -148,10 +243,10 @@ struct StagedAnswer {
 /// still reads the request in the payload buffer, so the answer goes to `staged` instead;
 /// then the worker again, until it submits the commit.
 struct EntryBuffers {
-    header: Box<UnsafeCell<abi::UringReqHeader>>,
-    /// `PREFIX_BYTES` of room for a request's headers, then the payload buffer the kernel
-    /// knows. Words, so that everything in it is 8-byte aligned like the argument structs.
-    region: Box<[UnsafeCell<u64>]>,
+    header: UnsafeCell<abi::UringReqHeader>,
+    region: PayloadRegion,
+    /// What REGISTER points at: [header, payload buffer]. Read by the kernel only.
+    iov: [libc::iovec; 2],
     /// Set by the worker while a handler runs on a request whose payload lies in the payload
     /// buffer (a WRITE served in place); cleared (Release) when the handler has returned.
     borrowed: AtomicBool,
@@ -162,36 +257,53 @@ struct EntryBuffers {
 // or the one Reply of the entry's request) owns the buffers, and ownership moves between
 // threads through the deferred-list mutex or the worker's own thread; `borrowed` (Acquire
 // against the worker's Release) tells a Reply whether the handler is done with the payload.
+// The raw pointers (mapping, iovecs) point into memory the entry itself owns.
 unsafe impl Sync for EntryBuffers {}
+// SAFETY: as above; nothing in an entry is tied to the thread that made it.
+unsafe impl Send for EntryBuffers {}
 
 impl EntryBuffers {
-    /// Allocated by the pinned worker. Every word is written here, so every page is first
-    /// touched on the worker's CPU and comes from its node.
-    fn new(payload_bytes: usize) -> EntryBuffers {
-        EntryBuffers {
-            header: Box::new(UnsafeCell::new(abi::UringReqHeader::new_zeroed())),
-            region: (0..(PREFIX_BYTES + payload_bytes).div_ceil(8))
-                .map(|_| UnsafeCell::new(0))
-                .collect(),
+    /// Boxed, so that the header and iovecs the kernel is given never move.
+    fn new(payload_bytes: usize) -> io::Result<Box<EntryBuffers>> {
+        let region = PayloadRegion::new(payload_bytes)?;
+        let mut entry = Box::new(EntryBuffers {
+            header: UnsafeCell::new(abi::UringReqHeader::new_zeroed()),
+            iov: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; 2],
             borrowed: AtomicBool::new(false),
             staged: UnsafeCell::new(StagedAnswer {
                 len: 0,
                 bytes: [0; STAGE_BYTES],
             }),
-        }
-    }
-
-    fn region_ptr(&self) -> *mut u8 {
-        UnsafeCell::raw_get(self.region.as_ptr()).cast()
+            region,
+        });
+        entry.iov = [
+            libc::iovec {
+                iov_base: entry.header.get().cast(),
+                iov_len: size_of::<abi::UringReqHeader>(),
+            },
+            libc::iovec {
+                iov_base: entry.region.payload_ptr().cast(),
+                iov_len: entry.region.payload_len(),
+            },
+        ];
+        Ok(entry)
     }
 
     fn payload_ptr(&self) -> *mut u8 {
-        // SAFETY: the region is PREFIX_BYTES longer than the payload buffer.
-        unsafe { self.region_ptr().add(PREFIX_BYTES) }
+        self.region.payload_ptr()
     }
 
     fn payload_len(&self) -> usize {
-        self.region.len() * 8 - PREFIX_BYTES
+        self.region.payload_len()
+    }
+
+    /// Where a WRITE's headers go: the last `PREFIX_BYTES` before the payload.
+    fn prefix_ptr(&self) -> *mut u8 {
+        // SAFETY: the page before the payload is part of the mapping.
+        unsafe { self.payload_ptr().sub(PREFIX_BYTES) }
     }
 
     /// Writes an answer (out header, then payload parts) into the header and payload buffer.
@@ -202,8 +314,6 @@ impl EntryBuffers {
         // SAFETY: per the contract, the header and payload are ours to write; the parts are
         // caller memory, never the ring's buffers, and fit the payload buffer.
         unsafe {
-            let header = &mut *self.header.get();
-            header.in_out[..out_header.len()].copy_from_slice(out_header);
             let mut at = self.payload_ptr();
             let mut total = 0;
             for part in parts {
@@ -211,8 +321,19 @@ impl EntryBuffers {
                 at = at.add(part.len());
                 total += part.len();
             }
-            header.ring_ent_in_out.payload_sz = total as u32;
+            self.write_out_header(out_header, total);
         }
+    }
+
+    /// Writes the out header of an answer whose `payload_len` bytes lie in the payload buffer.
+    ///
+    /// # Safety
+    /// The caller owns the entry.
+    unsafe fn write_out_header(&self, out_header: &[u8], payload_len: usize) {
+        // SAFETY: per the contract, the header is ours to write.
+        let header = unsafe { &mut *self.header.get() };
+        header.in_out[..out_header.len()].copy_from_slice(out_header);
+        header.ring_ent_in_out.payload_sz = payload_len as u32;
     }
 
     /// Moves a staged answer, if any, into the header and payload buffer (worker, before
@@ -235,12 +356,23 @@ impl EntryBuffers {
             );
         }
     }
+
+    /// The answer's payload length (worker, after `unstage`).
+    ///
+    /// # Safety
+    /// The caller (the worker) owns the entry.
+    unsafe fn answer_len(&self) -> usize {
+        // SAFETY: per the contract.
+        unsafe { (*self.header.get()).ring_ent_in_out.payload_sz as usize }
+    }
 }
 
 /// The state of one ring that the replies of its requests share with its worker.
 pub struct RingShared {
-    /// The entries' buffers, set once by the worker after it is pinned.
-    entries: OnceLock<Box<[EntryBuffers]>>,
+    /// The entries, by index (the reply token). A slot is set once, by the worker, before
+    /// the entry is registered; the worker adds entries while it serves (spares), so the
+    /// slots are fixed in number and each entry is boxed, never moved.
+    entries: Box<[OnceLock<Box<EntryBuffers>>]>,
     /// Entries answered on threads other than the worker, waiting to be committed.
     /// Lock: one per ring, taken only by such deferred replies and by the worker when the
     /// eventfd wakes it; a leaf (nothing is locked while holding it). Inline replies never
@@ -258,11 +390,18 @@ impl RingShared {
             return Err(io::Error::last_os_error());
         }
         Ok(Arc::new(RingShared {
-            entries: OnceLock::new(),
+            entries: (0..MAX_RING_ENTRIES).map(|_| OnceLock::new()).collect(),
             deferred: Mutex::new(Vec::new()),
             // SAFETY: eventfd returned a new fd that nothing else owns.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
         }))
+    }
+
+    fn entry(&self, token: u64) -> &EntryBuffers {
+        self.entries
+            .get(token as usize)
+            .and_then(OnceLock::get)
+            .expect("a ring's requests come only from entries it registered")
     }
 
     /// Wakes the worker: its pending read of the eventfd completes.
@@ -291,11 +430,7 @@ pub struct RingSink(pub Arc<RingShared>);
 impl ReplySink for RingSink {
     fn send(&self, token: u64, iov: &[IoSlice<'_>]) -> io::Result<()> {
         let shared = &*self.0;
-        let entries = shared
-            .entries
-            .get()
-            .expect("a ring's requests come only after its buffers exist");
-        let entry = &entries[token as usize];
+        let entry = shared.entry(token);
         let out_len = size_of::<abi::OutHeader>();
         let payload_len: usize = iov[1..].iter().map(|p| p.len()).sum();
         let borrowed = entry.borrowed.load(Ordering::Acquire);
@@ -346,6 +481,24 @@ impl ReplySink for RingSink {
         hand_back(shared, token as u16);
         result
     }
+
+    fn payload_buffer(&self, token: u64) -> Option<(*mut u8, usize)> {
+        let entry = self.0.entry(token);
+        // While `borrowed`, the request's own data is there (a WRITE still being handled).
+        // Otherwise the entry's Reply owns the buffer until it answers (see EntryBuffers).
+        (!entry.borrowed.load(Ordering::Acquire))
+            .then(|| (entry.payload_ptr(), entry.payload_len()))
+    }
+
+    fn send_in_place(&self, token: u64, out_header: &[u8], payload_len: usize) -> io::Result<()> {
+        let shared = &*self.0;
+        let entry = shared.entry(token);
+        // SAFETY: the caller is the entry's Reply, which owns it until the hand-back below;
+        // the payload was written into the buffer, within its length.
+        unsafe { entry.write_out_header(out_header, payload_len.min(entry.payload_len())) };
+        hand_back(shared, token as u16);
+        Ok(())
+    }
 }
 
 /// Gives an answered entry back to its worker for committing.
@@ -379,8 +532,10 @@ enum EntryState {
     Registering,
     /// A COMMIT_AND_FETCH is in the kernel.
     InKernel,
-    /// Its request is with the file system, waiting for the Reply.
+    /// Its request is being served on the worker (answered or not yet).
     Answering,
+    /// Its request was parked: the file system answers later, from another thread.
+    Parked,
     /// The connection is gone; the kernel will not use the entry again.
     Ended,
 }
@@ -389,14 +544,53 @@ enum EntryState {
 pub struct RingConfig {
     /// The kernel's queue id: the CPU whose requests this ring carries.
     pub qid: u16,
+    /// Entries kept free for new requests: the ring registers this many, and one more spare
+    /// for each request parked beyond them (up to `MAX_RING_ENTRIES`).
     pub depth: usize,
     pub payload_bytes: usize,
     /// How long the worker stays awake after a batch before sleeping (see
     /// `DEFAULT_RING_POLL`); zero: it sleeps at once.
     pub poll: Duration,
+    /// Whether the CPU was online at the start. An offline CPU's ring registers one entry
+    /// (the kernel uses the rings only once every possible CPU's queue has one) and the rest
+    /// of its depth with its first request, which means the CPU has come online.
+    pub online: bool,
+}
+
+/// The worker's view of its ring's entries.
+struct Entries {
+    states: Vec<EntryState>,
+    commit_ids: Vec<u64>,
+    /// Bytes of its payload buffer each entry's current use may have touched (spares only
+    /// are trimmed back, see `SPARE_RESIDENT_MAX_BYTES`).
+    touched: Vec<usize>,
+    /// Entries whose request is parked.
+    parked: usize,
+    /// Entries that are not Ended.
+    live: usize,
+    /// The cap was met and logged (logged again only after it was left).
+    at_cap: bool,
 }
 
 /// Serves one ring until the connection ends. Runs on the ring's worker, already pinned.
+///
+/// Parked requests. A request whose Reply the file system keeps (a blocking lock waiter, a
+/// slow operation handed to the offload pool) keeps its entry until answered: the kernel
+/// matches the answer to the entry. So that no number of parked requests leaves the CPU's
+/// queue without free entries, the worker registers a spare entry whenever a request parks
+/// while fewer than `depth` of the ring's entries are free of parked requests. REGISTER is
+/// accepted on a running queue (fs/fuse/dev_uring.c: the entry simply joins the queue's
+/// available list), and its payload buffer must be at least the connection's
+/// `max_payload_sz`, as for the first ones. An entry cannot be unregistered, so spares stay,
+/// and serve like any other entry; their payload buffers are unpopulated mappings, trimmed
+/// back after a large use. At `MAX_RING_ENTRIES` no spare is added (logged): parked requests
+/// then hold entries the queue cannot replace, and once every entry is parked the CPU's new
+/// requests wait for one of them to be answered, as with a fixed depth.
+///
+/// One limit of the kernel's: a REGISTER does not pick up requests already waiting for an
+/// entry (only a new request or a COMMIT_AND_FETCH does). Spares are registered as soon as a
+/// request parks, so such a wait needs `depth` requests arriving together and all parking;
+/// what waits behind them is then served by the next request or answer on that CPU.
 pub fn serve_ring<F: Filesystem>(
     fs: &F,
     wire: WireFormat,
@@ -406,32 +600,10 @@ pub fn serve_ring<F: Filesystem>(
     config: &RingConfig,
 ) -> io::Result<()> {
     let depth = config.depth.clamp(1, MAX_QUEUE_DEPTH);
-    let entries: Box<[EntryBuffers]> = (0..depth)
-        .map(|_| EntryBuffers::new(config.payload_bytes))
-        .collect();
-    if shared.entries.set(entries).is_err() {
-        return Err(io::Error::other("a ring was served twice"));
-    }
-    let entries = shared.entries.get().expect("set above");
-    // The iovec pairs REGISTER points at; the kernel reads them while issuing the command.
-    let iovecs: Vec<[libc::iovec; 2]> = entries
-        .iter()
-        .map(|e| {
-            [
-                libc::iovec {
-                    iov_base: e.header.get().cast(),
-                    iov_len: size_of::<abi::UringReqHeader>(),
-                },
-                libc::iovec {
-                    iov_base: e.payload_ptr().cast(),
-                    iov_len: e.payload_len(),
-                },
-            ]
-        })
-        .collect();
-    // Where requests with a payload other than a WRITE's (names, xattr values) are rebuilt as
-    // /dev/fuse would deliver them, out of the entry, so that the answer can be written into
-    // the entry while the handler still borrows the request (see serve_entry).
+    let first_entries = if config.online { depth } else { 1 };
+    // Where requests other than WRITEs are rebuilt as /dev/fuse would deliver them, out of
+    // the entry, so that their answer can be written into the entry while the handler still
+    // borrows the request, and so that payload-less requests touch no payload page.
     let mut request_words =
         vec![
             0u64;
@@ -439,147 +611,237 @@ pub fn serve_ring<F: Filesystem>(
                 .div_ceil(8)
         ];
     let mut wake_word = Box::new(0u64);
-    let mut ring = Ring::new(depth as u32 + 1)?;
-    let mut states = vec![EntryState::Registering; depth];
-    let mut commit_ids = vec![0u64; depth];
+    // Submissions are flushed when the submission ring fills; completions can be as many as
+    // the entries plus the wake read.
+    let mut ring = Ring::new(depth as u32 + 1, MAX_RING_ENTRIES as u32 + 1)?;
+    let mut book = Entries {
+        states: Vec::with_capacity(depth),
+        commit_ids: Vec::with_capacity(depth),
+        touched: Vec::with_capacity(depth),
+        parked: 0,
+        live: 0,
+        at_cap: false,
+    };
     let dev = dev_fd.as_raw_fd();
 
-    let register = |ring: &mut Ring, i: usize| {
+    let push = |ring: &mut Ring, sqe: &Sqe128| -> io::Result<()> {
+        if ring.is_full() {
+            enter(ring, 0)?;
+        }
+        // SAFETY: every buffer an entry's command points to (its iovecs, header and payload)
+        // is owned by `shared`, which outlives this function; the wake word lives until its
+        // read completes (see the end of this function).
+        let pushed = unsafe { ring.push(sqe) };
+        debug_assert!(pushed, "flushed above");
+        Ok(())
+    };
+    let register = |ring: &mut Ring, i: usize| -> io::Result<()> {
         let cmd = abi::UringCmdReq {
             qid: config.qid,
             ..Default::default()
         };
         let mut sqe = Sqe128::uring_cmd(dev, uring_cmd::REGISTER, cmd.as_bytes(), i as u64);
-        sqe.addr = iovecs[i].as_ptr() as u64;
+        sqe.addr = shared.entry(i as u64).iov.as_ptr() as u64;
         sqe.len = 2;
-        // SAFETY: the iovecs and the buffers they describe live until this function returns,
-        // after the last completion of the entry (or the connection's end) is reaped.
-        assert!(unsafe { ring.push(&sqe) }, "ring sized for every entry");
+        push(ring, &sqe)
     };
-    let commit = |ring: &mut Ring, i: usize, commit_id: u64| {
+    // Makes one more entry and registers it; false (logged) when none can be made.
+    let add_entry = |ring: &mut Ring, book: &mut Entries| -> io::Result<bool> {
+        let i = book.states.len();
+        if i >= MAX_RING_ENTRIES {
+            if !book.at_cap {
+                book.at_cap = true;
+                tracing::warn!(
+                    qid = config.qid,
+                    parked = book.parked,
+                    "this CPU's ring has reached its {MAX_RING_ENTRIES} entries: requests \
+                     parked from now on keep their entries unreplaced, and once all are \
+                     parked this CPU's new requests wait for one to be answered"
+                );
+            }
+            return Ok(false);
+        }
+        let entry = match EntryBuffers::new(config.payload_bytes) {
+            Ok(entry) => entry,
+            Err(e) => {
+                tracing::warn!(qid = config.qid, "cannot map a ring entry's buffer: {e}");
+                return Ok(false);
+            }
+        };
+        if shared.entries[i].set(entry).is_err() {
+            return Err(io::Error::other("a ring was served twice"));
+        }
+        book.states.push(EntryState::Registering);
+        book.commit_ids.push(0);
+        book.touched.push(0);
+        book.live += 1;
+        register(ring, i)?;
+        Ok(true)
+    };
+    let commit = |ring: &mut Ring, i: usize, commit_id: u64| -> io::Result<()> {
         let cmd = abi::UringCmdReq {
             commit_id,
             qid: config.qid,
             ..Default::default()
         };
         let sqe = Sqe128::uring_cmd(dev, uring_cmd::COMMIT_AND_FETCH, cmd.as_bytes(), i as u64);
-        // SAFETY: as for REGISTER: the entry's buffers outlive its commands.
-        assert!(unsafe { ring.push(&sqe) }, "ring sized for every entry");
+        push(ring, &sqe)
     };
-    let arm_wake = |ring: &mut Ring, word: &mut u64| {
+    let arm_wake = |ring: &mut Ring, word: &mut u64| -> io::Result<()> {
         let sqe = Sqe128::read(
             shared.wake.as_raw_fd(),
             (word as *mut u64).cast(),
             8,
             WAKE_TAG,
         );
-        // SAFETY: the word is boxed and lives until the read's completion is reaped below.
-        assert!(unsafe { ring.push(&sqe) }, "ring sized for every entry");
+        push(ring, &sqe)
     };
 
     SERVING.with(|s| s.borrow_mut().0 = Arc::as_ptr(shared));
-    for i in 0..depth {
-        register(&mut ring, i);
-    }
-    arm_wake(&mut ring, &mut wake_word);
-    let mut wake_pending = true;
+    let mut wake_pending = false;
     let mut connection_ended = false;
+    let mut topped_up = config.online;
     let mut completions: Vec<Cqe> = Vec::with_capacity(depth + 1);
     let mut answered: Vec<u16> = Vec::with_capacity(depth);
 
-    let result = loop {
-        if let Err(e) = submit_and_await(&mut ring, config.poll) {
-            break Err(e);
-        }
-        completions.clear();
-        ring.reap(&mut completions);
-        for cqe in &completions {
-            if cqe.user_data == WAKE_TAG {
-                wake_pending = false;
-                answered.extend(
-                    shared
-                        .deferred
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .drain(..),
-                );
-                continue;
-            }
-            let i = cqe.user_data as usize;
-            match -cqe.res {
-                0 => {
-                    states[i] = EntryState::Answering;
-                    commit_ids[i] = serve_entry(
-                        fs,
-                        wire,
-                        &entries[i],
-                        request_words.as_mut_bytes(),
-                        queue,
-                        i,
-                    );
-                }
-                libc::EAGAIN => {
-                    // REGISTER before the kernel finished INIT: try again shortly.
-                    std::thread::sleep(REGISTER_RETRY);
-                    register(&mut ring, i);
-                }
-                libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED => {
-                    states[i] = EntryState::Ended;
-                    connection_ended = true;
-                }
-                errno if states[i] == EntryState::Registering => {
-                    // Refused for good (buffers the kernel finds too small, say): trying
-                    // again would spin. The queue goes on with the entries it has.
-                    tracing::error!(
-                        qid = config.qid,
-                        entry = i,
-                        "the kernel refused to register a ring entry: {}",
-                        io::Error::from_raw_os_error(errno)
-                    );
-                    states[i] = EntryState::Ended;
-                }
-                errno => {
-                    // The kernel dropped the entry (a commit it could not match, say): give
-                    // it the buffers again so this CPU's queue keeps its depth.
-                    tracing::warn!(
-                        qid = config.qid,
-                        entry = i,
-                        "ring command failed: {}; registering the entry again",
-                        io::Error::from_raw_os_error(errno)
-                    );
-                    states[i] = EntryState::Registering;
-                    register(&mut ring, i);
-                }
+    let result = (|| -> io::Result<()> {
+        for _ in 0..first_entries {
+            if !add_entry(&mut ring, &mut book)? {
+                return Err(io::Error::other("cannot make this ring's first entries"));
             }
         }
-        SERVING.with(|s| answered.append(&mut s.borrow_mut().1));
-        for i in answered.drain(..) {
-            let i = i as usize;
-            // SAFETY: the entry's answer was handed back: the worker owns it.
-            unsafe { entries[i].unstage() };
-            states[i] = EntryState::InKernel;
-            commit(&mut ring, i, commit_ids[i]);
+        arm_wake(&mut ring, &mut wake_word)?;
+        wake_pending = true;
+        loop {
+            submit_and_await(&mut ring, config.poll)?;
+            completions.clear();
+            ring.reap(&mut completions);
+            for cqe in &completions {
+                if cqe.user_data == WAKE_TAG {
+                    wake_pending = false;
+                    answered.extend(
+                        shared
+                            .deferred
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .drain(..),
+                    );
+                    continue;
+                }
+                let i = cqe.user_data as usize;
+                match -cqe.res {
+                    0 => {
+                        if !topped_up {
+                            // The first request on a ring that started with one entry: its
+                            // CPU is online now. Serve it from there, with the full depth.
+                            topped_up = true;
+                            if let Err(e) = topology::pin_current_thread(config.qid as usize) {
+                                tracing::debug!(qid = config.qid, "pinning: {e}");
+                            }
+                            while book.live < depth && add_entry(&mut ring, &mut book)? {}
+                        }
+                        book.states[i] = EntryState::Answering;
+                        let (commit_id, dispatched, request_payload) = serve_entry(
+                            fs,
+                            wire,
+                            shared.entry(i as u64),
+                            request_words.as_mut_bytes(),
+                            queue,
+                            i,
+                        );
+                        book.commit_ids[i] = commit_id;
+                        book.touched[i] = book.touched[i].max(request_payload);
+                        if dispatched == Dispatched::Parked {
+                            book.states[i] = EntryState::Parked;
+                            book.parked += 1;
+                            if book.live - book.parked < depth && add_entry(&mut ring, &mut book)? {
+                                // Into the kernel now, not after the batch: the queue may be
+                                // out of free entries until it is there.
+                                enter(&mut ring, 0)?;
+                            }
+                        }
+                    }
+                    libc::EAGAIN => {
+                        // REGISTER before the kernel finished INIT: try again shortly.
+                        std::thread::sleep(REGISTER_RETRY);
+                        register(&mut ring, i)?;
+                    }
+                    libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED => {
+                        book.states[i] = EntryState::Ended;
+                        book.live -= 1;
+                        connection_ended = true;
+                    }
+                    errno if book.states[i] == EntryState::Registering => {
+                        // Refused for good (buffers the kernel finds too small, say): trying
+                        // again would spin. The queue goes on with the entries it has.
+                        tracing::error!(
+                            qid = config.qid,
+                            entry = i,
+                            "the kernel refused to register a ring entry: {}",
+                            io::Error::from_raw_os_error(errno)
+                        );
+                        book.states[i] = EntryState::Ended;
+                        book.live -= 1;
+                    }
+                    errno => {
+                        // The kernel dropped the entry (a commit it could not match, say):
+                        // give it the buffers again so this CPU's queue keeps its depth.
+                        tracing::warn!(
+                            qid = config.qid,
+                            entry = i,
+                            "ring command failed: {}; registering the entry again",
+                            io::Error::from_raw_os_error(errno)
+                        );
+                        book.states[i] = EntryState::Registering;
+                        register(&mut ring, i)?;
+                    }
+                }
+            }
+            SERVING.with(|s| answered.append(&mut s.borrow_mut().1));
+            for i in answered.drain(..) {
+                let i = i as usize;
+                let entry = shared.entry(i as u64);
+                if book.states[i] == EntryState::Parked {
+                    book.parked -= 1;
+                    book.at_cap = false;
+                }
+                // SAFETY: the entry's answer was handed back: the worker owns it.
+                let answer_len = unsafe {
+                    entry.unstage();
+                    entry.answer_len()
+                };
+                let touched = book.touched[i].max(answer_len);
+                if i >= depth && touched > SPARE_RESIDENT_MAX_BYTES {
+                    entry.region.release_from(answer_len);
+                    book.touched[i] = answer_len;
+                } else {
+                    book.touched[i] = touched;
+                }
+                book.states[i] = EntryState::InKernel;
+                commit(&mut ring, i, book.commit_ids[i])?;
+            }
+            let in_kernel = book
+                .states
+                .iter()
+                .filter(|s| matches!(s, EntryState::InKernel | EntryState::Registering))
+                .count();
+            if connection_ended && in_kernel == 0 {
+                // Entries still with the file system get answered into a dead ring: harmless.
+                return Ok(());
+            }
+            if book.live == 0 && !connection_ended {
+                // No completion would ever come to end this loop; nothing of ours is in the
+                // kernel, so the buffers may go.
+                return Err(io::Error::other(
+                    "the kernel registered no entry of this ring",
+                ));
+            }
+            if !wake_pending && !connection_ended {
+                arm_wake(&mut ring, &mut wake_word)?;
+                wake_pending = true;
+            }
         }
-        let in_kernel = states
-            .iter()
-            .filter(|s| matches!(s, EntryState::InKernel | EntryState::Registering))
-            .count();
-        if connection_ended && in_kernel == 0 {
-            // Entries still with the file system get answered into a dead ring: harmless.
-            break Ok(());
-        }
-        if states.iter().all(|s| *s == EntryState::Ended) && !connection_ended {
-            // No completion would ever come to end this loop; nothing of ours is in the
-            // kernel, so the buffers may go.
-            break Err(io::Error::other(
-                "the kernel registered no entry of this ring",
-            ));
-        }
-        if !wake_pending && !connection_ended {
-            arm_wake(&mut ring, &mut wake_word);
-            wake_pending = true;
-        }
-    };
+    })();
     // The eventfd read must complete before its word is freed: poke it and reap it.
     if wake_pending {
         let _ = shared.wake();
@@ -601,12 +863,49 @@ pub fn serve_ring<F: Filesystem>(
     result
 }
 
+/// Submits what was pushed and waits for `want` completions, retrying (with a bounded
+/// back-off and a log line) when the kernel is short of memory or resources: a passing
+/// shortage must not end the CPU's queue, and with it the mount.
+fn enter(ring: &mut Ring, want: u32) -> io::Result<()> {
+    let mut delay = ENTER_RETRY_FIRST;
+    let mut retries = 0u32;
+    loop {
+        match ring.submit_and_wait(want) {
+            Ok(()) => return Ok(()),
+            Err(e) if is_transient(&e) => {
+                // EBUSY: completions must be reaped before more can be submitted.
+                if ring.has_completions() {
+                    return Ok(());
+                }
+                if retries.is_multiple_of(ENTER_RETRY_LOG_EVERY) {
+                    tracing::warn!(
+                        "io_uring_enter: {e}; retrying in {delay:?} (a passing shortage of \
+                         kernel memory or resources)"
+                    );
+                }
+                retries += 1;
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(ENTER_RETRY_MAX);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether an io_uring_enter failure is a passing shortage worth retrying.
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAGAIN | libc::ENOMEM | libc::EBUSY | libc::EINTR)
+    )
+}
+
 /// Submits what the last batch queued (commits, registrations, the wake read) and returns
 /// once a completion is ready: first polling for up to `poll`, yielding the CPU between looks,
 /// then sleeping in the kernel.
 fn submit_and_await(ring: &mut Ring, poll: Duration) -> io::Result<()> {
     if !poll.is_zero() {
-        ring.submit_and_wait(0)?;
+        enter(ring, 0)?;
         let since = Instant::now();
         while !ring.has_completions() && since.elapsed() < poll {
             // SAFETY: sched_yield has no preconditions.
@@ -616,13 +915,13 @@ fn submit_and_await(ring: &mut Ring, poll: Duration) -> io::Result<()> {
             return Ok(());
         }
     }
-    ring.submit_and_wait(1)
+    enter(ring, 1)
 }
 
 /// Whether this process may create an io_uring at all: enabling FUSE over io_uring does not
 /// make io_uring_setup succeed (kernel.io_uring_disabled, seccomp filters).
 pub fn probe_setup() -> io::Result<()> {
-    Ring::new(1).map(drop)
+    Ring::new(1, 2).map(drop)
 }
 
 /// The mount line's explanation of an io_uring_setup failure.
@@ -638,9 +937,10 @@ pub fn setup_refused(e: &io::Error) -> String {
     format!("this process may not create an io_uring: {e}{hint}")
 }
 
-/// Copies the request out of entry `i`, dispatches it, and returns its commit id. A request
-/// that will get no answer through its Reply is answered EIO here, so that the entry returns
-/// to the kernel: an entry never committed would be lost to the queue for good.
+/// Rebuilds the request of entry `i`, dispatches it, and returns its commit id, how it was
+/// dispatched, and how many payload bytes the request brought. A request that will get no
+/// answer through its Reply is answered EIO here, so that the entry returns to the kernel:
+/// an entry never committed would be lost to the queue for good.
 fn serve_entry<F: Filesystem>(
     fs: &F,
     wire: WireFormat,
@@ -648,7 +948,7 @@ fn serve_entry<F: Filesystem>(
     request: &mut [u8],
     queue: &Arc<QueueHandle>,
     i: usize,
-) -> u64 {
+) -> (u64, Dispatched, usize) {
     // SAFETY: the completion gave the entry to this worker; the kernel is done writing it.
     let header = unsafe { &*entry.header.get() };
     let commit_id = header.ring_ent_in_out.commit_id;
@@ -670,37 +970,29 @@ fn serve_entry<F: Filesystem>(
             "ring request with inconsistent lengths; answering EIO"
         );
         recycle_with_eio(commit_id, i, in_header.opcode, queue);
-        return commit_id;
+        return (commit_id, Dispatched::Answered, 0);
     };
-    // In place (the headers copied in front of the payload, which stays where the kernel
-    // put it) when the answer cannot land on the request: requests without payload (reads,
-    // getattr, ...: the answer goes after the headers) and WRITEs (whose 8-byte answer is
-    // staged while the handler borrows the data). Other requests with payload carry names
-    // or xattrs, small enough to copy into the worker's buffer.
-    let in_place = op_len % 8 == 0 && (payload_len == 0 || in_header.opcode == abi::opcode::WRITE);
+    // A WRITE is served in place (its headers copied in front of its data, which stays where
+    // the kernel put it); its 8-byte answer is staged while the handler borrows the data.
+    // Every other request is rebuilt in the worker's buffer: without payload that is only
+    // the headers (and the entry's payload pages stay untouched until an answer needs them);
+    // with one, it is a name or an xattr value, small.
+    let in_place = op_len % 8 == 0 && payload_len > 0 && in_header.opcode == abi::opcode::WRITE;
     let dispatched = if in_place {
-        let start = PREFIX_BYTES - in_header_len - op_len;
-        // SAFETY: the worker owns the entry; the headers go into the prefix room in front of
-        // the payload (start..PREFIX_BYTES), which no answer ever writes.
+        // SAFETY: the worker owns the entry; the headers go into the room in front of the
+        // payload (prefix_ptr..payload_ptr), which no answer ever writes.
         let request = unsafe {
-            let region = entry.region_ptr();
-            std::ptr::copy_nonoverlapping(header.in_out.as_ptr(), region.add(start), in_header_len);
-            std::ptr::copy_nonoverlapping(
-                header.op_in.as_ptr(),
-                region.add(start + in_header_len),
-                op_len,
-            );
-            std::slice::from_raw_parts(region.add(start), total)
+            let start = entry
+                .prefix_ptr()
+                .add(PREFIX_BYTES - in_header_len - op_len);
+            std::ptr::copy_nonoverlapping(header.in_out.as_ptr(), start, in_header_len);
+            std::ptr::copy_nonoverlapping(header.op_in.as_ptr(), start.add(in_header_len), op_len);
+            std::slice::from_raw_parts(start, total)
         };
-        let borrows_payload = payload_len > 0;
-        if borrows_payload {
-            entry.borrowed.store(true, Ordering::Release);
-        }
+        entry.borrowed.store(true, Ordering::Release);
         let dispatched = dispatch(fs, wire, request, queue, i as u64);
-        if borrows_payload {
-            // The handler has returned: its borrow of the payload is over.
-            entry.borrowed.store(false, Ordering::Release);
-        }
+        // The handler has returned: its borrow of the payload is over.
+        entry.borrowed.store(false, Ordering::Release);
         dispatched
     } else {
         request[..in_header_len].copy_from_slice(&header.in_out[..in_header_len]);
@@ -723,8 +1015,9 @@ fn serve_entry<F: Filesystem>(
             "a request that takes no answer came on a ring; answering EIO to recycle the entry"
         );
         recycle_with_eio(commit_id, i, in_header.opcode, queue);
+        return (commit_id, Dispatched::Answered, payload_len);
     }
-    commit_id
+    (commit_id, dispatched, payload_len)
 }
 
 /// Answers EIO for entry `i`, so that the kernel gets the entry back for its next request.
@@ -774,9 +1067,8 @@ mod tests {
     fn one_entry_ring(payload: usize) -> (Arc<RingShared>, RingSink) {
         let shared = RingShared::new().unwrap();
         assert!(
-            shared
-                .entries
-                .set(vec![EntryBuffers::new(payload)].into_boxed_slice())
+            shared.entries[0]
+                .set(EntryBuffers::new(payload).unwrap())
                 .is_ok()
         );
         (shared.clone(), RingSink(shared))
@@ -792,7 +1084,7 @@ mod tests {
     }
 
     fn committed(shared: &RingShared) -> (abi::OutHeader, Vec<u8>) {
-        let entry = &shared.entries.get().unwrap()[0];
+        let entry = shared.entry(0);
         // SAFETY: the test plays the worker: the answer was handed back.
         unsafe {
             entry.unstage();
@@ -815,7 +1107,7 @@ mod tests {
         assert_eq!((out.unique, out.error, payload.len()), (7, 0, 4096));
 
         // A WRITE served in place: its answer must not touch the payload the handler reads.
-        let entry = &shared.entries.get().unwrap()[0];
+        let entry = shared.entry(0);
         entry.borrowed.store(true, Ordering::Release);
         answer(
             &sink,
@@ -847,11 +1139,88 @@ mod tests {
         );
 
         // Too big for the entry: EIO, and the entry still goes back to the worker.
-        assert!(answer(&sink, 9, 0, &vec![0; 8193]).is_err());
+        assert!(answer(&sink, 9, 0, &vec![0; 8192 + 1]).is_err());
         let (out, payload) = committed(&shared);
         assert_eq!((out.unique, out.error, payload.len()), (9, -libc::EIO, 0));
         assert_eq!(SERVING.with(|s| s.borrow().1.len()), 3);
         SERVING.with(|s| *s.borrow_mut() = (std::ptr::null(), Vec::new()));
+    }
+
+    #[test]
+    fn only_shortages_are_retried() {
+        for errno in [libc::EAGAIN, libc::ENOMEM, libc::EBUSY, libc::EINTR] {
+            assert!(
+                is_transient(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+        for errno in [libc::EBADF, libc::EINVAL, libc::EFAULT] {
+            assert!(
+                !is_transient(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+    }
+
+    #[test]
+    fn reads_fill_the_entry_in_place() {
+        let (shared, sink) = one_entry_ring(8192);
+        SERVING.with(|s| s.borrow_mut().0 = Arc::as_ptr(&shared));
+        let queue = Arc::new(QueueHandle {
+            sink: Box::new(sink),
+            stats: crate::stats::QueueStats::new(0, None, None),
+            offload: Arc::new(crate::offload::Offload::new(&topology::Topology::single(1))),
+        });
+        let entry_payload = shared.entry(0).payload_ptr();
+        Reply::new(11, 0, abi::opcode::READ, Instant::now(), queue.clone()).data_with(
+            4096,
+            |buf| {
+                // The file system writes where the kernel will read the answer from.
+                assert_eq!(buf.as_ptr(), entry_payload.cast_const());
+                assert_eq!(buf.len(), 4096);
+                buf[..3].copy_from_slice(b"abc");
+                Ok(3)
+            },
+        );
+        let (out, payload) = committed(&shared);
+        assert_eq!((out.unique, out.error, out.len), (11, 0, 16 + 3));
+        assert_eq!(payload, b"abc");
+        // An error still answers through the entry.
+        Reply::new(12, 0, abi::opcode::READ, Instant::now(), queue)
+            .data_with(4096, |_| Err(libc::EBADF));
+        let (out, payload) = committed(&shared);
+        assert_eq!(
+            (out.unique, out.error, payload.len()),
+            (12, -libc::EBADF, 0)
+        );
+        assert_eq!(SERVING.with(|s| s.borrow().1.len()), 2);
+        SERVING.with(|s| *s.borrow_mut() = (std::ptr::null(), Vec::new()));
+    }
+
+    #[test]
+    fn spare_entries_cost_no_memory_until_used_and_give_it_back() {
+        let resident = |region: &PayloadRegion| {
+            let page = crate::session::page_bytes();
+            let pages = region.payload_len() / page;
+            let mut vec = vec![0u8; pages];
+            // SAFETY: mincore on our own mapping, with a vector of one byte per page.
+            let rc = unsafe {
+                libc::mincore(
+                    region.payload_ptr().cast(),
+                    region.payload_len(),
+                    vec.as_mut_ptr(),
+                )
+            };
+            assert_eq!(rc, 0);
+            vec.iter().filter(|&&b| b & 1 != 0).count()
+        };
+        let entry = EntryBuffers::new(1 << 20).unwrap();
+        assert_eq!(resident(&entry.region), 0, "a fresh entry is not populated");
+        // SAFETY: the test owns the entry; the writes stay inside its payload buffer.
+        unsafe { std::ptr::write_bytes(entry.payload_ptr(), 7, 512 * 1024) };
+        assert_eq!(resident(&entry.region), 128);
+        entry.region.release_from(4096 + 1);
+        assert_eq!(resident(&entry.region), 2, "only the answer's pages stay");
     }
 
     #[test]

@@ -22,20 +22,32 @@ pub(super) fn host_open_flags(flags: i32) -> i32 {
 }
 
 impl PassthroughFs {
+    /// Opens the inode for the client. Unless `may_wait`, the host open does not wait for a
+    /// lease break (it starts the break and fails with EWOULDBLOCK; the caller then opens
+    /// again where waiting costs no queue).
     pub(super) fn do_open(
         &self,
         req: &Request,
         ino: u64,
         arg: &abi::OpenIn,
+        may_wait: bool,
     ) -> SysResult<abi::OpenOut> {
         let inode = self.inode(ino)?;
         let flags = arg.flags as i32;
         let truncate = flags & libc::O_TRUNC != 0;
         let kill = truncate && self.killpriv_v2() && arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+        let probe_lease = !may_wait && flags & libc::O_NONBLOCK == 0;
         let fd = {
             // O_TRUNC changes the size: exclusive, like truncate.
             let _gate = truncate.then(|| inode.gate.exclusive());
-            let open = || self.open_inode(&inode, host_open_flags(flags));
+            let open = || {
+                if !probe_lease {
+                    return self.open_inode(&inode, host_open_flags(flags));
+                }
+                let fd = self.open_inode(&inode, host_open_flags(flags) | libc::O_NONBLOCK)?;
+                sys::clear_nonblocking(&fd)?;
+                Ok(fd)
+            };
             let fd = if kill {
                 let path = self.path_fd(&inode)?;
                 self.killing_privileges(req, &inode, (&path, true), kill, open)?
@@ -279,23 +291,35 @@ impl PassthroughFs {
         })
     }
 
+    /// Writes through the inode's write gate. Unless `may_wait`, a write that would wait
+    /// for the gate (behind a truncate or an extending write) is not made: None.
     pub(super) fn do_write(
         &self,
         req: &Request,
         arg: &abi::WriteIn,
         data: &[u8],
-    ) -> SysResult<u32> {
-        let file = self.file(arg.fh)?;
+        may_wait: bool,
+    ) -> Option<SysResult<u32>> {
+        let file = match self.file(arg.fh) {
+            Ok(file) => file,
+            Err(e) => return Some(Err(e)),
+        };
         let end = arg.offset.saturating_add(data.len() as u64);
         // An O_APPEND write lands at the host's end of file, wherever the kernel thought.
         let parallel = self.opts.parallel_writes && file.flags & libc::O_APPEND == 0;
         let kill = self.killpriv_v2() && arg.write_flags & abi::write_flags::KILL_SUIDGID != 0;
-        let _gate = file.inode.gate.enter_write(end, parallel);
+        let _gate = if may_wait {
+            file.inode.gate.enter_write(end, parallel)
+        } else {
+            file.inode.gate.try_enter_write(end, parallel)?
+        };
         let written = self.killing_privileges(req, &file.inode, (&file.fd, false), kill, || {
             sys::pwrite(&file.fd, data, arg.offset)
-        })?;
-        file.inode.gate.written(arg.offset + written as u64);
-        Ok(written as u32)
+        });
+        Some(written.map(|written| {
+            file.inode.gate.written(arg.offset + written as u64);
+            written as u32
+        }))
     }
 
     pub(super) fn do_fsync(&self, arg: &abi::FsyncIn) -> SysResult<()> {

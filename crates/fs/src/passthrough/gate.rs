@@ -63,6 +63,25 @@ impl WriteGate {
         }
     }
 
+    /// As `enter_write`, but None instead of waiting (a truncate, fallocate or extending
+    /// write holds the gate, or waits for it): the caller then waits where it blocks nobody.
+    pub fn try_enter_write(&self, end: u64, parallel: bool) -> Option<GateGuard<'_>> {
+        if parallel && end <= self.size() {
+            let shared = unpoisoned(self.lock.try_read())?;
+            if end <= self.size() {
+                return Some(GateGuard {
+                    _shared: Some(shared),
+                    _exclusive: None,
+                });
+            }
+        }
+        let exclusive = unpoisoned(self.lock.try_write())?;
+        Some(GateGuard {
+            _shared: None,
+            _exclusive: Some(exclusive),
+        })
+    }
+
     /// After a write that ended at `end` succeeded.
     pub fn written(&self, end: u64) {
         self.size.fetch_max(end, Ordering::Relaxed);
@@ -71,6 +90,15 @@ impl WriteGate {
     /// For truncate and fallocate.
     pub fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
         self.lock.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The guard of a try-lock, poisoned or not; None when it would block.
+fn unpoisoned<G>(attempt: std::sync::TryLockResult<G>) -> Option<G> {
+    match attempt {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
     }
 }
 
@@ -92,5 +120,21 @@ mod tests {
         assert_eq!(gate.size(), 8192);
         gate.written(10);
         assert_eq!(gate.size(), 8192);
+    }
+
+    #[test]
+    fn a_write_that_would_wait_is_told_instead() {
+        let gate = WriteGate::new(4096);
+        assert!(gate.try_enter_write(100, true).unwrap().is_shared());
+        assert!(!gate.try_enter_write(8192, true).unwrap().is_shared());
+        {
+            let _truncate = gate.exclusive();
+            assert!(gate.try_enter_write(100, true).is_none());
+            assert!(gate.try_enter_write(8192, true).is_none());
+        }
+        let _shared = gate.enter_write(100, true);
+        // Shared writers run together; an extending one would wait for them.
+        assert!(gate.try_enter_write(200, true).is_some());
+        assert!(gate.try_enter_write(8192, true).is_none());
     }
 }

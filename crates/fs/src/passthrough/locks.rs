@@ -161,6 +161,11 @@ impl LockTable {
             .map_or(0, |o| o.pid)
     }
 
+    /// Whether the owner has a host fd for POSIX locks on the inode (which FLUSH closes).
+    pub fn holds_owner(&self, nodeid: u64, owner: u64) -> bool {
+        self.shard(nodeid).contains_key(&(nodeid, owner))
+    }
+
     /// The owner closed the file: its POSIX locks on the inode go (close(2) semantics).
     pub fn release_owner(&self, nodeid: u64, owner: u64) {
         let fd = self.shard(nodeid).remove(&(nodeid, owner));

@@ -30,7 +30,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use lanefs_fuse::abi::{self, init_flags};
@@ -89,12 +89,10 @@ struct Negotiated {
     killpriv_v2: bool,
     /// Modes arrive without the caller's umask, which comes beside them (DONT_MASK).
     dont_mask: bool,
-    /// Each CPU's requests wait for one worker (io_uring): slow requests go off the queue.
-    per_cpu_queues: bool,
 }
 
-/// The passthrough file system: a handle on its state, cloned into the threads that answer
-/// requests off their queue (see [`PassthroughFs::off_queue`]).
+/// The passthrough file system: a handle on its state, cloned into the jobs that answer slow
+/// requests off their queue (see [`PassthroughFs::answer_off_queue`]).
 #[derive(Clone)]
 pub struct PassthroughFs(Arc<State>);
 
@@ -126,9 +124,6 @@ pub struct State {
     /// Passthrough stacking depth to ask for: 2 when SOURCE is itself on FUSE or overlayfs.
     stack_depth: u32,
 }
-
-/// Stack of a thread answering one slow request: the handlers keep their buffers on the heap.
-const OFF_QUEUE_STACK_BYTES: usize = 256 << 10;
 
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
@@ -226,37 +221,18 @@ impl PassthroughFs {
         })))
     }
 
-    /// Whether a request that may hold its worker for long should be answered from a thread
-    /// of its own: only where each CPU's requests wait for one worker (io_uring), so that a
-    /// truncate of a large file or an open stuck on a lease break does not make the stat
-    /// and lseek calls of that CPU's other callers wait (seed 002's guarantee).
-    fn off_queue(&self) -> bool {
-        self.negotiated().is_some_and(|n| n.per_cpu_queues)
-    }
-
-    /// Runs `job` (which answers its request) on a short-lived thread; inline if no thread
-    /// can be started, which only costs the queue the wait this avoids.
-    fn answer_off_queue(&self, job: impl FnOnce() + Send + 'static) {
-        let slot = Arc::new(Mutex::new(Some(job)));
-        let spawned = std::thread::Builder::new()
-            .name("lanefs-slow-op".into())
-            .stack_size(OFF_QUEUE_STACK_BYTES)
-            .spawn({
-                let slot = slot.clone();
-                move || {
-                    let job = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-                    if let Some(job) = job {
-                        job();
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot start a thread for a slow request ({e}): serving it inline");
-            let job = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(job) = job {
-                job();
-            }
-        }
+    /// Answers a request that may take long (a sync, a copy, a wait on the host) from the
+    /// engine's offload pool, so that it never holds a queue's worker: over io_uring that
+    /// worker serves every request of its CPU, and a truncate of a large file or an open
+    /// stuck on a lease break would make the stat and lseek calls of the CPU's other callers
+    /// wait (seed 002's guarantee); over /dev/fuse it takes one of few workers away.
+    fn answer_off_queue(
+        &self,
+        reply: Reply,
+        job: impl FnOnce(&PassthroughFs, Reply) + Send + 'static,
+    ) {
+        let fs = self.clone();
+        reply.offload(move |reply| job(&fs, reply));
     }
 
     fn inode(&self, nodeid: u64) -> SysResult<Arc<Inode>> {
@@ -528,7 +504,6 @@ impl Filesystem for PassthroughFs {
             passthrough: conn.flags & init_flags::PASSTHROUGH != 0,
             killpriv_v2: conn.flags & init_flags::HANDLE_KILLPRIV_V2 != 0,
             dont_mask: conn.flags & init_flags::DONT_MASK != 0,
-            per_cpu_queues: conn.per_cpu_queues,
         });
     }
 
@@ -586,9 +561,9 @@ impl Filesystem for PassthroughFs {
     }
 
     fn setattr(&self, req: &Request, ino: u64, arg: &abi::SetattrIn, reply: Reply) {
-        if arg.valid & abi::fattr::SIZE != 0 && self.off_queue() {
-            let (fs, req, arg) = (self.clone(), *req, *arg);
-            return self.answer_off_queue(move || {
+        if arg.valid & abi::fattr::SIZE != 0 {
+            let (req, arg) = (*req, *arg);
+            return self.answer_off_queue(reply, move |fs, reply| {
                 answer(reply, fs.do_setattr(&req, ino, &arg), |r, a| r.attr(&a))
             });
         }
@@ -653,13 +628,22 @@ impl Filesystem for PassthroughFs {
     }
 
     fn open(&self, req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
-        if arg.flags as i32 & libc::O_TRUNC != 0 && self.off_queue() {
-            let (fs, req, arg) = (self.clone(), *req, *arg);
-            return self.answer_off_queue(move || {
-                answer(reply, fs.do_open(&req, ino, &arg), |r, o| r.open(&o))
-            });
+        // A truncate may take long; any other open waits only for a host lease break, which
+        // the first, non-waiting try reports (EWOULDBLOCK) instead of waiting.
+        let result = if arg.flags as i32 & libc::O_TRUNC != 0 {
+            Err(libc::EWOULDBLOCK)
+        } else {
+            self.do_open(req, ino, arg, false)
+        };
+        match result {
+            Err(libc::EWOULDBLOCK) => {
+                let (req, arg) = (*req, *arg);
+                self.answer_off_queue(reply, move |fs, reply| {
+                    answer(reply, fs.do_open(&req, ino, &arg, true), |r, o| r.open(&o))
+                })
+            }
+            result => answer(reply, result, |r, o| r.open(&o)),
         }
-        answer(reply, self.do_open(req, ino, arg), |r, o| r.open(&o))
     }
 
     fn read(&self, _req: &Request, ino: u64, arg: &abi::ReadIn, reply: Reply) {
@@ -667,14 +651,32 @@ impl Filesystem for PassthroughFs {
     }
 
     fn write(&self, req: &Request, _ino: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply) {
-        answer(reply, self.do_write(req, arg, data), |r, n| r.written(n))
+        match self.do_write(req, arg, data, false) {
+            Some(result) => answer(reply, result, |r, n| r.written(n)),
+            // It would wait on the write gate (behind a truncate, say): off the worker, with
+            // its own copy of the data (the request's buffer goes back to the queue).
+            None => {
+                let (req, arg, data) = (*req, *arg, data.to_vec());
+                self.answer_off_queue(reply, move |fs, reply| {
+                    let result = fs.do_write(&req, &arg, &data, true);
+                    answer(reply, result.unwrap_or(Err(libc::EIO)), |r, n| r.written(n))
+                })
+            }
+        }
     }
 
     fn flush(&self, _req: &Request, ino: u64, arg: &abi::FlushIn, reply: Reply) {
         // close(2) drops the closing process's POSIX locks; nothing else to do, as writes
-        // are already on the host.
-        self.locks.release_owner(ino, arg.lock_owner);
-        reply.ok()
+        // are already on the host. Closing the owner's lock fd may flush on the host (a
+        // network file system does): off the worker when there is one.
+        if !self.locks.holds_owner(ino, arg.lock_owner) {
+            return reply.ok();
+        }
+        let owner = arg.lock_owner;
+        self.answer_off_queue(reply, move |fs, reply| {
+            fs.locks.release_owner(ino, owner);
+            reply.ok()
+        })
     }
 
     fn release(&self, _req: &Request, _ino: u64, arg: &abi::ReleaseIn, reply: Reply) {
@@ -683,7 +685,10 @@ impl Filesystem for PassthroughFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: u64, arg: &abi::FsyncIn, reply: Reply) {
-        answer(reply, self.do_fsync(arg), |r, ()| r.ok())
+        let arg = *arg;
+        self.answer_off_queue(reply, move |fs, reply| {
+            answer(reply, fs.do_fsync(&arg), |r, ()| r.ok())
+        })
     }
 
     fn opendir(&self, _req: &Request, ino: u64, _arg: &abi::OpenIn, reply: Reply) {
@@ -691,6 +696,15 @@ impl Filesystem for PassthroughFs {
     }
 
     fn readdir(&self, _req: &Request, _ino: u64, arg: &abi::ReadIn, plus: bool, reply: Reply) {
+        if plus {
+            // A lookup per entry: a large directory's page takes a while.
+            let arg = *arg;
+            return self.answer_off_queue(reply, move |fs, reply| {
+                answer(reply, fs.do_readdir(&arg, true), |r, buf| {
+                    r.data(buf.as_bytes())
+                })
+            });
+        }
         answer(reply, self.do_readdir(arg, plus), |r, buf| {
             r.data(buf.as_bytes())
         })
@@ -702,7 +716,10 @@ impl Filesystem for PassthroughFs {
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: u64, arg: &abi::FsyncIn, reply: Reply) {
-        answer(reply, self.do_fsyncdir(arg), |r, ()| r.ok())
+        let arg = *arg;
+        self.answer_off_queue(reply, move |fs, reply| {
+            answer(reply, fs.do_fsyncdir(&arg), |r, ()| r.ok())
+        })
     }
 
     fn statfs(&self, _req: &Request, ino: u64, reply: Reply) {
@@ -767,12 +784,10 @@ impl Filesystem for PassthroughFs {
     }
 
     fn fallocate(&self, _req: &Request, _ino: u64, arg: &abi::FallocateIn, reply: Reply) {
-        if self.off_queue() {
-            let (fs, arg) = (self.clone(), *arg);
-            return self
-                .answer_off_queue(move || answer(reply, fs.do_fallocate(&arg), |r, ()| r.ok()));
-        }
-        answer(reply, self.do_fallocate(arg), |r, ()| r.ok())
+        let arg = *arg;
+        self.answer_off_queue(reply, move |fs, reply| {
+            answer(reply, fs.do_fallocate(&arg), |r, ()| r.ok())
+        })
     }
 
     fn lseek(&self, _req: &Request, _ino: u64, arg: &abi::LseekIn, reply: Reply) {
@@ -780,11 +795,17 @@ impl Filesystem for PassthroughFs {
     }
 
     fn copy_file_range(&self, _req: &Request, _ino: u64, arg: &abi::CopyFileRangeIn, reply: Reply) {
-        answer(reply, self.do_copy_file_range(arg), |r, n| r.copied(n))
+        // Of unbounded length.
+        let arg = *arg;
+        self.answer_off_queue(reply, move |fs, reply| {
+            answer(reply, fs.do_copy_file_range(&arg), |r, n| r.copied(n))
+        })
     }
 
     fn syncfs(&self, _req: &Request, ino: u64, reply: Reply) {
-        answer(reply, self.do_syncfs(ino), |r, ()| r.ok())
+        self.answer_off_queue(reply, move |fs, reply| {
+            answer(reply, fs.do_syncfs(ino), |r, ()| r.ok())
+        })
     }
 }
 

@@ -378,6 +378,20 @@ pub fn fallocate(fd: &OwnedFd, mode: i32, offset: u64, len: u64) -> SysResult<()
     .map(drop)
 }
 
+/// Turns O_NONBLOCK off on an open file.
+pub fn clear_nonblocking(fd: &OwnedFd) -> SysResult<()> {
+    // SAFETY: F_GETFL/F_SETFL on an open fd.
+    unsafe {
+        let flags = check(libc::fcntl(fd.as_raw_fd(), libc::F_GETFL))?;
+        check(libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_SETFL,
+            flags & !libc::O_NONBLOCK,
+        ))
+        .map(drop)
+    }
+}
+
 pub fn lseek(fd: &OwnedFd, offset: u64, whence: i32) -> SysResult<u64> {
     // SAFETY: fd is open.
     let ret = unsafe { libc::lseek(fd.as_raw_fd(), offset as libc::off_t, whence) };

@@ -1,0 +1,395 @@
+//! Liveness of a CPU's queue: requests answered later (parked) never leave a CPU without
+//! entries to serve new requests (issue 11, item 2), slow operations never hold a queue's
+//! worker (item 3), and the engine's shutdown never detaches a mount stacked on ours
+//! (item 8).
+//!
+//! Over io_uring a request is served by the ring of the CPU its caller runs on, so these
+//! tests pin their callers to CPU 0: that is where a ring's entries could run out. Over
+//! /dev/fuse (LANEFS_TEST_TRANSPORT=dev) the same tests check that nothing waits either.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{Mount, TempDir, process_alive, wait_until};
+
+/// The tests of this file run one at a time: the lock test forks, and its children hold
+/// copies of every fd of this process (another test's open files, which would keep that
+/// test's mount busy) until they exit.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How long a probe from a CPU with parked requests may take: far less than the parked
+/// requests wait, far more than a loaded 2-core machine needs to answer.
+const PROMPT: Duration = Duration::from_secs(2);
+
+fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; cpu 0 always exists.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pinning to CPU {cpu}"
+        );
+    }
+}
+
+/// Runs `probe` on a thread pinned to CPU 0 and returns how long it took, or None if it
+/// did not finish within `limit` (the thread is then left to finish on its own).
+fn timed_on_cpu0<T: Send + 'static>(
+    limit: Duration,
+    probe: impl FnOnce() -> T + Send + 'static,
+) -> Option<(Duration, T)> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        pin_to(0);
+        let start = Instant::now();
+        let value = probe();
+        let _ = tx.send((start.elapsed(), value));
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+/// A lookup that always reaches the daemon (a name never seen, so never cached).
+fn fresh_lookup(dir: &Path, tag: &str) -> std::io::ErrorKind {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    match std::fs::metadata(dir.join(format!("absent-{tag}-{n}"))) {
+        Ok(_) => std::io::ErrorKind::AlreadyExists,
+        Err(e) => e.kind(),
+    }
+}
+
+/// Engine level: reads that null answers 4 s later, many more than a ring has entries, all
+/// from CPU 0. A lookup from CPU 0 must still be served at once.
+#[test]
+fn parked_reads_never_use_up_a_cpus_queue() {
+    const PARKED: usize = 12;
+    const DELAY_MS: u64 = 4000;
+    let _serial = serial();
+    let m = Mount::null(&[
+        "--queue-depth",
+        "4",
+        "--defer-reads-ms",
+        &DELAY_MS.to_string(),
+    ]);
+    let readers: Vec<_> = (0..PARKED)
+        .map(|i| {
+            let data = m.path("data");
+            std::thread::spawn(move || {
+                pin_to(0);
+                let file = File::open(&data).unwrap();
+                let mut buf = vec![1u8; 4096];
+                let start = Instant::now();
+                let n = file.read_at(&mut buf, i as u64 * 4096).unwrap();
+                assert_eq!(n, 4096);
+                assert!(buf.iter().all(|&b| b == 0));
+                start.elapsed()
+            })
+        })
+        .collect();
+    // Let every read reach the daemon and park.
+    std::thread::sleep(Duration::from_millis(500));
+    let root = m.mountpoint.clone();
+    let probe = timed_on_cpu0(PROMPT * 2, move || fresh_lookup(&root, "parked-reads"));
+    let (took, kind) = probe.unwrap_or_else(|| {
+        panic!("a lookup from CPU 0 waited more than {PROMPT:?} behind {PARKED} parked reads")
+    });
+    assert_eq!(kind, std::io::ErrorKind::NotFound);
+    assert!(
+        took < PROMPT,
+        "a lookup from CPU 0 took {took:?} behind {PARKED} parked reads"
+    );
+    for reader in readers {
+        let waited = reader.join().expect("a parked read failed");
+        assert!(
+            waited >= Duration::from_millis(DELAY_MS / 2),
+            "a read came back after {waited:?}: it was not parked, so the test proves nothing"
+        );
+    }
+    // The ring is whole again: more reads, from both CPUs, still work.
+    let file = File::open(m.path("data")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(file.read_at(&mut buf, 0).unwrap(), 4096);
+    drop(file);
+    m.unmount();
+}
+
+/// A child process pinned to CPU 0 that takes a blocking POSIX write lock on `path` (a
+/// parked SETLKW in the daemon while someone else holds it), then exits, which drops it.
+fn spawn_lock_waiter(path: &CString) -> libc::pid_t {
+    // SAFETY: the child only makes raw syscalls (no allocation, no locks) before _exit.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+            let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+            if fd < 0 {
+                libc::_exit(2);
+            }
+            let mut fl: libc::flock = std::mem::zeroed();
+            fl.l_type = libc::F_WRLCK as i16;
+            fl.l_whence = libc::SEEK_SET as i16;
+            let rc = libc::fcntl(fd, libc::F_SETLKW, &fl);
+            libc::_exit(if rc == 0 { 0 } else { 3 });
+        }
+        pid
+    }
+}
+
+fn set_lock(file: &File, typ: i32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock is plain data; fcntl on an fd we hold.
+    let rc = unsafe {
+        let mut fl: libc::flock = std::mem::zeroed();
+        fl.l_type = typ as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// A process's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// Waits for child `pid` for up to `limit`; its exit status, or None if it still runs.
+fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let start = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid status pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return Some(status);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The issue's repro: queue depth 4, more blocking POSIX-lock waiters than that, all in
+/// processes on CPU 0; then the holder, on CPU 0 too, stats a file and unlocks. Both must
+/// be served at once, and every waiter must get the lock in turn.
+#[test]
+fn blocking_lock_waiters_never_use_up_a_cpus_queue() {
+    const WAITERS: usize = 8;
+    let _serial = serial();
+    let src = TempDir::new("liveness-src");
+    let file_path = src.path().join("locked");
+    std::fs::write(&file_path, b"x").unwrap();
+    let m = Mount::start(
+        src.path().to_str().unwrap(),
+        &["--queue-depth", "4", "--no-passthrough"],
+    );
+    let target = m.path("locked");
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&target)
+        .unwrap();
+    set_lock(&holder, libc::F_WRLCK).expect("the holder takes the lock");
+    let rss_before = rss_kib(m.pid);
+    let c_target = CString::new(target.as_os_str().as_bytes()).unwrap();
+    let waiters: Vec<libc::pid_t> = (0..WAITERS).map(|_| spawn_lock_waiter(&c_target)).collect();
+    // Let every waiter reach the daemon and park.
+    std::thread::sleep(Duration::from_millis(800));
+    // All killed before any is waited for: a killed waiter's exit closes its file (a
+    // FLUSH), which may need the others to go first.
+    let kill_all = |waiters: &[libc::pid_t]| {
+        for &pid in waiters {
+            // SAFETY: signalling our own children.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        for &pid in waiters {
+            wait_child(pid, Duration::from_secs(10));
+        }
+    };
+    for &pid in &waiters {
+        if wait_child(pid, Duration::ZERO).is_some() {
+            kill_all(&waiters);
+            panic!("a waiter exited while the lock was held: it did not wait");
+        }
+    }
+    // Each parked waiter may have cost a spare ring entry: its payload buffer (1 MiB) must
+    // cost no memory, as a lock request never touches it.
+    let rss_growth = rss_kib(m.pid).saturating_sub(rss_before);
+    let root = m.mountpoint.clone();
+    let probe = timed_on_cpu0(PROMPT * 2, move || fresh_lookup(&root, "lock-waiters"));
+    let Some((took, kind)) = probe else {
+        kill_all(&waiters);
+        panic!("a lookup from CPU 0 hung behind {WAITERS} parked lock waiters");
+    };
+    assert_eq!(kind, std::io::ErrorKind::NotFound);
+    let unlock = timed_on_cpu0(PROMPT * 2, move || {
+        let r = set_lock(&holder, libc::F_UNLCK);
+        drop(holder);
+        r
+    });
+    let Some((unlock_took, unlocked)) = unlock else {
+        kill_all(&waiters);
+        panic!("the holder's unlock from CPU 0 hung behind {WAITERS} parked lock waiters");
+    };
+    unlocked.expect("unlock");
+    let statuses: Vec<Option<i32>> = waiters
+        .iter()
+        .map(|&pid| wait_child(pid, Duration::from_secs(20)))
+        .collect();
+    if statuses.iter().any(Option::is_none) {
+        kill_all(&waiters);
+        panic!("waiters never got the lock after the unlock: {statuses:?}");
+    }
+    assert!(
+        statuses.iter().all(|s| *s == Some(0)),
+        "every waiter gets the lock: {statuses:?}"
+    );
+    assert!(took < PROMPT, "the lookup took {took:?}");
+    assert!(unlock_took < PROMPT, "the unlock took {unlock_took:?}");
+    assert!(
+        rss_growth < 4096,
+        "the daemon grew by {rss_growth} KiB for {WAITERS} parked lock waiters"
+    );
+    m.unmount();
+}
+
+fn mount_tmpfs(at: &Path) {
+    let target = CString::new(at.as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid NUL-terminated strings; data may be null.
+    let rc = unsafe {
+        libc::mount(
+            c"lanefs-test-stacked".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "mounting tmpfs: {}", std::io::Error::last_os_error());
+}
+
+fn unmount_lazily(at: &Path) {
+    let target = CString::new(at.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+}
+
+fn mounts_at(path: &Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(&*path.to_string_lossy()))
+        .map(|l| l.split(" - ").nth(1).unwrap_or("").to_string())
+        .collect()
+}
+
+/// SIGTERM to a daemon whose mount has another mount stacked on it (here a tmpfs on the
+/// same mount point): the daemon ends its own connection and exits, and the stacked mount
+/// stays where it is, with its files. (The old shutdown unmounted by path, which detaches
+/// whatever is on top: the stacked mount.)
+#[test]
+fn sigterm_leaves_a_mount_stacked_on_ours_alone() {
+    let _serial = serial();
+    let m = Mount::null(&[]);
+    let mountpoint: PathBuf = m.mountpoint.clone();
+    mount_tmpfs(&mountpoint);
+    let cleanup = |mp: &Path| {
+        // The tmpfs first (it is on top), then our dead mount under it.
+        unmount_lazily(mp);
+        unmount_lazily(mp);
+    };
+    std::fs::write(mountpoint.join("kept"), b"stacked").unwrap();
+    // SAFETY: signalling the daemon we started.
+    unsafe { libc::kill(m.pid as i32, libc::SIGTERM) };
+    let exited = wait_until(Duration::from_secs(15), || !process_alive(m.pid));
+    let stack = mounts_at(&mountpoint);
+    let kept = std::fs::read(mountpoint.join("kept"));
+    cleanup(&mountpoint);
+    assert!(exited, "the daemon did not exit after SIGTERM");
+    assert!(
+        stack.iter().any(|fs| fs.starts_with("tmpfs ")),
+        "the mount stacked on ours was detached: {stack:?}"
+    );
+    assert_eq!(kept.expect("the stacked mount's file"), b"stacked");
+}
+
+/// An open that waits on the host for a lease break (another process holds a read lease on
+/// the file, and the open is for writing) must not hold a queue: a lookup from the same CPU
+/// (over /dev/fuse: with one queue) is served meanwhile, and the open completes once the
+/// lease goes.
+#[test]
+fn an_open_waiting_for_a_lease_break_holds_no_queue() {
+    use std::os::fd::AsRawFd;
+    let _serial = serial();
+    // A lease break signals the holder (SIGIO by default, which would kill us).
+    // SAFETY: setting a signal disposition.
+    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+    let src = TempDir::new("liveness-lease");
+    let host = src.path().join("leased");
+    std::fs::write(&host, b"data").unwrap();
+    let m = Mount::start(src.path().to_str().unwrap(), &["--queues", "1"]);
+    let lease_holder = File::open(&host).unwrap();
+    let take_lease = || {
+        // SAFETY: fcntl on an fd we hold.
+        unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) == 0 }
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), take_lease),
+        "cannot take a read lease: {}",
+        std::io::Error::last_os_error()
+    );
+    let target = m.path("leased");
+    let (opened_tx, opened) = mpsc::channel();
+    std::thread::spawn(move || {
+        pin_to(0);
+        let start = Instant::now();
+        let file = std::fs::OpenOptions::new().write(true).open(&target);
+        let _ = opened_tx.send((start.elapsed(), file.map(drop)));
+    });
+    // Let the open reach the host and wait there.
+    std::thread::sleep(Duration::from_millis(500));
+    let root = m.mountpoint.clone();
+    let probe = timed_on_cpu0(PROMPT * 2, move || fresh_lookup(&root, "lease"));
+    // SAFETY: fcntl on an fd we hold: the lease goes, the open proceeds.
+    unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    let (open_took, open_result) = opened
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the open completes once the lease is gone");
+    open_result.expect("the open for writing");
+    let (took, kind) = probe.unwrap_or_else(|| {
+        panic!("a lookup from CPU 0 hung behind an open waiting for a lease break")
+    });
+    assert_eq!(kind, std::io::ErrorKind::NotFound);
+    assert!(took < PROMPT, "the lookup took {took:?}");
+    assert!(
+        open_took >= Duration::from_millis(400),
+        "the open took only {open_took:?}: the lease did not hold it, so this proves nothing"
+    );
+    drop(lease_holder);
+    m.unmount();
+}
