@@ -643,6 +643,59 @@ fn run_dd(target: &Target, procs: u32, mib_each: u64) -> Result<RunOutput, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// A scratch directory under /tmp that uid 65534 can reach.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("lanefs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[test]
+    fn the_unprivileged_caller_works_in_a_directory_it_owns() {
+        if !root() {
+            eprintln!("skipped: only root can act as uid {UNPRIVILEGED_ID}");
+            return;
+        }
+        let dir = scratch("caller");
+        let own = work_dir(&dir, Caller::Unprivileged).unwrap();
+        assert_eq!(own, dir.join(UNPRIVILEGED_DIR));
+        assert_eq!(own.metadata().unwrap().uid(), UNPRIVILEGED_ID);
+        // Root's files made there are handed over, all the way down.
+        std::fs::create_dir(own.join("d")).unwrap();
+        std::fs::write(own.join("d/f"), b"x").unwrap();
+        hand_over(&own).unwrap();
+        let f = own.join("d/f").metadata().unwrap();
+        assert_eq!((f.uid(), f.gid()), (UNPRIVILEGED_ID, UNPRIVILEGED_ID));
+        // The command runs as uid and gid 65534 with no other group, from that directory.
+        let mut id = command_as(Caller::Unprivileged, "sh", &own);
+        id.args(["-c", "id -u; id -g; id -G; pwd; echo y > d/f && touch new"]);
+        let out = id.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..3], ["65534", "65534", "65534"], "{text}");
+        assert_eq!(Path::new(lines[3]), own);
+        assert_eq!(own.join("new").metadata().unwrap().uid(), UNPRIVILEGED_ID);
+        // Root's own directory stays out of its reach.
+        let mut denied = command_as(Caller::Unprivileged, "touch", &own);
+        denied.arg(dir.join("not-yours"));
+        assert!(!denied.status().unwrap().success());
+        // The bench's own user runs commands as itself.
+        let me = command_as(Caller::Bench, "id", &own)
+            .arg("-u")
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&me.stdout).trim(), "0");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn tar_errors_prefer_emfile() {
