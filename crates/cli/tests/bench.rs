@@ -1,5 +1,7 @@
-//! `lanefs bench --quick engine`: the suite runs end to end and writes a well-formed report,
-//! JSON document and charts, and leaves no mount behind. It checks the output, not speed.
+//! `lanefs bench --quick`: suites run end to end and write a well-formed report, JSON
+//! document and charts, with each server's CPU per operation, and leave no mount behind;
+//! anchors given by path are skipped with a note when they cannot run, and an unknown one is
+//! refused. It checks the output, not speed.
 
 mod common;
 
@@ -43,6 +45,10 @@ fn quick_engine_suite_writes_report_json_and_charts() {
     assert!(report.starts_with("# lanefs bench"), "{report}");
     assert!(report.contains("## engine"), "{report}");
     assert!(report.contains("| **lanefs null 1q** |"), "{report}");
+    assert!(
+        report.contains("| server CPU s | ops/CPU-s | x hp CPU |"),
+        "{report}"
+    );
 
     let json: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.path().join("results.json")).expect("results.json"),
@@ -55,6 +61,7 @@ fn quick_engine_suite_writes_report_json_and_charts() {
     assert!(machine["memory_bytes"].as_u64().unwrap() > 0);
     assert!(!json["lanefs"]["revision"].as_str().unwrap().is_empty());
     assert_eq!(json["settings"]["quick"], true);
+    assert_eq!(json["schema"], 2);
     let suites = json["suites"].as_array().unwrap();
     assert_eq!(suites.len(), 1);
     assert_eq!(suites[0]["name"], "engine");
@@ -76,10 +83,28 @@ fn quick_engine_suite_writes_report_json_and_charts() {
             if row["role"] == "lanefs" {
                 lanefs_ok += 1;
                 assert!(row["system_config"]["queues"].as_u64().unwrap() >= 1);
+                // The null daemon serves every request: its CPU per run and fio's I/Os.
+                let cpu = &row["server_cpu"];
+                assert!(cpu["cpu_s"].as_f64().unwrap() >= 0.0, "{row}");
+                assert!(cpu["ops"].as_f64().unwrap() >= 1.0, "{row}");
+                let work = &row["runs"][0]["work"];
+                assert!(work["ops"].as_f64().unwrap() >= 1.0, "{row}");
+                assert!(work["server_cpu_s"].as_f64().is_some(), "{row}");
+            }
+            if row["role"] == "native" {
+                assert!(
+                    row["server_cpu"].is_null(),
+                    "a native row has no server: {row}"
+                );
             }
         }
     }
     assert!(lanefs_ok >= 8, "too few lanefs rows measured: {rows:?}");
+    assert!(
+        rows.iter()
+            .any(|r| r["role"] == "lanefs" && r["server_cpu"]["ops_per_cpu_s"].as_f64() > Some(0.0)),
+        "no lanefs row shows operations per CPU-second: {rows:?}"
+    );
     // The 4k rows of lanefs and the native rows are there for every workload.
     for w in [
         "4k randread psync, 1 job",
@@ -107,4 +132,84 @@ fn quick_engine_suite_writes_report_json_and_charts() {
         0,
         "each chart as SVG and PNG"
     );
+}
+
+#[test]
+fn anchors_given_by_path_that_cannot_run_are_skipped_with_a_note() {
+    let out = TempDir::new("bench-anchors");
+    let status = Command::new(lanefs())
+        .args(["bench", "--quick", "create", "--no-print"])
+        .args(["--anchor", "passthrough_hp=/nonexistent/passthrough_hp"])
+        .args(["--anchor", "juicefs=/nonexistent/juicefs"])
+        .arg("--out")
+        .arg(out.path())
+        .status()
+        .expect("running lanefs bench");
+    assert!(status.success(), "lanefs bench failed: {status}");
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("results.json")).expect("results.json"),
+    )
+    .expect("results.json parses");
+    assert_eq!(
+        json["tools"]["anchors_by_path"]["passthrough_hp"],
+        "/nonexistent/passthrough_hp"
+    );
+    let suite = &json["suites"][0];
+    let skipped: Vec<&str> = suite["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    for system in ["passthrough_hp io_uring", "passthrough_hp clone-fd"] {
+        assert!(
+            skipped.iter().any(|s| s.starts_with(system)
+                && s.contains("--anchor passthrough_hp=/nonexistent/passthrough_hp")),
+            "{system} not skipped with its path: {skipped:?}"
+        );
+    }
+    assert!(
+        skipped
+            .iter()
+            .any(|s| s.starts_with("JuiceFS") && s.contains("/nonexistent/juicefs")),
+        "{skipped:?}"
+    );
+    let rows = suite["rows"].as_array().unwrap();
+    assert!(
+        !rows.iter().any(|r| r["system"]
+            .as_str()
+            .is_some_and(|s| s.contains("passthrough_hp") || s.contains("JuiceFS"))),
+        "a skipped anchor has rows: {rows:?}"
+    );
+    // The creates count their files as the work the daemon's CPU time is set against.
+    let lanefs = rows
+        .iter()
+        .find(|r| r["role"] == "lanefs" && r["status"]["state"] == "ok")
+        .expect("a lanefs row");
+    assert_eq!(lanefs["server_cpu"]["ops"], 1000.0, "{lanefs}");
+}
+
+#[test]
+fn an_unknown_anchor_is_refused_before_anything_runs() {
+    let out = TempDir::new("bench-unknown-anchor");
+    let dir = out.path().join("report");
+    let done = Command::new(lanefs())
+        .args([
+            "bench",
+            "--quick",
+            "engine",
+            "--anchor",
+            "passthrough_ll=/bin/true",
+        ])
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .expect("running lanefs bench");
+    assert!(!done.status.success());
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        stderr.contains("no anchor is called \"passthrough_ll\" (known: passthrough_hp, juicefs)"),
+        "{stderr}"
+    );
+    assert!(!dir.exists(), "it wrote output before refusing");
 }

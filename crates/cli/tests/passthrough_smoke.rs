@@ -97,3 +97,58 @@ fn a_missing_source_is_refused_before_mounting() {
     assert!(stderr.contains("missing"), "{stderr}");
     assert!(!is_mounted(&mountpoint));
 }
+
+/// As root with kernel passthrough on, an O_DIRECT open goes through it too: direct reads and
+/// writes reach the host file without a daemon round trip (before, every O_DIRECT open was
+/// answered FOPEN_DIRECT_IO and each 4k read was a READ request). With `--no-passthrough`
+/// the same I/O is served by the daemon, which shows the count is the right one to watch.
+#[test]
+fn o_direct_opens_go_through_kernel_passthrough() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    const BLOCK: usize = 4096;
+    const IOS: usize = 64;
+    for (args, through_kernel) in [(&[][..], true), (&["--no-passthrough"][..], false)] {
+        let src = common::Tmpfs::new("64m");
+        std::fs::write(src.path.join("f"), vec![7u8; BLOCK * IOS]).unwrap();
+        let mount = Mount::start(src.path.to_str().unwrap(), args);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(mount.path("f"))
+            .unwrap();
+        let layout = std::alloc::Layout::from_size_align(BLOCK, BLOCK).unwrap();
+        // SAFETY: a non-zero-sized layout; freed below with the same layout.
+        let buf = unsafe { std::alloc::alloc_zeroed(layout) };
+        for i in 0..IOS {
+            let offset = (i * BLOCK) as i64;
+            // SAFETY: buf is BLOCK bytes, aligned to BLOCK, as O_DIRECT wants.
+            let n = unsafe { libc::pread(file.as_raw_fd(), buf.cast(), BLOCK, offset) };
+            assert_eq!(n, BLOCK as isize, "{args:?}: read {i}");
+            // SAFETY: the same buffer, read back out.
+            let n = unsafe { libc::pwrite(file.as_raw_fd(), buf.cast(), BLOCK, offset) };
+            assert_eq!(n, BLOCK as isize, "{args:?}: write {i}");
+        }
+        // SAFETY: buf was allocated above with this layout.
+        assert_eq!(unsafe { *buf.add(BLOCK - 1) }, 7);
+        // SAFETY: as above.
+        unsafe { std::alloc::dealloc(buf, layout) };
+        let (reads, writes) = (mount.op_count("read"), mount.op_count("write"));
+        if through_kernel {
+            assert_eq!(
+                (reads, writes),
+                (0, 0),
+                "{args:?}: direct I/O reached the daemon"
+            );
+            assert!(counter(&mount, "backing_ids_opened") >= 1);
+        } else {
+            assert!(
+                reads >= IOS as u64 && writes >= IOS as u64,
+                "{reads} {writes}"
+            );
+        }
+        drop(file);
+        mount.unmount();
+    }
+}

@@ -1,7 +1,9 @@
 //! The anchors the bench builds or finds: libfuse's example servers, compiled from the source
-//! Debian's libfuse3-dev ships, and qemu-storage-daemon when installed.
+//! Debian's libfuse3-dev ships, qemu-storage-daemon when installed, and servers given by path
+//! (`--anchor NAME=PATH`) that were built outside the repository from their public sources.
 
 use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -37,6 +39,79 @@ impl Example {
     }
 }
 
+/// An anchor the bench only runs, given by path: never built, fetched or committed here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum External {
+    /// libfuse's example/passthrough_hp from libfuse's current source: io_uring, clone_fd
+    /// and kernel passthrough, the strongest passthrough server there is.
+    PassthroughHp,
+    /// JuiceFS, the anchor for lanefs's volume file system (not mounted by the bench yet).
+    JuiceFs,
+}
+
+impl External {
+    pub const ALL: [External; 2] = [External::PassthroughHp, External::JuiceFs];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            External::PassthroughHp => "passthrough_hp",
+            External::JuiceFs => "juicefs",
+        }
+    }
+
+    /// LANEFS_ANCHOR_PASSTHROUGH_HP, LANEFS_ANCHOR_JUICEFS: the path when no --anchor names it.
+    pub fn env_var(self) -> String {
+        format!("LANEFS_ANCHOR_{}", self.name().to_uppercase())
+    }
+
+    /// Where the binary comes from, for the note when it is missing.
+    fn source(self) -> &'static str {
+        match self {
+            External::PassthroughHp => {
+                "build/example/passthrough_hp of libfuse's source built with meson"
+            }
+            External::JuiceFs => "the juicefs binary built from JuiceFS' source",
+        }
+    }
+}
+
+/// The paths of the anchors given by `--anchor NAME=PATH` (repeatable), else by
+/// $LANEFS_ANCHOR_<NAME>; an unknown name or a missing `=` is an error.
+pub fn external_paths(args: &[String]) -> Result<HashMap<External, PathBuf>, String> {
+    let mut paths = HashMap::new();
+    for arg in args {
+        let known = || {
+            External::ALL
+                .iter()
+                .map(|e| e.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (name, path) = arg
+            .split_once('=')
+            .filter(|(_, path)| !path.is_empty())
+            .ok_or_else(|| format!("--anchor {arg}: use NAME=PATH (NAME: {})", known()))?;
+        let which = External::ALL
+            .into_iter()
+            .find(|e| e.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "--anchor {arg}: no anchor is called {name:?} (known: {})",
+                    known()
+                )
+            })?;
+        paths.insert(which, PathBuf::from(path));
+    }
+    for which in External::ALL {
+        if !paths.contains_key(&which)
+            && let Some(path) = std::env::var_os(which.env_var()).filter(|p| !p.is_empty())
+        {
+            paths.insert(which, PathBuf::from(path));
+        }
+    }
+    Ok(paths)
+}
+
 /// Where Debian's libfuse3-dev puts the examples (LANEFS_LIBFUSE_EXAMPLES overrides).
 pub fn examples_dir() -> PathBuf {
     std::env::var_os("LANEFS_LIBFUSE_EXAMPLES")
@@ -65,10 +140,12 @@ pub struct Anchors {
     cache: PathBuf,
     built: HashMap<Example, Result<PathBuf, String>>,
     pub libfuse_version: Option<String>,
+    /// The anchors given by path.
+    pub external: HashMap<External, PathBuf>,
 }
 
 impl Anchors {
-    pub fn new(cache: PathBuf) -> Anchors {
+    pub fn new(cache: PathBuf, external: HashMap<External, PathBuf>) -> Anchors {
         let libfuse_version = Command::new("pkg-config")
             .args(["--modversion", "fuse3"])
             .output()
@@ -79,7 +156,30 @@ impl Anchors {
             cache,
             built: HashMap::new(),
             libfuse_version,
+            external,
         }
+    }
+
+    /// The path of an anchor given by path if it is an executable file, or why it cannot run.
+    pub fn external(&self, which: External) -> Result<PathBuf, String> {
+        let name = which.name();
+        let path = self.external.get(&which).ok_or_else(|| {
+            format!(
+                "no --anchor {name}=PATH (or ${}) given: PATH is {}",
+                which.env_var(),
+                which.source()
+            )
+        })?;
+        let meta = path
+            .metadata()
+            .map_err(|e| format!("--anchor {name}={}: {e}", path.display()))?;
+        if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+            return Err(format!(
+                "--anchor {name}={}: not an executable file",
+                path.display()
+            ));
+        }
+        Ok(path.clone())
     }
 
     /// The compiled example, or why it cannot be had.
@@ -182,4 +282,62 @@ pub fn qemu_storage_daemon() -> Result<(PathBuf, String), String> {
         .unwrap_or("")
         .to_owned();
     Ok((PathBuf::from("qemu-storage-daemon"), version))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchors_by_name_and_path() {
+        let paths = external_paths(&[
+            "passthrough_hp=/opt/hp".to_owned(),
+            "juicefs=/opt/juicefs".to_owned(),
+            "passthrough_hp=/opt/hp2".to_owned(),
+        ])
+        .unwrap();
+        assert_eq!(paths[&External::PassthroughHp], PathBuf::from("/opt/hp2"));
+        assert_eq!(paths[&External::JuiceFs], PathBuf::from("/opt/juicefs"));
+        let e = external_paths(&["hp=/x".to_owned()]).unwrap_err();
+        assert!(
+            e.contains("no anchor is called \"hp\"") && e.contains("passthrough_hp"),
+            "{e}"
+        );
+        assert!(
+            external_paths(&["passthrough_hp".to_owned()])
+                .unwrap_err()
+                .contains("NAME=PATH")
+        );
+        assert!(
+            external_paths(&["juicefs=".to_owned()])
+                .unwrap_err()
+                .contains("NAME=PATH")
+        );
+    }
+
+    #[test]
+    fn a_missing_or_unusable_anchor_says_why() {
+        let mut external = HashMap::new();
+        external.insert(
+            External::PassthroughHp,
+            PathBuf::from("/nonexistent/passthrough_hp"),
+        );
+        external.insert(External::JuiceFs, PathBuf::from("/proc/version"));
+        let anchors = Anchors {
+            cache: PathBuf::from("/nonexistent"),
+            built: HashMap::new(),
+            libfuse_version: None,
+            external,
+        };
+        let e = anchors.external(External::PassthroughHp).unwrap_err();
+        assert!(e.contains("/nonexistent/passthrough_hp"), "{e}");
+        let e = anchors.external(External::JuiceFs).unwrap_err();
+        assert!(e.contains("not an executable file"), "{e}");
+        let none = Anchors {
+            external: HashMap::new(),
+            ..anchors
+        };
+        let e = none.external(External::PassthroughHp).unwrap_err();
+        assert!(e.contains("LANEFS_ANCHOR_PASSTHROUGH_HP"), "{e}");
+    }
 }

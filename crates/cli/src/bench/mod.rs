@@ -3,12 +3,14 @@
 //!
 //! Layout: `runner` owns the run (settings, temp dirs, progress, the measurement loop),
 //! `systems` mounts what is measured (lanefs, native tmpfs/disk, libfuse's examples,
-//! qemu-storage-daemon) behind guards that always unmount, `workloads` drives them (fio, the
-//! seek load generator, bash/tar/dd), `suites` says which workloads meet which systems, and
-//! `report`/`chart` write the results.
+//! qemu-storage-daemon, anchors given by path such as passthrough_hp) behind guards that always
+//! unmount, `workloads` drives them (fio, the seek load generator, bash/tar/dd; as root or as
+//! an unprivileged user) while `cpu` reads each server's CPU time, `suites` says which
+//! workloads meet which systems, and `report`/`chart` write the results.
 
 mod anchors;
 mod chart;
+mod cpu;
 mod fio;
 mod machine;
 mod model;
@@ -109,6 +111,12 @@ pub struct BenchArgs {
     /// Extra argument for every `lanefs mount` the bench makes (repeatable), e.g. --poll-us=50.
     #[arg(long = "lanefs-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub lanefs_args: Vec<String>,
+    /// An anchor built outside this repository, by path (repeatable): passthrough_hp=PATH
+    /// (libfuse's build/example/passthrough_hp), juicefs=PATH [default:
+    /// $LANEFS_ANCHOR_PASSTHROUGH_HP, $LANEFS_ANCHOR_JUICEFS]. Without one, its rows are
+    /// skipped with a note.
+    #[arg(long = "anchor", value_name = "NAME=PATH")]
+    pub anchors: Vec<String>,
     /// Do not print the report on stdout (it is still written to --out).
     #[arg(long)]
     pub no_print: bool,
@@ -126,6 +134,8 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         s
     };
     let settings = Settings::from_args(&args)?;
+    let external = anchors::external_paths(&args.anchors)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let started = machine::now_utc();
     let out = match &args.out {
         Some(dir) => dir.clone(),
@@ -139,7 +149,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", out.display())))?;
     let out = out.canonicalize()?;
 
-    let mut ctx = Ctx::new(settings, &args)?;
+    let mut ctx = Ctx::new(settings, &args, external)?;
     let mut results = BenchResults::new(&ctx, started, &suites);
     let total: u64 = suites.iter().map(|s| suites::planned_runs(*s, &ctx)).sum();
     ctx.progress_start(total);

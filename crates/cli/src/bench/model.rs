@@ -54,10 +54,22 @@ pub enum Status {
     Failed { error: String },
 }
 
+/// What one run did, for CPU per operation: its operations (fio's I/Os, files created,
+/// lseeks and preads, ...) and the CPU time the server spent meanwhile.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+pub struct Work {
+    pub ops: f64,
+    /// None on systems without a server process (native).
+    pub server_cpu_s: Option<f64>,
+}
+
 /// One measured run: the row's number and what the tool reported.
 #[derive(Serialize, Clone, Debug)]
 pub struct RunRecord {
     pub value: f64,
+    /// On the rows that count the run's work (not on a p99 row of the same run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub work: Option<Work>,
     pub raw: Value,
 }
 
@@ -67,6 +79,18 @@ pub struct Summary {
     pub min: f64,
     pub max: f64,
     pub runs: usize,
+}
+
+/// A row's server CPU over its runs, as medians.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+pub struct CpuSummary {
+    /// Server CPU seconds per run.
+    pub cpu_s: f64,
+    /// Operations per run.
+    pub ops: f64,
+    /// Operations per server CPU-second; None when the server used less than one clock tick
+    /// in every run (all of the work done in the kernel).
+    pub ops_per_cpu_s: Option<f64>,
 }
 
 /// One workload (one metric of it) on one system.
@@ -93,6 +117,13 @@ pub struct Row {
     /// lanefs rows: against the best anchor row of the same workload, as a speed-up.
     pub vs_best_anchor: Option<f64>,
     pub best_anchor: Option<String>,
+    /// Rows that count work on systems with a server: its CPU per run and ops per CPU-second.
+    pub server_cpu: Option<CpuSummary>,
+    /// lanefs passthrough rows: ops per CPU-second against the most frugal passthrough_hp row
+    /// of the same workload and kernel-passthrough setting (>1: lanefs spends less CPU per
+    /// operation).
+    pub cpu_vs_passthrough_hp: Option<f64>,
+    pub passthrough_hp: Option<String>,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -175,7 +206,8 @@ pub struct BenchResults {
 impl BenchResults {
     pub fn new(ctx: &Ctx, started: Utc, suites: &[Suite]) -> BenchResults {
         BenchResults {
-            schema: 1,
+            // 2: server CPU per run (RunRecord.work, Row.server_cpu, cpu_vs_passthrough_hp).
+            schema: 2,
             started: started.iso(),
             finished: String::new(),
             command: std::env::args().collect(),
@@ -217,6 +249,27 @@ pub fn summarize(values: &[f64]) -> Option<Summary> {
         min: v[0],
         max: v[n - 1],
         runs: n,
+    })
+}
+
+/// Medians of the server's CPU per run, the operations per run and their ratio; None when
+/// no run measured a server.
+pub fn summarize_cpu(runs: &[RunRecord]) -> Option<CpuSummary> {
+    let measured: Vec<(f64, f64)> = runs
+        .iter()
+        .filter_map(|r| r.work.and_then(|w| Some((w.ops, w.server_cpu_s?))))
+        .collect();
+    let cpu_s = summarize(&measured.iter().map(|m| m.1).collect::<Vec<_>>())?.median;
+    let ops = summarize(&measured.iter().map(|m| m.0).collect::<Vec<_>>())?.median;
+    let rates: Vec<f64> = measured
+        .iter()
+        .filter(|(_, cpu)| *cpu > 0.0)
+        .map(|(ops, cpu)| ops / cpu)
+        .collect();
+    Some(CpuSummary {
+        cpu_s,
+        ops,
+        ops_per_cpu_s: summarize(&rates).map(|s| s.median),
     })
 }
 
@@ -283,6 +336,43 @@ pub fn compute_ratios(results: &mut BenchResults) {
                 row.best_anchor = Some(sys.clone());
             }
         }
+        compare_cpu_with_passthrough_hp(suite);
+    }
+}
+
+/// Fills `cpu_vs_passthrough_hp` on lanefs passthrough rows: their ops per CPU-second against
+/// the best passthrough_hp row of the same workload with kernel passthrough alike.
+fn compare_cpu_with_passthrough_hp(suite: &mut SuiteResult) {
+    let hp: Vec<(String, Value, String, f64)> = suite
+        .rows
+        .iter()
+        .filter(|r| r.system_config["system"] == "passthrough_hp")
+        .filter_map(|r| {
+            let rate = r.server_cpu?.ops_per_cpu_s?;
+            Some((
+                r.workload.clone(),
+                r.system_config["kernel_passthrough"].clone(),
+                r.system.clone(),
+                rate,
+            ))
+        })
+        .collect();
+    for row in &mut suite.rows {
+        if row.role != Role::Lanefs || row.system_config["fs"] != "passthrough" {
+            continue;
+        }
+        let Some(ours) = row.server_cpu.and_then(|c| c.ops_per_cpu_s) else {
+            continue;
+        };
+        let kernel_passthrough = &row.system_config["kernel_passthrough"];
+        let best = hp
+            .iter()
+            .filter(|(w, kp, ..)| *w == row.workload && kp == kernel_passthrough)
+            .max_by(|a, b| a.3.total_cmp(&b.3));
+        if let Some((_, _, system, rate)) = best {
+            row.cpu_vs_passthrough_hp = speedup(ours, *rate, Unit::IOPS);
+            row.passthrough_hp = Some(system.clone());
+        }
     }
 }
 
@@ -336,6 +426,9 @@ mod tests {
             native: None,
             vs_best_anchor: None,
             best_anchor: None,
+            server_cpu: None,
+            cpu_vs_passthrough_hp: None,
+            passthrough_hp: None,
         }
     }
 
@@ -392,5 +485,70 @@ mod tests {
         assert_eq!(t.best_anchor.as_deref(), Some("a2"));
         // Anchors get no ratios of their own.
         assert_eq!(s.row("w", "a1").unwrap().vs_native, None);
+    }
+
+    fn run(ops: f64, server_cpu_s: Option<f64>) -> RunRecord {
+        RunRecord {
+            value: 1.0,
+            work: Some(Work { ops, server_cpu_s }),
+            raw: Value::Null,
+        }
+    }
+
+    #[test]
+    fn cpu_medians_skip_idle_servers() {
+        assert_eq!(summarize_cpu(&[]), None);
+        // Native: operations but no server.
+        assert_eq!(summarize_cpu(&[run(10.0, None)]), None);
+        let c = summarize_cpu(&[
+            run(100.0, Some(0.5)),
+            run(300.0, Some(1.0)),
+            run(200.0, Some(2.0)),
+        ])
+        .unwrap();
+        assert_eq!((c.cpu_s, c.ops, c.ops_per_cpu_s), (1.0, 200.0, Some(200.0)));
+        // A server that used no tick has no rate (all of it was done in the kernel).
+        let c = summarize_cpu(&[run(100.0, Some(0.0))]).unwrap();
+        assert_eq!((c.cpu_s, c.ops_per_cpu_s), (0.0, None));
+    }
+
+    #[test]
+    fn cpu_against_passthrough_hp_of_the_same_kind() {
+        let with_cpu = |system: &str, role, config: Value, rate: f64| {
+            let mut r = row("w", system, role, Unit::IOPS, Some(1.0));
+            r.system_config = config;
+            r.server_cpu = Some(CpuSummary {
+                cpu_s: 1.0,
+                ops: rate,
+                ops_per_cpu_s: Some(rate),
+            });
+            r
+        };
+        let hp =
+            |kp: bool| serde_json::json!({"system": "passthrough_hp", "kernel_passthrough": kp});
+        let lanefs = |kp: bool| serde_json::json!({"system": "lanefs", "fs": "passthrough", "kernel_passthrough": kp});
+        let mut suite = SuiteResult::new(Suite::Passthrough, "t", "s");
+        suite.rows = vec![
+            with_cpu("hp uring", Role::Anchor, hp(true), 100.0),
+            with_cpu("hp clone", Role::Anchor, hp(true), 400.0),
+            with_cpu("hp uring nop", Role::Anchor, hp(false), 50.0),
+            with_cpu("l", Role::Lanefs, lanefs(true), 200.0),
+            with_cpu("l nop", Role::Lanefs, lanefs(false), 100.0),
+            with_cpu(
+                "null",
+                Role::Lanefs,
+                serde_json::json!({"fs": "null"}),
+                100.0,
+            ),
+        ];
+        compare_cpu_with_passthrough_hp(&mut suite);
+        let l = suite.row("w", "l").unwrap();
+        assert_eq!(l.cpu_vs_passthrough_hp, Some(0.5));
+        assert_eq!(l.passthrough_hp.as_deref(), Some("hp clone"));
+        let nop = suite.row("w", "l nop").unwrap();
+        assert_eq!(nop.cpu_vs_passthrough_hp, Some(2.0));
+        assert_eq!(nop.passthrough_hp.as_deref(), Some("hp uring nop"));
+        // lanefs null is not a passthrough: nothing to compare with.
+        assert_eq!(suite.row("w", "null").unwrap().cpu_vs_passthrough_hp, None);
     }
 }

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use crate::bench::chart;
-use crate::bench::model::{BenchResults, Row, Status, Unit};
+use crate::bench::model::{BenchResults, CpuSummary, Row, Status, Unit};
 
 /// 1234567 -> "1.23M", 45678 -> "45.7k"; seconds and µs with enough digits.
 pub fn fmt_value(v: f64, unit: Unit) -> String {
@@ -40,6 +40,19 @@ pub fn fmt_value(v: f64, unit: Unit) -> String {
 
 fn ratio(r: Option<f64>) -> String {
     r.map_or_else(|| "".into(), |r| format!("{r:.2}x"))
+}
+
+/// The server CPU cells: CPU seconds per run and operations per CPU-second (blank where no
+/// server was measured).
+fn cpu_cells(cpu: Option<CpuSummary>) -> (String, String) {
+    match cpu {
+        None => (String::new(), String::new()),
+        Some(c) => (
+            format!("{:.3}", c.cpu_s),
+            c.ops_per_cpu_s
+                .map_or_else(|| "< 1 tick".into(), |rate| fmt_value(rate, Unit::IOPS)),
+        ),
+    }
 }
 
 fn escape(text: &str) -> String {
@@ -93,8 +106,15 @@ pub fn markdown(results: &BenchResults) -> String {
          best anchor** (lanefs rows) are speed-ups: above 1 lanefs is faster, for rates and \
          times alike. Native is the same workload on the file system lanefs and the \
          passthrough anchors are backed by; the best anchor is the fastest existing FUSE \
-         server (libfuse example, qemu-storage-daemon) in the same table. Every run's raw \
-         numbers are in results.json.\n"
+         server (libfuse example, qemu-storage-daemon, passthrough_hp) in the same table. \
+         **server CPU s** is the CPU time (user + system, its threads and children) the \
+         server process used per run, and **ops/CPU-s** the run's operations (fio's I/Os, \
+         files created or removed, lseeks and preads, 1 MiB dd blocks) per second of it \
+         (\"< 1 tick\": under one clock tick, {} s); **x hp CPU** (lanefs passthrough rows) \
+         is that against the most frugal passthrough_hp row of the same workload with kernel \
+         passthrough alike: above 1 lanefs spends less CPU per operation. Every run's raw \
+         numbers are in results.json.\n",
+        results.tools["cpu_clock_tick_s"]
     );
     if let Some(tools) = results.tools.as_object() {
         let mut parts = Vec::new();
@@ -106,6 +126,11 @@ pub fn markdown(results: &BenchResults) -> String {
         }
         if let Some(v) = tools.get("qemu_storage_daemon").and_then(|v| v.as_str()) {
             parts.push(v.to_owned());
+        }
+        if let Some(given) = tools.get("anchors_by_path").and_then(|v| v.as_object()) {
+            for (name, path) in given {
+                parts.push(format!("{name} {}", path.as_str().unwrap_or("?")));
+            }
         }
         if !parts.is_empty() {
             let _ = writeln!(s, "Tools: {}.\n", parts.join(", "));
@@ -152,9 +177,10 @@ pub fn markdown(results: &BenchResults) -> String {
             );
             let _ = writeln!(
                 s,
-                "| workload | system | median | min | max | x native | x best anchor |"
+                "| workload | system | median | min | max | x native | x best anchor | \
+                 server CPU s | ops/CPU-s | x hp CPU |"
             );
-            let _ = writeln!(s, "|---|---|--:|--:|--:|--:|--:|");
+            let _ = writeln!(s, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
             let mut workloads: Vec<&str> = Vec::new();
             for r in &rows {
                 if !workloads.contains(&r.workload.as_str()) {
@@ -170,9 +196,10 @@ pub fn markdown(results: &BenchResults) -> String {
                     };
                     match (&r.status, r.summary) {
                         (Status::Ok, Some(sum)) => {
+                            let (cpu_s, per_cpu) = cpu_cells(r.server_cpu);
                             let _ = writeln!(
                                 s,
-                                "| {} | {} | {} | {} | {} | {} | {} |",
+                                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                                 escape(w),
                                 system,
                                 fmt_value(sum.median, unit),
@@ -180,19 +207,27 @@ pub fn markdown(results: &BenchResults) -> String {
                                 fmt_value(sum.max, unit),
                                 ratio(r.vs_native),
                                 ratio(r.vs_best_anchor),
+                                cpu_s,
+                                per_cpu,
+                                ratio(r.cpu_vs_passthrough_hp),
                             );
                         }
                         (Status::Failed { error }, _) => {
                             let _ = writeln!(
                                 s,
-                                "| {} | {} | failed: {} | | | | |",
+                                "| {} | {} | failed: {} | | | | | | | |",
                                 escape(w),
                                 system,
                                 escape(error)
                             );
                         }
                         (Status::Ok, None) => {
-                            let _ = writeln!(s, "| {} | {} | no runs | | | | |", escape(w), system);
+                            let _ = writeln!(
+                                s,
+                                "| {} | {} | no runs | | | | | | | |",
+                                escape(w),
+                                system
+                            );
                         }
                     }
                 }
@@ -241,5 +276,22 @@ mod tests {
         assert_eq!(fmt_value(18.64, Unit::SECONDS), "18.6");
         assert_eq!(ratio(Some(1.456)), "1.46x");
         assert_eq!(ratio(None), "");
+    }
+
+    #[test]
+    fn cpu_cells() {
+        assert_eq!(super::cpu_cells(None), (String::new(), String::new()));
+        let cpu = |ops_per_cpu_s| {
+            Some(CpuSummary {
+                cpu_s: 0.4567,
+                ops: 1000.0,
+                ops_per_cpu_s,
+            })
+        };
+        assert_eq!(
+            super::cpu_cells(cpu(Some(2189.6))),
+            ("0.457".to_owned(), "2190".to_owned())
+        );
+        assert_eq!(super::cpu_cells(cpu(None)).1, "< 1 tick");
     }
 }

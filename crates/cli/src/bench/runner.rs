@@ -2,6 +2,7 @@
 //! points), the progress bar, and the loop that measures each workload on each system:
 //! warm-up, then repetitions, every run's numbers kept.
 
+use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
 
-use crate::bench::anchors::{self, Anchors};
+use crate::bench::anchors::{self, Anchors, External};
 use crate::bench::machine::Machine;
 use crate::bench::model::{self, Row, RunRecord, Status, SuiteResult};
 use crate::bench::systems::{self, MountGuard, OpenError, ScratchDir, SystemSpec, Target};
@@ -108,7 +109,11 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn new(settings: Settings, args: &BenchArgs) -> io::Result<Ctx> {
+    pub fn new(
+        settings: Settings,
+        args: &BenchArgs,
+        external: HashMap<External, PathBuf>,
+    ) -> io::Result<Ctx> {
         let exe = std::env::current_exe()?;
         let work = std::env::temp_dir().join(format!("lanefs-bench-{}", std::process::id()));
         std::fs::create_dir_all(&work)?;
@@ -147,7 +152,7 @@ impl Ctx {
         );
         let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
         Ok(Ctx {
-            anchors: Anchors::new(cache.join("anchors")),
+            anchors: Anchors::new(cache.join("anchors"), external),
             settings,
             machine,
             exe,
@@ -235,6 +240,10 @@ impl Ctx {
             "libfuse_examples": anchors::examples_dir(),
             "anchor_cache": self.cache.join("anchors"),
             "qemu_storage_daemon": anchors::qemu_storage_daemon().ok().map(|(_, v)| v),
+            "anchors_by_path": anchors::External::ALL
+                .iter()
+                .filter_map(|e| Some((e.name(), self.anchors.external.get(e)?)))
+                .collect::<std::collections::BTreeMap<_, _>>(),
             "lanefs_passthrough": match &self.passthrough {
                 None => json!("not tried"),
                 Some(Ok(())) => json!("available"),
@@ -242,6 +251,7 @@ impl Ctx {
             },
             "tmpfs": self.tmpfs_label,
             "disk": self.disk_label,
+            "cpu_clock_tick_s": crate::bench::cpu::resolution_s(),
         })
     }
 
@@ -358,11 +368,13 @@ impl Ctx {
             let result = w.run(self, target, runtime, false);
             self.pb.inc(1);
             match result {
-                Ok((values, raw)) => {
-                    for (list, value) in runs.iter_mut().zip(values) {
+                Ok(output) => {
+                    for ((list, value), work) in runs.iter_mut().zip(output.values).zip(output.work)
+                    {
                         list.push(RunRecord {
                             value,
-                            raw: raw.clone(),
+                            work,
+                            raw: output.raw.clone(),
                         });
                     }
                 }
@@ -388,10 +400,10 @@ fn push_rows(
     runs.resize(w.metrics.len(), Vec::new());
     for (metric, runs) in w.metrics.iter().zip(runs) {
         let values: Vec<f64> = runs.iter().map(|r| r.value).collect();
-        let summary = if status == Status::Ok {
-            model::summarize(&values)
+        let (summary, server_cpu) = if status == Status::Ok {
+            (model::summarize(&values), model::summarize_cpu(&runs))
         } else {
-            None
+            (None, None)
         };
         suite.rows.push(Row {
             workload: metric.key.clone(),
@@ -409,6 +421,9 @@ fn push_rows(
             native: None,
             vs_best_anchor: None,
             best_anchor: None,
+            server_cpu,
+            cpu_vs_passthrough_hp: None,
+            passthrough_hp: None,
         });
     }
 }

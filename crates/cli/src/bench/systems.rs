@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use lanefs_fuse::mount;
 use serde_json::{Value, json};
 
-use crate::bench::anchors::{self, Example};
+use crate::bench::anchors::{self, Example, External};
+use crate::bench::cpu::ServerCpu;
 use crate::bench::model::Role;
 use crate::bench::runner::Ctx;
 use crate::bench::signals;
@@ -76,6 +77,15 @@ pub enum SystemSpec {
     Qsd {
         null: bool,
     },
+    /// libfuse's passthrough_hp (`--anchor passthrough_hp=PATH`) over a tmpfs directory, over
+    /// io_uring or on cloned /dev/fuse fds, with kernel passthrough or `--nopassthrough`.
+    PassthroughHp {
+        uring: bool,
+        kernel_passthrough: bool,
+    },
+    /// JuiceFS with SQLite metadata and a local directory (`--anchor juicefs=PATH`): skipped
+    /// with a note until lanefs's volume file system, which it is measured against, exists.
+    JuiceFs,
 }
 
 impl SystemSpec {
@@ -115,6 +125,19 @@ impl SystemSpec {
             }
             SystemSpec::Qsd { null: true } => "qemu-storage-daemon null-co".into(),
             SystemSpec::Qsd { null: false } => "qemu-storage-daemon raw file".into(),
+            SystemSpec::PassthroughHp {
+                uring,
+                kernel_passthrough,
+            } => format!(
+                "passthrough_hp {}{}",
+                if *uring { "io_uring" } else { "clone-fd" },
+                if *kernel_passthrough {
+                    ""
+                } else {
+                    " no-passthrough"
+                }
+            ),
+            SystemSpec::JuiceFs => "JuiceFS (SQLite, local directory)".into(),
         }
     }
 
@@ -124,7 +147,10 @@ impl SystemSpec {
             | SystemSpec::LanefsPassthrough { .. }
             | SystemSpec::LanefsNullUring { .. } => Role::Lanefs,
             SystemSpec::NativeTmpfs | SystemSpec::NativeDisk => Role::Native,
-            SystemSpec::Libfuse { .. } | SystemSpec::Qsd { .. } => Role::Anchor,
+            SystemSpec::Libfuse { .. }
+            | SystemSpec::Qsd { .. }
+            | SystemSpec::PassthroughHp { .. }
+            | SystemSpec::JuiceFs => Role::Anchor,
         }
     }
 
@@ -164,6 +190,17 @@ impl SystemSpec {
             }}),
             SystemSpec::Qsd { null } => json!({"system": "qemu-storage-daemon",
                 "driver": if *null { "null-co" } else { "file" }}),
+            SystemSpec::PassthroughHp {
+                uring,
+                kernel_passthrough,
+            } => json!({"system": "passthrough_hp",
+                "path": ctx.anchors.external.get(&External::PassthroughHp),
+                "args": passthrough_hp_args(*uring, *kernel_passthrough),
+                "transport": if *uring { "io_uring" } else { "/dev/fuse, clone_fd" },
+                "kernel_passthrough": kernel_passthrough, "backing": ctx.tmpfs_label}),
+            SystemSpec::JuiceFs => json!({"system": "juicefs", "meta": "sqlite3",
+                "storage": "local directory",
+                "path": ctx.anchors.external.get(&External::JuiceFs)}),
         }
     }
 
@@ -172,12 +209,16 @@ impl SystemSpec {
         let label = self.label(ctx);
         let config = self.config(ctx);
         let role = self.role();
-        let target = |place, writable, guards| Target {
+        let target = |place, writable, guards: Vec<Guard>| Target {
             label: label.clone(),
             role,
             config: config.clone(),
             place,
             writable,
+            server: guards.iter().find_map(|g| match g {
+                Guard::Mount(m) => m.server_pid().map(|pid| ServerCpu { pid }),
+                Guard::Dir(_) => None,
+            }),
             guards,
         };
         match self {
@@ -327,8 +368,63 @@ impl SystemSpec {
                 guards.push(Guard::Mount(guard));
                 Ok(target(Place::File(mp), true, guards))
             }
+            SystemSpec::PassthroughHp {
+                uring,
+                kernel_passthrough,
+            } => {
+                let binary = ctx
+                    .anchors
+                    .external(External::PassthroughHp)
+                    .map_err(OpenError::Skip)?;
+                if *uring && let Some(why) = lanefs_fuse::uring::KernelSupport::read().obstacle() {
+                    return Err(OpenError::Skip(why));
+                }
+                let src = ctx.scratch_tmpfs("hp-src").map_err(OpenError::Fail)?;
+                let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
+                let mut command = Command::new(&binary);
+                command
+                    .args(passthrough_hp_args(*uring, *kernel_passthrough))
+                    .arg(&src.0)
+                    .arg(&mp);
+                let log = ctx.log_path("passthrough_hp");
+                // A server given by path that does not start is skipped, as a missing one is.
+                let guard = spawn_server(command, &mp, &log, false).map_err(OpenError::Skip)?;
+                Ok(target(
+                    Place::Dir(mp),
+                    true,
+                    vec![Guard::Dir(src), Guard::Mount(guard)],
+                ))
+            }
+            SystemSpec::JuiceFs => {
+                let why = match ctx.anchors.external(External::JuiceFs) {
+                    Ok(path) => format!(
+                        "{} is not run yet: lanefs's volume file system, which JuiceFS is \
+                         measured against, does not exist yet, and the bench has no step that \
+                         formats and mounts a JuiceFS volume",
+                        path.display()
+                    ),
+                    Err(why) => why,
+                };
+                Err(OpenError::Skip(why))
+            }
         }
     }
+}
+
+/// passthrough_hp's arguments before SOURCE MOUNTPOINT: in the foreground (our child, so
+/// that its CPU time can be read), open to every user (lanefs as root is too: the
+/// unprivileged rows need it), libfuse's default thread count and queue depth.
+fn passthrough_hp_args(uring: bool, kernel_passthrough: bool) -> Vec<&'static str> {
+    let mut args = vec!["--foreground"];
+    if uring {
+        args.extend(["-o", "allow_other,io_uring"]);
+    } else {
+        args.extend(["-o", "allow_other", "--clone-fd"]);
+    }
+    if !kernel_passthrough {
+        args.push("--nopassthrough");
+    }
+    args
 }
 
 /// One ring per possible CPU.
@@ -382,6 +478,8 @@ pub struct Target {
     pub config: Value,
     pub place: Place,
     pub writable: bool,
+    /// The process serving the mount, whose CPU time each run reports (None: native).
+    pub server: Option<ServerCpu>,
     /// Dropped last to first: the mount before the directory that backs it.
     guards: Vec<Guard>,
 }
@@ -394,10 +492,10 @@ impl Drop for Target {
     }
 }
 
-/// Held only for what its Drop does.
+/// Held for what its Drop does (and a mount for its server's pid).
 enum Guard {
     Dir(#[allow(dead_code)] ScratchDir),
-    Mount(#[allow(dead_code)] MountGuard),
+    Mount(MountGuard),
 }
 
 /// A directory the bench made; removed with its contents on drop (never across a mount).
@@ -476,17 +574,25 @@ pub struct MountGuard {
 
 impl MountGuard {
     pub fn new(mountpoint: PathBuf, server: Server) -> MountGuard {
-        let pid = match &server {
-            Server::None => None,
-            Server::Daemon(pid) => Some(*pid),
-            Server::Child { child, .. } => Some(child.id()),
-        };
-        let registration = signals::register(mountpoint.clone(), pid);
+        let registration = signals::register(mountpoint.clone(), pid_of(&server));
         MountGuard {
             mountpoint,
             server,
             registration,
         }
+    }
+
+    /// The server process, if the mount has one.
+    pub fn server_pid(&self) -> Option<u32> {
+        pid_of(&self.server)
+    }
+}
+
+fn pid_of(server: &Server) -> Option<u32> {
+    match server {
+        Server::None => None,
+        Server::Daemon(pid) => Some(*pid),
+        Server::Child { child, .. } => Some(child.id()),
     }
 }
 

@@ -1,6 +1,9 @@
-//! The workloads: fio jobs, the seek load generator, bash creates, untar + rm -rf, and dd.
-//! Each run returns one number per metric plus the raw figures it came from.
+//! The workloads: fio jobs, the seek load generator, bash creates, untar + rm -rf, and dd,
+//! run as the bench's user or (fio and creates) as an unprivileged one. Each run returns one
+//! number per metric, what it did (operations, and the server's CPU time meanwhile) and the
+//! raw figures it came from.
 
+use std::ffi::OsStr;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -8,11 +11,27 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::bench::cpu::ServerCpu;
 use crate::bench::fio::{self, FioJob};
-use crate::bench::model::Unit;
+use crate::bench::model::{Unit, Work};
 use crate::bench::runner::Ctx;
 use crate::bench::seek;
 use crate::bench::systems::{Place, Target, last_lines};
+
+/// The unprivileged caller's uid and gid: nobody and nogroup.
+pub const UNPRIVILEGED_ID: u32 = 65534;
+/// The directory, inside the target's, that the unprivileged caller owns and works in.
+const UNPRIVILEGED_DIR: &str = "unprivileged";
+
+/// Who runs a workload's commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// The bench's own user (root, where it can mount).
+    Bench,
+    /// uid and gid 65534 without supplementary groups or capabilities (setpriv(1)), in a
+    /// directory it owns: issue 11's costs for callers other than root.
+    Unprivileged,
+}
 
 /// One number a workload reports, and the row it goes to.
 #[derive(Clone, Debug)]
@@ -38,6 +57,9 @@ pub enum Kind {
     /// `tar xf` of an uncompressed tarball, then `rm -rf` of the tree.
     Untar {
         tar: PathBuf,
+        /// Its members (files, directories, links): the operations of each phase; counted
+        /// once the tarball is there.
+        entries: Option<u64>,
     },
     /// `procs` dd processes writing `mib_each` MiB each in 1 MiB blocks, then reading back.
     Dd {
@@ -52,6 +74,45 @@ pub struct Workload {
     pub numjobs: u32,
     pub config: Value,
     pub kind: Kind,
+    pub caller: Caller,
+}
+
+/// One run's result.
+pub struct RunOutput {
+    /// One number per metric.
+    pub values: Vec<f64>,
+    /// Per metric, what the run did for it; None on metrics that describe work another
+    /// metric counts (the p99 of the same fio run).
+    pub work: Vec<Option<Work>>,
+    pub raw: Value,
+}
+
+/// Reads the server's CPU time when a phase starts; `work` says what it did once it ended.
+struct Meter {
+    server: Option<ServerCpu>,
+    start: Option<f64>,
+}
+
+impl Meter {
+    fn start(target: &Target) -> Meter {
+        Meter {
+            server: target.server,
+            start: target.server.and_then(ServerCpu::seconds),
+        }
+    }
+
+    /// The server's CPU seconds since the start; None without a server (native).
+    fn cpu_s(&self) -> Option<f64> {
+        let (server, start) = (self.server?, self.start?);
+        server.seconds().map(|end| (end - start).max(0.0))
+    }
+
+    fn work(&self, ops: f64) -> Work {
+        Work {
+            ops,
+            server_cpu_s: self.cpu_s(),
+        }
+    }
 }
 
 impl Workload {
@@ -61,7 +122,21 @@ impl Workload {
             numjobs: job.numjobs,
             config: json!({"tool": "fio", "job": job.config()}),
             kind: Kind::Fio(job),
+            caller: Caller::Bench,
         }
+    }
+
+    /// The same workload run by the unprivileged caller, in rows of its own.
+    pub fn by_unprivileged_user(mut self) -> Workload {
+        let suffix = format!(", as uid {UNPRIVILEGED_ID}");
+        for m in &mut self.metrics {
+            m.key.push_str(&suffix);
+            m.family.push_str(&suffix);
+        }
+        self.config["caller"] = json!({"uid": UNPRIVILEGED_ID, "gid": UNPRIVILEGED_ID,
+            "how": "setpriv --reuid --regid --clear-groups"});
+        self.caller = Caller::Unprivileged;
+        self
     }
 
     /// The same fio job, also reporting its completion latency's p99 as a second row.
@@ -88,6 +163,9 @@ impl Workload {
         if writes && !target.writable {
             return Err("its only file is read-only".into());
         }
+        if self.caller == Caller::Unprivileged {
+            unprivileged_possible(&self.kind, &target.place)?;
+        }
         match (&self.kind, &target.place) {
             (Kind::Fio(job), Place::File(_)) if !job.shared_file => {
                 Err("file-per-job needs a directory; this server has one file".into())
@@ -106,35 +184,39 @@ impl Workload {
         target: &Target,
         runtime: Duration,
         _warmup: bool,
-    ) -> Result<(Vec<f64>, Value), String> {
-        match &self.kind {
-            Kind::Fio(job) => run_fio(ctx, target, job, runtime, &self.metrics),
+    ) -> Result<RunOutput, String> {
+        let mut output = match &self.kind {
+            Kind::Fio(job) => run_fio(ctx, target, job, self.caller, runtime, &self.metrics)?,
             Kind::Seek { readers } => {
                 let (file, make) = match &target.place {
                     Place::File(f) => (f.clone(), false),
                     Place::Dir(d) => (d.join("seek.dat"), true),
                 };
+                let meter = Meter::start(target);
                 let r = seek::run(&file, make, *readers, runtime)?;
-                let raw = serde_json::to_value(&r).unwrap_or(Value::Null);
-                Ok((
-                    vec![r.seeks_per_s, r.p50_ns / 1000.0, r.p99_ns / 1000.0],
-                    raw,
-                ))
+                let work = meter.work((r.lseeks + r.preads) as f64);
+                RunOutput {
+                    values: vec![r.seeks_per_s, r.p50_ns / 1000.0, r.p99_ns / 1000.0],
+                    work: vec![Some(work)],
+                    raw: serde_json::to_value(&r).unwrap_or(Value::Null),
+                }
             }
             Kind::Create { files } => {
                 let Place::Dir(dir) = &target.place else {
                     return Err("needs a directory".into());
                 };
-                run_create(dir, *files)
+                run_create(target, &work_dir(dir, self.caller)?, *files, self.caller)?
             }
-            Kind::Untar { tar } => {
+            Kind::Untar { tar, entries } => {
                 let Place::Dir(dir) = &target.place else {
                     return Err("needs a directory".into());
                 };
-                run_untar(dir, tar)
+                run_untar(target, dir, tar, *entries)?
             }
-            Kind::Dd { procs, mib_each } => run_dd(&target.place, *procs, *mib_each),
-        }
+            Kind::Dd { procs, mib_each } => run_dd(target, *procs, *mib_each)?,
+        };
+        output.work.resize(self.metrics.len(), None);
+        Ok(output)
     }
 
     /// Removes what the workload left on the target (frees the tmpfs' memory). fio's shared
@@ -149,9 +231,16 @@ impl Workload {
         for e in entries.flatten() {
             let name = e.file_name();
             let name = name.to_string_lossy();
-            if ["fio-job", "dd.", "seek.dat", "create", "untar"]
-                .iter()
-                .any(|p| name.starts_with(p))
+            if [
+                "fio-job",
+                "dd.",
+                "seek.dat",
+                "create",
+                "untar",
+                UNPRIVILEGED_DIR,
+            ]
+            .iter()
+            .any(|p| name.starts_with(p))
             {
                 let p = e.path();
                 let _ = if p.is_dir() {
@@ -160,6 +249,77 @@ impl Workload {
                     std::fs::remove_file(&p)
                 };
             }
+        }
+    }
+}
+
+/// Why the unprivileged caller cannot run `kind` on `place`, if it cannot.
+fn unprivileged_possible(kind: &Kind, place: &Place) -> Result<(), String> {
+    if !matches!(kind, Kind::Fio(_) | Kind::Create { .. }) {
+        return Err("only fio jobs and creates run as the unprivileged caller".into());
+    }
+    if !matches!(place, Place::Dir(_)) {
+        return Err("the unprivileged caller needs a directory of its own".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(format!(
+            "the bench does not run as root, so it cannot act as uid {UNPRIVILEGED_ID}"
+        ));
+    }
+    Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .map(drop)
+        .map_err(|e| format!("setpriv: {e} (util-linux)"))
+}
+
+/// Where the caller works in `dir`: `dir` itself, or for the unprivileged caller a
+/// directory it owns there (made and handed over by the bench's user).
+fn work_dir(dir: &Path, caller: Caller) -> Result<PathBuf, String> {
+    match caller {
+        Caller::Bench => Ok(dir.to_path_buf()),
+        Caller::Unprivileged => {
+            let own = dir.join(UNPRIVILEGED_DIR);
+            match std::fs::create_dir(&own) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(format!("{}: {e}", own.display())),
+            }
+            hand_over(&own)?;
+            Ok(own)
+        }
+    }
+}
+
+/// Gives `path` and everything below it to the unprivileged caller.
+fn hand_over(path: &Path) -> Result<(), String> {
+    let id = Some(UNPRIVILEGED_ID);
+    std::os::unix::fs::lchown(path, id, id)
+        .map_err(|e| format!("chown {}: {e}", path.display()))?;
+    if path.is_dir() && !path.is_symlink() {
+        let entries = std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for entry in entries.flatten() {
+            hand_over(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// `program` as `caller` runs it: directly, or through setpriv as uid/gid 65534 with no
+/// supplementary groups (the kernel drops root's capabilities with the uid), from `cwd`.
+fn command_as(caller: Caller, program: impl AsRef<OsStr>, cwd: &Path) -> Command {
+    match caller {
+        Caller::Bench => Command::new(program),
+        Caller::Unprivileged => {
+            let mut command = Command::new("setpriv");
+            command
+                .arg(format!("--reuid={UNPRIVILEGED_ID}"))
+                .arg(format!("--regid={UNPRIVILEGED_ID}"))
+                .args(["--clear-groups", "--"])
+                .arg(program)
+                .current_dir(cwd);
+            command
         }
     }
 }
@@ -225,18 +385,41 @@ fn run_fio(
     ctx: &Ctx,
     target: &Target,
     job: &FioJob,
+    caller: Caller,
     runtime: Duration,
     metrics: &[Metric],
-) -> Result<(Vec<f64>, Value), String> {
+) -> Result<RunOutput, String> {
     let (fio_path, _) = ctx.fio.as_ref().map_err(Clone::clone)?;
-    let args = match &target.place {
-        Place::File(f) => job.args(Some(f), None, runtime),
-        Place::Dir(d) => job.args(None, Some(d), runtime),
+    let (args, cwd) = match &target.place {
+        Place::File(f) => (job.args(Some(f), None, runtime), PathBuf::from("/")),
+        Place::Dir(d) => {
+            let dir = work_dir(d, caller)?;
+            (job.args(None, Some(&dir), runtime), dir)
+        }
     };
-    let mut command = Command::new(fio_path);
+    if caller == Caller::Unprivileged {
+        // Laid out by the bench's user and handed over: a server that does not act as the
+        // caller (passthrough_hp) makes its files root's, and default_permissions then
+        // refuses the caller's next open of them. A writing job's --create_only leaves an
+        // empty file (that the job would unlink and make again), a reading one lays it out.
+        let mut layout = Command::new(fio_path);
+        layout.args(&args).args(["--rw=read", "--create_only=1"]);
+        let done = run_limited(layout, Duration::from_secs(180))?;
+        if !done.ok {
+            return Err(format!(
+                "laying out fio's file ({}): {}",
+                done.status,
+                last_lines(&done.stderr, 2)
+            ));
+        }
+        hand_over(&cwd)?;
+    }
+    let mut command = command_as(caller, fio_path, &cwd);
     command.args(&args);
+    let meter = Meter::start(target);
     // Laying out files can take a while on a slow server.
     let done = run_limited(command, runtime + Duration::from_secs(180))?;
+    let server_cpu_s = meter.cpu_s();
     let parsed = fio::parse(&done.stdout).map_err(|e| {
         let why = last_lines(&done.stderr, 2);
         if done.ok || why.is_empty() {
@@ -256,27 +439,44 @@ fn run_fio(
     }
     let mut raw = serde_json::to_value(&parsed).unwrap_or(Value::Null);
     raw["args"] = json!(args);
-    Ok((values, raw))
+    Ok(RunOutput {
+        values,
+        work: vec![Some(Work {
+            ops: (parsed.read_ios + parsed.write_ios) as f64,
+            server_cpu_s,
+        })],
+        raw,
+    })
 }
 
 /// The seed's loop, verbatim but for the directory and count.
 const CREATE_SCRIPT: &str =
     r#"for i in `seq 1 "$LANEFS_BENCH_FILES"`; do echo "foobarbaz" > "$LANEFS_BENCH_DIR/$i"; done"#;
 
-fn run_create(dir: &Path, files: u32) -> Result<(Vec<f64>, Value), String> {
+fn run_create(
+    target: &Target,
+    dir: &Path,
+    files: u32,
+    caller: Caller,
+) -> Result<RunOutput, String> {
     let tree = dir.join("create");
     if tree.exists() {
         std::fs::remove_dir_all(&tree).map_err(|e| format!("cleaning {}: {e}", tree.display()))?;
     }
     std::fs::create_dir(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
-    let mut command = Command::new("bash");
+    if caller == Caller::Unprivileged {
+        hand_over(&tree)?;
+    }
+    let mut command = command_as(caller, "bash", dir);
     command
         .args(["-c", CREATE_SCRIPT])
         .env("LANEFS_BENCH_DIR", &tree)
         .env("LANEFS_BENCH_FILES", files.to_string());
+    let meter = Meter::start(target);
     let start = Instant::now();
     let done = run_limited(command, Duration::from_secs(1800))?;
     let secs = start.elapsed().as_secs_f64();
+    let work = meter.work(f64::from(files));
     if !done.ok {
         return Err(format!(
             "bash exited ({}): {}",
@@ -289,13 +489,19 @@ fn run_create(dir: &Path, files: u32) -> Result<(Vec<f64>, Value), String> {
         return Err(format!("{count} files instead of {files}"));
     }
     let _ = std::fs::remove_dir_all(&tree);
-    Ok((
-        vec![secs],
-        json!({"seconds": secs, "files": files, "files_per_s": f64::from(files) / secs}),
-    ))
+    Ok(RunOutput {
+        values: vec![secs],
+        work: vec![Some(work)],
+        raw: json!({"seconds": secs, "files": files, "files_per_s": f64::from(files) / secs}),
+    })
 }
 
-fn run_untar(dir: &Path, tar: &Path) -> Result<(Vec<f64>, Value), String> {
+fn run_untar(
+    target: &Target,
+    dir: &Path,
+    tar: &Path,
+    entries: Option<u64>,
+) -> Result<RunOutput, String> {
     let tree = dir.join("untar");
     if tree.exists() {
         std::fs::remove_dir_all(&tree).map_err(|e| format!("cleaning {}: {e}", tree.display()))?;
@@ -303,9 +509,11 @@ fn run_untar(dir: &Path, tar: &Path) -> Result<(Vec<f64>, Value), String> {
     std::fs::create_dir(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
     let mut command = Command::new("tar");
     command.arg("-xf").arg(tar).arg("-C").arg(&tree);
+    let meter = Meter::start(target);
     let start = Instant::now();
     let done = run_limited(command, Duration::from_secs(3600))?;
     let untar_s = start.elapsed().as_secs_f64();
+    let untar_work = entries.map(|n| meter.work(n as f64));
     if !done.ok {
         let why = tar_error(&done.stderr);
         let _ = std::fs::remove_dir_all(&tree);
@@ -313,9 +521,11 @@ fn run_untar(dir: &Path, tar: &Path) -> Result<(Vec<f64>, Value), String> {
     }
     let mut command = Command::new("rm");
     command.arg("-rf").arg(&tree);
+    let meter = Meter::start(target);
     let start = Instant::now();
     let done = run_limited(command, Duration::from_secs(3600))?;
     let rm_s = start.elapsed().as_secs_f64();
+    let rm_work = entries.map(|n| meter.work(n as f64));
     if !done.ok {
         return Err(format!(
             "rm -rf exited ({}): {}",
@@ -323,10 +533,11 @@ fn run_untar(dir: &Path, tar: &Path) -> Result<(Vec<f64>, Value), String> {
             last_lines(&done.stderr, 1)
         ));
     }
-    Ok((
-        vec![untar_s, rm_s],
-        json!({"untar_s": untar_s, "rm_s": rm_s, "tarball": tar}),
-    ))
+    Ok(RunOutput {
+        values: vec![untar_s, rm_s],
+        work: vec![untar_work, rm_work],
+        raw: json!({"untar_s": untar_s, "rm_s": rm_s, "tarball": tar, "entries": entries}),
+    })
 }
 
 /// The telling line of tar's complaints: EMFILE if it is among them, else the first
@@ -358,9 +569,12 @@ fn dd_target(place: &Place, i: u32, mib_each: u64) -> (PathBuf, u64) {
     }
 }
 
-fn run_dd(place: &Place, procs: u32, mib_each: u64) -> Result<(Vec<f64>, Value), String> {
+fn run_dd(target: &Target, procs: u32, mib_each: u64) -> Result<RunOutput, String> {
+    let place = &target.place;
     let total_mib = (u64::from(procs) * mib_each) as f64;
-    let phase = |write: bool| -> Result<f64, String> {
+    // Each phase's rate and work: one operation per 1 MiB block.
+    let phase = |write: bool| -> Result<(f64, Work), String> {
+        let meter = Meter::start(target);
         let start = Instant::now();
         let mut children = Vec::new();
         for i in 0..procs {
@@ -410,22 +624,78 @@ fn run_dd(place: &Place, procs: u32, mib_each: u64) -> Result<(Vec<f64>, Value),
             }
         }
         let secs = start.elapsed().as_secs_f64();
+        let work = meter.work(total_mib);
         match failure {
             Some(e) => Err(e),
-            None => Ok(total_mib / secs),
+            None => Ok((total_mib / secs, work)),
         }
     };
-    let write = phase(true)?;
-    let read = phase(false)?;
-    Ok((
-        vec![write, read],
-        json!({"write_mib_s": write, "read_mib_s": read, "procs": procs, "mib_each": mib_each}),
-    ))
+    let (write, write_work) = phase(true)?;
+    let (read, read_work) = phase(false)?;
+    Ok(RunOutput {
+        values: vec![write, read],
+        work: vec![Some(write_work), Some(read_work)],
+        raw: json!({"write_mib_s": write, "read_mib_s": read, "procs": procs,
+            "mib_each": mib_each}),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// A scratch directory under /tmp that uid 65534 can reach.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("lanefs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[test]
+    fn the_unprivileged_caller_works_in_a_directory_it_owns() {
+        if !root() {
+            eprintln!("skipped: only root can act as uid {UNPRIVILEGED_ID}");
+            return;
+        }
+        let dir = scratch("caller");
+        let own = work_dir(&dir, Caller::Unprivileged).unwrap();
+        assert_eq!(own, dir.join(UNPRIVILEGED_DIR));
+        assert_eq!(own.metadata().unwrap().uid(), UNPRIVILEGED_ID);
+        // Root's files made there are handed over, all the way down.
+        std::fs::create_dir(own.join("d")).unwrap();
+        std::fs::write(own.join("d/f"), b"x").unwrap();
+        hand_over(&own).unwrap();
+        let f = own.join("d/f").metadata().unwrap();
+        assert_eq!((f.uid(), f.gid()), (UNPRIVILEGED_ID, UNPRIVILEGED_ID));
+        // The command runs as uid and gid 65534 with no other group, from that directory.
+        let mut id = command_as(Caller::Unprivileged, "sh", &own);
+        id.args(["-c", "id -u; id -g; id -G; pwd; echo y > d/f && touch new"]);
+        let out = id.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..3], ["65534", "65534", "65534"], "{text}");
+        assert_eq!(Path::new(lines[3]), own);
+        assert_eq!(own.join("new").metadata().unwrap().uid(), UNPRIVILEGED_ID);
+        // Root's own directory stays out of its reach.
+        let mut denied = command_as(Caller::Unprivileged, "touch", &own);
+        denied.arg(dir.join("not-yours"));
+        assert!(!denied.status().unwrap().success());
+        // The bench's own user runs commands as itself.
+        let me = command_as(Caller::Bench, "id", &own)
+            .arg("-u")
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&me.stdout).trim(), "0");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn tar_errors_prefer_emfile() {

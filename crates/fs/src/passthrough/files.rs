@@ -133,7 +133,13 @@ impl PassthroughFs {
             && mode
                 .map_or_else(|| sys::fstat(&fd).map(|st| st.st_mode), Ok)
                 .is_ok_and(|mode| mode & (libc::S_ISUID | libc::S_ISGID) != 0);
-        let served_by_us = self.opts.direct_io || flags & libc::O_DIRECT != 0 || sxid_write;
+        let served_by_us = self.opts.direct_io || sxid_write;
+        // O_DIRECT goes through kernel passthrough when the open can have it: the kernel
+        // opens its backing file with this open's flags, O_DIRECT included, so direct I/O
+        // runs at the host's own speed under the host's own locking. Otherwise (passthrough
+        // off or declined, or page-cache opens of the inode exclude it) we serve it, with
+        // parallel non-extending writes (seed 000).
+        let o_direct = flags & libc::O_DIRECT != 0;
         // Root has CAP_FSETID (the open does not say; uid 0 stands for it).
         let privileged = req.uid == 0;
         let direct_io = if self.opts.parallel_writes {
@@ -174,9 +180,13 @@ impl PassthroughFs {
                 if inode.is_regular() && self.passthrough_wanted() {
                     Counters::bump(&self.counters.passthrough_declined);
                 }
-                out.open_flags = fopen::KEEP_CACHE;
-                state.cached += 1;
-                cached = true;
+                if o_direct {
+                    out.open_flags = direct_io;
+                } else {
+                    out.open_flags = fopen::KEEP_CACHE;
+                    state.cached += 1;
+                    cached = true;
+                }
             }
             state.opens += 1;
         }

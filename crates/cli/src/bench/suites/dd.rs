@@ -1,13 +1,13 @@
 //! Seed 004: dd with 4 up to 8x cores processes writing, then reading, one mount in 1 MiB
 //! blocks; aggregate MiB/s.
 
-use super::{SuitePlan, plans_for};
+use super::{SuitePlan, passthrough_hp, plans_for};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::{SuiteResult, Unit};
 use crate::bench::runner::{Ctx, Settings};
 use crate::bench::systems::{Mode, SystemSpec};
-use crate::bench::workloads::{Kind, Metric, Workload};
+use crate::bench::workloads::{Caller, Kind, Metric, Workload};
 
 pub fn plan(ctx: &Ctx) -> SuitePlan {
     let cores = ctx.settings.cores;
@@ -34,10 +34,11 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
                 config: serde_json::json!({"tool": "dd", "bs": "1M", "processes": procs,
                     "mib_each": mib_each}),
                 kind: Kind::Dd { procs, mib_each },
+                caller: Caller::Bench,
             }
         })
         .collect();
-    let systems = [
+    let mut systems = vec![
         SystemSpec::NativeTmpfs,
         SystemSpec::Libfuse {
             example: Example::Null,
@@ -59,6 +60,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             uring_depth: None,
         },
     ];
+    systems.extend(passthrough_hp(false));
     let plans = plans_for(systems, &workloads);
     result.note(format!(
         "{total_mib} MiB in all per phase, split over the processes. dd is buffered as in the \

@@ -5,17 +5,20 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::{SuitePlan, aim_line, best_median, plans_for, uring_line, workloads_of};
+use super::{
+    SuitePlan, aim_line, best_median, passthrough_hp, plans_for, uring_lines, workloads_of,
+};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::{Role, SuiteResult, Unit};
 use crate::bench::runner::{Ctx, Plan};
 use crate::bench::systems::{Mode, SystemSpec};
-use crate::bench::workloads::{Kind, Metric, Workload};
+use crate::bench::workloads::{Caller, Kind, Metric, Workload};
 
-/// The systems both suites compare: native, lanefs passthrough, libfuse's passthroughs.
+/// The systems both suites compare: native, lanefs passthrough, libfuse's passthroughs
+/// (passthrough_hp given by path), and JuiceFS' hook.
 fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
-    vec![
+    let mut systems = vec![
         SystemSpec::NativeTmpfs,
         SystemSpec::NativeDisk,
         SystemSpec::Libfuse {
@@ -42,7 +45,10 @@ fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
             kernel_passthrough: true,
             uring_depth: Some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH),
         },
-    ]
+    ];
+    systems.extend(passthrough_hp(false));
+    systems.push(SystemSpec::JuiceFs);
+    systems
 }
 
 pub fn plan_create(ctx: &Ctx) -> SuitePlan {
@@ -56,8 +62,9 @@ pub fn plan_create(ctx: &Ctx) -> SuitePlan {
     let plans = plans_for(systems(ctx), &[create_workload(files)]);
     result.skip("lanefs null: it cannot create files");
     result.note(
-        "libfuse's passthrough examples and lanefs passthrough serve a directory on the \
-         bench's tmpfs; passthrough_fh mirrors all of / and is used through that path.",
+        "libfuse's passthrough examples, passthrough_hp and lanefs passthrough serve a \
+         directory on the bench's tmpfs; passthrough_fh mirrors all of / and is used through \
+         that path.",
     );
     SuitePlan { result, plans }
 }
@@ -73,6 +80,7 @@ pub fn create_workload(files: u32) -> Workload {
         numjobs: 1,
         config: serde_json::json!({"tool": "bash", "files": files}),
         kind: Kind::Create { files },
+        caller: Caller::Bench,
     }
 }
 
@@ -101,7 +109,7 @@ pub fn aims(result: &mut SuiteResult) {
                 lines.extend(aim_line(&workload, ours, anchor, unit, 1.5, ">= 1.5x"));
             }
         }
-        lines.extend(uring_line(result, &workload, unit, 1.0, ">= 1x"));
+        lines.extend(uring_lines(result, &workload, unit, 1.0, ">= 1x"));
     }
     result.aims = lines;
 }
@@ -137,7 +145,8 @@ fn untar_workload(label: &str, tar: PathBuf, what: &str) -> Workload {
         numjobs: 1,
         config: serde_json::json!({"tool": "tar xf, then rm -rf", "tarball": tar,
             "what": what}),
-        kind: Kind::Untar { tar },
+        kind: Kind::Untar { tar, entries: None },
+        caller: Caller::Bench,
     }
 }
 
@@ -199,7 +208,8 @@ pub fn plan_untar(ctx: &Ctx) -> SuitePlan {
 }
 
 /// Makes the tarballs the plan needs (decompressing or generating them once, into the
-/// cache); a workload whose tarball cannot be had is dropped with a note.
+/// cache) and counts their members; a workload whose tarball cannot be had is dropped with a
+/// note.
 pub fn prepare_tarballs(
     ctx: &mut Ctx,
     result: &mut SuiteResult,
@@ -209,18 +219,18 @@ pub fn prepare_tarballs(
     let mut tars: Vec<PathBuf> = Vec::new();
     for p in &plans {
         for w in &p.workloads {
-            if let Kind::Untar { tar } = &w.kind
+            if let Kind::Untar { tar, .. } = &w.kind
                 && !tars.contains(tar)
             {
                 tars.push(tar.clone());
             }
         }
     }
+    let mut entries: Vec<(PathBuf, u64)> = Vec::new();
     for tar in tars {
-        if tar.exists() {
-            continue;
-        }
-        let made = if tar
+        let made = if tar.exists() {
+            Ok(())
+        } else if tar
             .file_name()
             .and_then(|n| n.to_str())
             .is_some_and(|n| n.starts_with("generated-"))
@@ -231,16 +241,38 @@ pub fn prepare_tarballs(
         } else {
             decompress_kernel(&tar)
         };
-        if let Err(e) = made {
-            result.skip(format!("untar of {}: {e}", tar.display()));
-            failed.push(tar);
+        match made.and_then(|()| tar_members(&tar)) {
+            Ok(n) => entries.push((tar, n)),
+            Err(e) => {
+                result.skip(format!("untar of {}: {e}", tar.display()));
+                failed.push(tar);
+            }
         }
     }
     for p in &mut plans {
         p.workloads
-            .retain(|w| !matches!(&w.kind, Kind::Untar { tar } if failed.contains(tar)));
+            .retain(|w| !matches!(&w.kind, Kind::Untar { tar, .. } if failed.contains(tar)));
+        for w in &mut p.workloads {
+            if let Kind::Untar { tar, entries: n } = &mut w.kind {
+                *n = entries.iter().find(|(t, _)| t == tar).map(|(_, n)| *n);
+            }
+        }
     }
     plans
+}
+
+/// How many members (files, directories, links) a tarball has: `tar -tf` lines.
+fn tar_members(tar: &Path) -> Result<u64, String> {
+    let out = Command::new("tar")
+        .arg("-tf")
+        .arg(tar)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("tar: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("tar -tf failed ({})", out.status));
+    }
+    Ok(out.stdout.iter().filter(|&&b| b == b'\n').count() as u64)
 }
 
 fn decompress_kernel(tar: &Path) -> Result<(), String> {

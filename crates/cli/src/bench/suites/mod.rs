@@ -14,7 +14,7 @@ use crate::bench::fio::FioJob;
 use crate::bench::model::{Role, Row, Status, SuiteResult, Unit, better, speedup};
 use crate::bench::runner::{Ctx, Plan, Stop};
 use crate::bench::systems::SystemSpec;
-use crate::bench::workloads::Workload;
+use crate::bench::workloads::{UNPRIVILEGED_ID, Workload};
 
 /// A suite's header and what it will run.
 pub struct SuitePlan {
@@ -63,6 +63,7 @@ pub fn run(suite: Suite, ctx: &mut Ctx) -> Result<SuiteResult, Stop> {
     let outcome = ctx.execute(&mut result, plans);
     match suite {
         Suite::Engine => engine::aims(&mut result),
+        Suite::Seek => seek::aims(&mut result),
         Suite::Passthrough => passthrough::aims(&mut result),
         Suite::Transport => transport::aims(&mut result),
         Suite::Create | Suite::Untar => files::aims(&mut result),
@@ -149,6 +150,26 @@ fn fio_seed000(shared: bool, numjobs: u32, quick: bool) -> Workload {
     )
 }
 
+/// passthrough_hp's best configurations (`--anchor passthrough_hp=PATH`): over io_uring and
+/// on cloned fds, with kernel passthrough; with `daemon_served`, also both with
+/// `--nopassthrough`, for suites that compare I/O served by the server.
+fn passthrough_hp(daemon_served: bool) -> Vec<SystemSpec> {
+    let kinds: &[bool] = if daemon_served {
+        &[true, false]
+    } else {
+        &[true]
+    };
+    kinds
+        .iter()
+        .flat_map(|&kernel_passthrough| {
+            [true, false].map(|uring| SystemSpec::PassthroughHp {
+                uring,
+                kernel_passthrough,
+            })
+        })
+        .collect()
+}
+
 /// Every system meets the same workloads.
 fn plans_for(systems: impl IntoIterator<Item = SystemSpec>, workloads: &[Workload]) -> Vec<Plan> {
     systems
@@ -216,32 +237,208 @@ fn aim_line(
     ))
 }
 
-/// Issue 4's comparison on one workload: the best lanefs io_uring row against the best lanefs
-/// cloned-fd row of the same kind (kernel passthrough on or off alike).
-fn uring_line(
+/// One condition of an aim: at least `at_least` times `row`'s median (as a speed-up); `label`
+/// names the row when it is missing.
+struct Bar<'a> {
+    label: &'a str,
+    row: Option<&'a (String, f64)>,
+    at_least: f64,
+}
+
+fn bar<'a>(label: &'a str, row: Option<&'a (String, f64)>, at_least: f64) -> Bar<'a> {
+    Bar {
+        label,
+        row,
+        at_least,
+    }
+}
+
+/// One aim line against several rows: `ours` must clear every bar; a missing row leaves it
+/// not judged.
+fn aim_line_all(what: &str, ours: &(String, f64), bars: &[Bar], unit: Unit, aim: &str) -> String {
+    let mut parts = Vec::new();
+    let mut met = true;
+    let mut missing = Vec::new();
+    for bar in bars {
+        match bar.row.and_then(|t| Some((t, speedup(ours.1, t.1, unit)?))) {
+            Some((theirs, ratio)) => {
+                parts.push(format!("**{ratio:.2}x** {} ({:.3})", theirs.0, theirs.1));
+                met &= ratio >= bar.at_least;
+            }
+            None => missing.push(bar.label),
+        }
+    }
+    let verdict = match (missing.is_empty(), met) {
+        (true, true) => "met".to_owned(),
+        (_, false) => "NOT met".to_owned(),
+        (false, true) => format!("not judged (no {} row)", missing.join(", no ")),
+    };
+    format!(
+        "{what}: {} ({:.3}) = {}; aim {aim}: {verdict}",
+        ours.0,
+        ours.1,
+        if parts.is_empty() {
+            "no row to compare with".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    )
+}
+
+/// Issue 4's comparison on one workload: for lanefs with kernel passthrough on and with it
+/// off, the best io_uring row against the best cloned-fd row of the same kind.
+fn uring_lines(
     result: &SuiteResult,
     workload: &str,
     unit: Unit,
     at_least: f64,
     aim: &str,
-) -> Option<String> {
-    let kind = |r: &Row| r.system.ends_with("no-passthrough");
-    let ring = result.rows.iter().find(|r| {
-        r.workload == workload && r.role == Role::Lanefs && r.system.contains("io_uring")
-    })?;
-    let uring_kind = kind(ring);
-    let ours = best_median(result, workload, |r| {
-        r.role == Role::Lanefs && r.system.contains("io_uring") && kind(r) == uring_kind
-    })?;
-    let theirs = best_median(result, workload, |r| {
-        r.role == Role::Lanefs && !r.system.contains("io_uring") && kind(r) == uring_kind
-    })?;
-    aim_line(
-        &format!("{workload}, io_uring vs /dev/fuse"),
-        &ours,
-        &theirs,
-        unit,
-        at_least,
-        aim,
-    )
+) -> Vec<String> {
+    let no_passthrough = |r: &Row| r.system.ends_with("no-passthrough");
+    let mut lines = Vec::new();
+    for kind in [false, true] {
+        let ours = best_median(result, workload, |r| {
+            r.role == Role::Lanefs && r.system.contains("io_uring") && no_passthrough(r) == kind
+        });
+        let theirs = best_median(result, workload, |r| {
+            r.role == Role::Lanefs && !r.system.contains("io_uring") && no_passthrough(r) == kind
+        });
+        if let (Some(ours), Some(theirs)) = (ours, theirs) {
+            lines.extend(aim_line(
+                &format!("{workload}, io_uring vs /dev/fuse"),
+                &ours,
+                &theirs,
+                unit,
+                at_least,
+                aim,
+            ));
+        }
+    }
+    lines
+}
+
+/// The unprivileged caller's rows against the same workload run by the bench's user (root),
+/// system by system: no aim, so that issue 11's costs for other callers stay visible.
+fn caller_lines(result: &SuiteResult) -> Vec<String> {
+    let suffix = format!(", as uid {UNPRIVILEGED_ID}");
+    let median = |r: &Row| {
+        r.summary
+            .filter(|_| r.status == Status::Ok)
+            .map(|s| s.median)
+    };
+    let mut lines = Vec::new();
+    for other in &result.rows {
+        let Some(root_workload) = other.workload.strip_suffix(&suffix) else {
+            continue;
+        };
+        let Some(root) = result.row(root_workload, &other.system) else {
+            continue;
+        };
+        if let (Some(theirs), Some(ours)) = (median(root), median(other))
+            && let Some(ratio) = speedup(ours, theirs, other.unit)
+        {
+            lines.push(format!(
+                "{root_workload} on {}: as uid {UNPRIVILEGED_ID} {} {}, as root {} = **{ratio:.2}x** \
+                 (no aim: issue 11's costs for callers other than root)",
+                other.system,
+                crate::bench::report::fmt_value(ours, other.unit),
+                other.unit.name,
+                crate::bench::report::fmt_value(theirs, other.unit),
+            ));
+        }
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::model::Summary;
+
+    fn row(workload: &str, system: &str, role: Role, median: f64) -> Row {
+        Row {
+            workload: workload.into(),
+            family: workload.into(),
+            numjobs: 1,
+            system: system.into(),
+            role,
+            unit: Unit::IOPS,
+            workload_config: serde_json::Value::Null,
+            system_config: serde_json::Value::Null,
+            status: Status::Ok,
+            runs: Vec::new(),
+            summary: Some(Summary {
+                median,
+                min: median,
+                max: median,
+                runs: 1,
+            }),
+            vs_native: None,
+            native: None,
+            vs_best_anchor: None,
+            best_anchor: None,
+            server_cpu: None,
+            cpu_vs_passthrough_hp: None,
+            passthrough_hp: None,
+        }
+    }
+
+    #[test]
+    fn an_aim_against_several_rows_needs_them_all() {
+        let ours = ("lanefs".to_owned(), 90.0);
+        let native = ("native".to_owned(), 100.0);
+        let hp = ("hp".to_owned(), 80.0);
+        let line = |hp: Option<&(String, f64)>, native_at_least| {
+            aim_line_all(
+                "w",
+                &ours,
+                &[
+                    bar("native", Some(&native), native_at_least),
+                    bar("hp", hp, 1.0),
+                ],
+                Unit::IOPS,
+                "both",
+            )
+        };
+        let met = line(Some(&hp), 0.9);
+        assert!(
+            met.contains("**0.90x** native (100.000), **1.12x** hp (80.000)"),
+            "{met}"
+        );
+        assert!(met.ends_with("aim both: met"), "{met}");
+        assert!(line(Some(&hp), 0.95).ends_with("NOT met"));
+        assert!(line(None, 0.9).ends_with("not judged (no hp row)"));
+        // A condition already missed is missed, whatever else is absent.
+        assert!(line(None, 0.95).ends_with("NOT met"));
+        // Lower is better: 50 µs against 100 µs is 2x.
+        let p99 = aim_line_all(
+            "p99",
+            &("l".to_owned(), 50.0),
+            &[bar("a", Some(&("a".to_owned(), 100.0)), 1.0)],
+            Unit::MICROS,
+            "at or below",
+        );
+        assert!(p99.contains("**2.00x**") && p99.ends_with("met"), "{p99}");
+    }
+
+    #[test]
+    fn unprivileged_rows_are_set_against_root_on_the_same_system() {
+        let mut result = SuiteResult::new(Suite::Passthrough, "t", "s");
+        let other = format!("4k randwrite psync, 1 job, as uid {UNPRIVILEGED_ID}");
+        result.rows = vec![
+            row("4k randwrite psync, 1 job", "a", Role::Lanefs, 200.0),
+            row("4k randwrite psync, 1 job", "b", Role::Anchor, 100.0),
+            row(&other, "a", Role::Lanefs, 150.0),
+            row(&other, "c", Role::Native, 10.0),
+        ];
+        let lines = caller_lines(&result);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0]
+                .starts_with("4k randwrite psync, 1 job on a: as uid 65534 150 IOPS, as root 200")
+                && lines[0].contains("**0.75x**"),
+            "{}",
+            lines[0]
+        );
+    }
 }

@@ -1,8 +1,9 @@
 //! Seed 001: fio 4k seq and rand, read and write, libaio iodepth 16 and psync, numjobs 1 and
 //! 4, on null and file backends: lanefs with 1 queue against N queues, and the seed's own
-//! system, qemu-storage-daemon's FUSE export, when installed.
+//! system, qemu-storage-daemon's FUSE export, when installed, and passthrough_hp (given by
+//! path) as the file backends' strongest anchor.
 
-use super::{SuitePlan, fio_4k};
+use super::{SuitePlan, fio_4k, passthrough_hp};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::SuiteResult;
@@ -59,6 +60,13 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             workloads: workloads.clone(),
         });
     }
+    // File backends' strongest anchor.
+    for system in passthrough_hp(false) {
+        plans.push(Plan {
+            system,
+            workloads: workloads.clone(),
+        });
+    }
     for &queues in &queue_counts {
         plans.push(Plan {
             system: SystemSpec::LanefsPassthrough {
@@ -77,7 +85,8 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
     result.note(
         "Null backends: lanefs null, libfuse's null example (multi-threaded, the anchor that \
          is always there) and qemu-storage-daemon's null-co driver; file backends: lanefs \
-         passthrough over tmpfs and qemu-storage-daemon exporting a raw file on tmpfs. The \
+         passthrough over tmpfs, qemu-storage-daemon exporting a raw file on tmpfs and \
+         passthrough_hp over tmpfs (io_uring and clone_fd, kernel passthrough on). The \
          best-anchor ratio compares with the best anchor of either kind.",
     );
     SuitePlan { result, plans }

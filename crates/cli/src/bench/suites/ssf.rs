@@ -1,8 +1,10 @@
 //! Seed 000: 1 MiB direct randwrite:256 to one shared file and to a file per job, numjobs
-//! 1, 2, 4 ... 2x cores; lanefs null and passthrough with parallel writes on and off (the
-//! seed's patched and unpatched kernels), native tmpfs and libfuse's passthrough_ll.
+//! 1, 2, 4 ... 2x cores; lanefs null, and passthrough served by the daemon, with parallel
+//! writes on and off (the seed's patched and unpatched kernels); lanefs passthrough with
+//! kernel passthrough (which O_DIRECT opens now take), native tmpfs, libfuse's passthrough_ll
+//! and passthrough_hp (given by path).
 
-use super::{SuitePlan, fio_seed000};
+use super::{SuitePlan, fio_seed000, passthrough_hp};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::SuiteResult;
@@ -52,12 +54,20 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             workloads: shared.clone(),
         });
     }
-    for parallel_writes in [true, false] {
+    for system in passthrough_hp(false) {
+        plans.push(Plan {
+            system,
+            workloads: both.clone(),
+        });
+    }
+    // With kernel passthrough the kernel writes the backing file itself (parallel writes
+    // are the daemon's); without it, the seed's comparison of parallel writes on and off.
+    for (kernel_passthrough, parallel_writes) in [(true, true), (false, true), (false, false)] {
         plans.push(Plan {
             system: SystemSpec::LanefsPassthrough {
                 queues: cores,
                 parallel_writes,
-                kernel_passthrough: true,
+                kernel_passthrough,
                 uring_depth: None,
             },
             workloads: both.clone(),
@@ -67,7 +77,8 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
     result.note(format!(
         "lanefs runs with {cores} queues (one per core). libfuse passthrough_ll runs as \
          shipped (multi-threaded, cache=auto) over a tmpfs directory; it does not set \
-         parallel direct writes."
+         parallel direct writes. O_DIRECT opens on lanefs passthrough go through kernel \
+         passthrough where it is on, so \"no-pw\" changes only the rows without it."
     ));
     SuitePlan { result, plans }
 }

@@ -1,10 +1,11 @@
 //! Issue 4's benchmark: the io_uring transport against cloned /dev/fuse fds, on lanefs null and
 //! on lanefs passthrough (tmpfs source, kernel passthrough off so every byte reaches the
-//! server), with libfuse's null and passthrough_ll examples on clone_fd as anchors. fio 4k
+//! server), with libfuse's null and passthrough_ll examples on clone_fd and passthrough_hp
+//! (given by path; io_uring and clone_fd, `--nopassthrough`) as anchors. fio 4k
 //! direct randread/randwrite (psync at 1 and 2 jobs, libaio at iodepth 16) with the p99 of
 //! completion latency, and seed 003's 10,000 creates.
 
-use super::{SuitePlan, aim_line, best_median, fio_4k, workloads_of};
+use super::{SuitePlan, aim_line, best_median, fio_4k, passthrough_hp, workloads_of};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::{Role, Row, SuiteResult, Unit};
@@ -41,7 +42,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
         kernel_passthrough: false,
         uring_depth,
     };
-    let plans = vec![
+    let mut plans = vec![
         Plan {
             system: SystemSpec::Libfuse {
                 example: Example::Null,
@@ -74,15 +75,32 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
         },
         Plan {
             system: passthrough(Some(depth)),
-            workloads: with_creates,
+            workloads: with_creates.clone(),
         },
     ];
+    // Daemon-served like lanefs passthrough here: the strongest server of that kind.
+    for system in passthrough_hp(true) {
+        if matches!(
+            system,
+            SystemSpec::PassthroughHp {
+                kernel_passthrough: false,
+                ..
+            }
+        ) {
+            plans.push(Plan {
+                system,
+                workloads: with_creates.clone(),
+            });
+        }
+    }
     result.skip("lanefs null and libfuse null: creates (they serve one file)");
     result.note(
         "Each lanefs file system runs with its defaults on both transports: one /dev/fuse \
          queue per core, or one ring per CPU with 4 entries; idle ring workers poll for 50 us \
-         (`--poll-us`), /dev/fuse workers do not. The 2-core VM shows no scaling; the issue's \
-         16-core aims need the device runs.",
+         (`--poll-us`), /dev/fuse workers do not. passthrough_hp runs with libfuse's defaults \
+         (`-o io_uring`: a ring per CPU with 8 entries; `--clone-fd`) and `--nopassthrough`, \
+         so that it too serves every byte. The 2-core VM shows no scaling; the issue's 16-core \
+         aims need the device runs.",
     );
     SuitePlan { result, plans }
 }
