@@ -291,8 +291,21 @@ impl PassthroughFs {
         let parallel = self.opts.parallel_writes && file.flags & libc::O_APPEND == 0;
         let kill = self.killpriv_v2() && arg.write_flags & abi::write_flags::KILL_SUIDGID != 0;
         let _gate = file.inode.gate.enter_write(end, parallel);
+        // The kernel marks a write that must be durable when it returns (an O_SYNC/O_DSYNC
+        // open, or a `sync` mount) in its flags.
+        let sync = if arg.flags as i32 & libc::O_SYNC == libc::O_SYNC {
+            libc::RWF_SYNC
+        } else if arg.flags as i32 & libc::O_DSYNC != 0 {
+            libc::RWF_DSYNC
+        } else {
+            0
+        };
         let written = self.killing_privileges(req, &file.inode, (&file.fd, false), kill, || {
-            sys::pwrite(&file.fd, data, arg.offset)
+            if sync == 0 {
+                sys::pwrite(&file.fd, data, arg.offset)
+            } else {
+                sys::pwrite_flags(&file.fd, data, arg.offset, sync)
+            }
         })?;
         file.inode.gate.written(arg.offset + written as u64);
         Ok(written as u32)

@@ -63,6 +63,57 @@ pub struct PassthroughOptions {
     pub killpriv_v2: bool,
     /// Know inodes by file handle; off keeps an O_PATH fd per known inode.
     pub file_handles: bool,
+    /// The FUSE mount's atime flags, which the host must apply to the daemon's own reads.
+    pub atime: Atime,
+}
+
+/// When reading a file or listing a directory updates its access time: the FUSE mount's
+/// atime flags. FUSE inodes are S_NOATIME (the kernel leaves atime to the server), so what
+/// decides is the rule of the host mount the daemon (and kernel passthrough, whose backing
+/// files are opened from the daemon's) reads through. As root the daemon reaches SOURCE
+/// through a private copy of its mount tree whose atime flags are these, so the host applies
+/// the FUSE mount's rule, exactly as the kernel would (`PassthroughFs::set_atime` changes
+/// it on remount).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Atime {
+    pub rule: AtimeRule,
+    /// Directories' atime moves too (not `nodiratime`).
+    pub directories: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtimeRule {
+    /// `relatime` (the default): when atime is older than mtime or ctime, or a day old.
+    Relative,
+    /// `strictatime`: on every access.
+    Always,
+    /// `noatime`.
+    Never,
+}
+
+impl Default for Atime {
+    fn default() -> Self {
+        Atime {
+            rule: AtimeRule::Relative,
+            directories: true,
+        }
+    }
+}
+
+impl Atime {
+    /// The MOUNT_ATTR_* bits of this rule, for mount_setattr.
+    fn mount_attr(self) -> u64 {
+        let rule = match self.rule {
+            AtimeRule::Relative => libc::MOUNT_ATTR_RELATIME,
+            AtimeRule::Always => libc::MOUNT_ATTR_STRICTATIME,
+            AtimeRule::Never => libc::MOUNT_ATTR_NOATIME,
+        };
+        if self.directories {
+            rule
+        } else {
+            rule | libc::MOUNT_ATTR_NODIRATIME
+        }
+    }
 }
 
 impl PassthroughOptions {
@@ -77,6 +128,7 @@ impl PassthroughOptions {
             fd_cache: 4096,
             killpriv_v2: true,
             file_handles: true,
+            atime: Atime::default(),
         }
     }
 }
@@ -125,6 +177,12 @@ pub struct State {
     root_mount: Arc<OwnedFd>,
     /// Passthrough stacking depth to ask for: 2 when SOURCE is itself on FUSE or overlayfs.
     stack_depth: u32,
+    /// The root of our private copy of SOURCE's mount tree (see [`Atime`]), when we could
+    /// make one (root).
+    tree: Option<Arc<OwnedFd>>,
+    /// Without that copy, a `noatime` mount opens host files with O_NOATIME where the host
+    /// allows it (files the daemon's user owns).
+    noatime_opens: AtomicBool,
 }
 
 /// Stack of a thread answering one slow request: the handlers keep their buffers on the heap.
@@ -156,6 +214,7 @@ impl PassthroughFs {
             libc::ENOTDIR => not_a_directory(),
             _ => fail("cannot open source directory", e),
         })?;
+        let (root_fd, tree) = private_tree(&path, root_fd, opts.atime);
         let st = sys::fstat(&root_fd).map_err(|e| fail("cannot stat", e))?;
         let root_mount = sys::reopen(&root_fd, libc::O_RDONLY | libc::O_DIRECTORY)
             .map_err(|e| fail("cannot open source directory", e))?;
@@ -198,6 +257,7 @@ impl PassthroughFs {
         } else {
             tracing::info!("--no-file-handles: keeping an O_PATH fd per known inode");
         }
+        let opts_atime_never = opts.atime.rule == AtimeRule::Never;
         let root = Inode::new(
             abi::ROOT_ID,
             InodeKey {
@@ -206,7 +266,7 @@ impl PassthroughFs {
             },
             libc::S_IFDIR,
             mount_id,
-            HostRef::Fd(Arc::new(root_fd)),
+            HostRef::Fd(root_fd),
             0,
         );
         Ok(PassthroughFs(Arc::new(State {
@@ -223,7 +283,26 @@ impl PassthroughFs {
             handles_missing,
             root_mount: Arc::new(root_mount),
             stack_depth,
+            noatime_opens: AtomicBool::new(tree.is_none() && opts_atime_never),
+            tree,
         })))
+    }
+
+    /// Applies new atime flags of the FUSE mount (a remount) to the daemon's own reads.
+    pub fn set_atime(&self, atime: Atime) {
+        match &self.tree {
+            Some(tree) => {
+                if let Err(e) = sys::set_tree_atime(tree, atime.mount_attr()) {
+                    tracing::warn!(
+                        "cannot apply the mount's new atime flags to the daemon's reads: {}",
+                        io::Error::from_raw_os_error(e)
+                    );
+                }
+            }
+            None => self
+                .noatime_opens
+                .store(atime.rule == AtimeRule::Never, Ordering::Relaxed),
+        }
     }
 
     /// Whether a request that may hold its worker for long should be answered from a thread
@@ -276,10 +355,18 @@ impl PassthroughFs {
 
     /// A new fd of the inode opened with `flags` (for an open file, a truncate, a listing).
     fn open_inode(&self, inode: &Inode, flags: i32) -> SysResult<OwnedFd> {
-        match &inode.host {
+        let open = |flags| match &inode.host {
             HostRef::Fd(fd) => sys::reopen(fd, flags),
             HostRef::Handle { handle, mount } => sys::open_by_handle(mount, handle, flags),
+        };
+        if self.noatime_opens.load(Ordering::Relaxed) {
+            // O_NOATIME is refused (EPERM) on files the daemon's user does not own.
+            match open(flags | libc::O_NOATIME) {
+                Err(libc::EPERM) => {}
+                done => return done,
+            }
         }
+        open(flags)
     }
 
     fn negotiated(&self) -> Option<Negotiated> {
@@ -453,6 +540,43 @@ impl Found<'_> {
         match self {
             Found::Path(fd) => fd,
             Found::Open(fd) => fd,
+        }
+    }
+}
+
+/// The fd SOURCE is reached through: the root of a private copy of its mount tree with the
+/// FUSE mount's atime flags (see [`Atime`]), or, where that cannot be made (a regular user),
+/// `opened` itself. The copy is returned a second time as the tree to change on remount.
+fn private_tree(
+    path: &CStr,
+    opened: OwnedFd,
+    atime: Atime,
+) -> (Arc<OwnedFd>, Option<Arc<OwnedFd>>) {
+    let copy = sys::clone_tree(path).and_then(|tree| {
+        sys::set_tree_atime(&tree, atime.mount_attr())?;
+        // The same directory (SOURCE did not move in between)?
+        let (a, b) = (sys::fstat(&tree)?, sys::fstat(&opened)?);
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
+            return Err(libc::ESTALE);
+        }
+        Ok(Arc::new(tree))
+    });
+    match copy {
+        Ok(tree) => (tree.clone(), Some(tree)),
+        Err(e) => {
+            if atime != Atime::default() {
+                tracing::warn!(
+                    "cannot copy the mount tree of the source ({}; it needs CAP_SYS_ADMIN): the \
+                     daemon's own reads follow the host's atime rule, not this mount's{}",
+                    io::Error::from_raw_os_error(e),
+                    if atime.rule == AtimeRule::Never {
+                        " (noatime: files the daemon's user owns are read with O_NOATIME)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            (Arc::new(opened), None)
         }
     }
 }
