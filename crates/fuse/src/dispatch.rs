@@ -137,6 +137,7 @@ pub fn dispatch<F: Filesystem>(
         Operation::Lseek { arg } => fs.lseek(&req, ino, arg, reply()),
         Operation::CopyFileRange { arg, .. } => fs.copy_file_range(&req, ino, arg, reply()),
         Operation::Syncfs => fs.syncfs(&req, ino, reply()),
+        Operation::Ioctl { arg, data } => fs.ioctl(&req, ino, arg, data, reply()),
     }));
     if outcome.is_err() {
         // The Reply moved into the handler was dropped while unwinding and answered EIO.

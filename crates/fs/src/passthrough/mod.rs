@@ -4,7 +4,8 @@
 //! `inode` is the sharded inode table, `fdcache` the bounded cache of O_PATH fds reopened from
 //! file handles, `handle` the open files and directories, `gate` the per-inode write gate,
 //! `counters` what `lanefs stats` shows. The operations live by kind: `entries` (names),
-//! `attrs` (attributes, xattrs, statfs), `files` (data), `locks`, `dir`.
+//! `attrs` (attributes, xattrs, statfs), `fileattr` (chattr's flags, through ioctls),
+//! `files` (data), `locks`, `dir`.
 //!
 //! Safety of the export: the kernel hands us nodeids and single names. A name is checked to
 //! be one component (no `/`, `.` or `..`) and resolved with `*at` calls relative to its
@@ -17,6 +18,7 @@ mod creds;
 mod dir;
 mod entries;
 mod fdcache;
+mod fileattr;
 mod files;
 mod gate;
 mod handle;
@@ -909,6 +911,10 @@ impl Filesystem for PassthroughFs {
 
     fn syncfs(&self, _req: &Request, ino: u64, reply: Reply) {
         answer(reply, self.do_syncfs(ino), |r, ()| r.ok())
+    }
+
+    fn ioctl(&self, req: &Request, _ino: u64, arg: &abi::IoctlIn, data: &[u8], reply: Reply) {
+        self.do_ioctl(req, arg, data, reply)
     }
 }
 
