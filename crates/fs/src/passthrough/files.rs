@@ -137,6 +137,7 @@ impl PassthroughFs {
             let state = &mut *guard;
             if let Some(b) = &mut state.backing {
                 b.opens += 1;
+                b.writers += u32::from(writable);
                 out.backing_id = b.id;
                 out.open_flags = fopen::PASSTHROUGH;
                 if served_by_us || (writable && b.keeps_set_id != privileged) {
@@ -153,6 +154,7 @@ impl PassthroughFs {
                 state.backing = Some(Backing {
                     id,
                     opens: 1,
+                    writers: u32::from(writable),
                     keeps_set_id: privileged,
                 });
                 out.backing_id = id;
@@ -247,6 +249,7 @@ impl PassthroughFs {
                 && let Some(b) = &mut state.backing
             {
                 b.opens -= 1;
+                b.writers = b.writers.saturating_sub(u32::from(file.writable()));
                 if b.opens == 0 {
                     let id = b.id;
                     state.backing = None;

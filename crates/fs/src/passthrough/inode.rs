@@ -65,6 +65,9 @@ pub struct Backing {
     pub id: i32,
     /// Opens carrying the id (FOPEN_PASSTHROUGH, with or without DIRECT_IO).
     pub opens: u32,
+    /// Those of them open for writing: the kernel may write the host file through a shared
+    /// mapping of theirs without telling us (see `PassthroughFs::attr_out`).
+    pub writers: u32,
     /// Registered with CAP_FSETID (by a root open): writes through it keep set-ID bits, as
     /// root's do natively. Without it the host strips them, as for any other writer.
     pub keeps_set_id: bool,

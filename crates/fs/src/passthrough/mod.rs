@@ -400,13 +400,24 @@ impl PassthroughFs {
         }
     }
 
-    /// The attributes answer for `inode`. A set-ID file with passthrough writers that lose
-    /// the bits on the host is answered uncacheable: the kernel does not refetch the mode
-    /// after a passthrough write, and a cached mode would show bits already gone.
+    /// Whether the kernel must not cache `inode`'s attributes: they may change on the host
+    /// without a request telling us. A set-ID file with passthrough writers that lose the
+    /// bits on the host: the kernel does not refetch the mode after a passthrough write, and
+    /// a cached mode would show bits already gone. And any file open for writing through
+    /// kernel passthrough: a write through a shared mapping of it dirties the host file
+    /// directly, whose mtime and ctime move at the write fault (and msync goes to the host
+    /// file too), so only a fresh GETATTR shows them, as a native stat would.
+    fn volatile_attrs(&self, inode: &Inode, st: &libc::stat) -> bool {
+        let set_id = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0;
+        inode
+            .open_state()
+            .backing
+            .is_some_and(|b| b.writers > 0 || (set_id && !b.keeps_set_id))
+    }
+
+    /// The attributes answer for `inode` (uncacheable when [`Self::volatile_attrs`]).
     fn attr_out(&self, inode: &Inode, st: &libc::stat) -> abi::AttrOut {
-        let volatile_mode = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
-            && inode.open_state().backing.is_some_and(|b| !b.keeps_set_id);
-        let timeout = if volatile_mode {
+        let timeout = if self.volatile_attrs(inode, st) {
             Duration::ZERO
         } else {
             self.opts.attr_timeout
@@ -517,7 +528,11 @@ impl PassthroughFs {
         if inode.is_symlink() {
             inode.set_link_name(parent.clone(), name.to_owned());
         }
-        Ok(self.entry_out(inode.nodeid, &st))
+        let mut entry = self.entry_out(inode.nodeid, &st);
+        if inode.is_regular() && self.volatile_attrs(&inode, &st) {
+            (entry.attr_valid, entry.attr_valid_nsec) = (0, 0);
+        }
+        Ok(entry)
     }
 
     /// Undoes the lookup count of an entry the kernel will not learn of (a create whose open
