@@ -20,8 +20,7 @@ fn mount_options(path: &Path) -> (BTreeSet<String>, BTreeSet<String>) {
     let wanted = path.to_str().unwrap();
     let line = info
         .lines()
-        .filter(|l| l.split(' ').nth(4) == Some(wanted))
-        .last()
+        .rfind(|l| l.split(' ').nth(4) == Some(wanted))
         .unwrap_or_else(|| panic!("{wanted} is not mounted"));
     let split = |s: &str| s.split(',').map(str::to_owned).collect::<BTreeSet<_>>();
     let fields: Vec<&str> = line.split(' ').collect();
