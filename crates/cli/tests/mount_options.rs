@@ -465,4 +465,21 @@ fn a_regular_users_mount_keeps_its_flags() {
     for flag in ["noexec", "noatime", "nosuid", "nodev"] {
         assert!(flags.contains(flag), "{flag} missing from {flags:?}");
     }
+    // noatime for a regular user's daemon, which cannot copy mounts: it reads the files it
+    // owns with O_NOATIME, so reading one leaves the host's atime alone (relatime would move
+    // it: atime is older than mtime).
+    let file = source.join("f");
+    std::fs::write(&file, b"owned by nobody").unwrap();
+    common::run_ok(Command::new("chown").arg("nobody").arg(&file));
+    sys::utimens(
+        &file,
+        sys::ts(1_000_000_000, 0),
+        sys::ts(1_500_000_000, 0),
+        0,
+    )
+    .unwrap();
+    let read = common::sh_as(65534, 65534, &format!("cat {}/f", mnt.display()));
+    assert_ok("cat as nobody", &read);
+    assert_eq!(read.stdout, b"owned by nobody");
+    assert_eq!(sys::stat(&file).unwrap().st_atime, 1_000_000_000);
 }
