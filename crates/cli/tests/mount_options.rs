@@ -483,3 +483,61 @@ fn a_regular_users_mount_keeps_its_flags() {
     assert_eq!(read.stdout, b"owned by nobody");
     assert_eq!(sys::stat(&file).unwrap().st_atime, 1_000_000_000);
 }
+
+/// Issue 17 item 8: a mount that is busy only for a moment (here a process that still holds
+/// a file for 300 ms, as a child between fork and exec holds copies of its parent's fds)
+/// is unmounted by `lanefs umount` once it is free, instead of failing with "target is busy";
+/// one that stays busy still fails, after at most a second.
+#[test]
+fn umount_waits_out_a_moment_of_busy() {
+    let source = TempDir::new("busy-src");
+    std::fs::write(source.path().join("f"), b"held").unwrap();
+    let m = Mount::passthrough(source.path(), &[]);
+    let hold = |secs: &str| {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "exec 3<{}; echo held; exec sleep {secs}",
+                m.path("f").display()
+            ))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        child
+    };
+    let umount = || {
+        Command::new(lanefs())
+            .arg("umount")
+            .arg(&m.mountpoint)
+            .output()
+            .unwrap()
+    };
+
+    let mut long = hold("5");
+    let started = std::time::Instant::now();
+    let out = umount();
+    assert!(!out.status.success(), "unmounted while a file was open");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("busy"));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    long.kill().unwrap();
+    long.wait().unwrap();
+
+    let mut brief = hold("0.3");
+    let out = umount();
+    assert_ok("lanefs umount of a mount busy for 300 ms", &out);
+    brief.wait().unwrap();
+    assert!(!is_mounted(&m.mountpoint));
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(
+        m.pid
+    )));
+}
