@@ -204,3 +204,49 @@ fn chattr_works_without_kernel_passthrough() {
     chattr(&m.path("f"), "-a").unwrap();
     m.unmount();
 }
+
+/// What a sequence of capability changes and truncates shows under `root`: the kernel asks
+/// for security.capability before each truncate (lanefs remembers "none" for the attribute
+/// timeout), and that memory must never hide a capability set through the mount, nor keep
+/// one a truncate removed.
+fn capability_session(root: &Path) -> Vec<String> {
+    let file = root.join("prog");
+    std::fs::write(&file, b"#!/bin/sh\n").unwrap();
+    let caps = |what: &str| {
+        let size = sys::getxattr(&file, "security.capability", 0).map(|(n, _)| n);
+        format!("{what}: {size:?}")
+    };
+    let truncate = || {
+        let fd = sys::open(&file, libc::O_WRONLY, 0).unwrap();
+        sys::ftruncate(&fd, 4).unwrap();
+    };
+    let mut seen = vec![caps("fresh")];
+    truncate();
+    seen.push(caps("truncated"));
+    // cap_net_raw+ep in the VFS_CAP_REVISION_2 layout: magic|effective, then permitted and
+    // inheritable words for capabilities 0-31 and 32-63.
+    let mut value = Vec::new();
+    for word in [0x0200_0001u32, 1 << 13, 0, 0, 0] {
+        value.extend_from_slice(&word.to_ne_bytes());
+    }
+    seen.push(format!(
+        "set: {:?}",
+        sys::setxattr(&file, "security.capability", &value, 0)
+    ));
+    seen.push(caps("after set"));
+    truncate();
+    seen.push(caps("truncated again"));
+    seen
+}
+
+#[test]
+fn capability_answers_stay_true_as_on_tmpfs() {
+    let native = Tmpfs::new("16M");
+    let expected = capability_session(&native.path);
+    assert_eq!(expected[3], "after set: Ok(20)", "{expected:?}");
+    let source = Tmpfs::new("16M");
+    let m = Mount::passthrough(&source.path, &["--attr-timeout", "60"]);
+    let got = capability_session(&m.mountpoint);
+    assert_eq!(got, expected, "lanefs vs tmpfs");
+    m.unmount();
+}

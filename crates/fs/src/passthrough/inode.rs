@@ -107,6 +107,12 @@ pub struct Inode {
     open_state: Mutex<OpenState>,
     /// Symlinks only. Lock order: a leaf.
     link_name: Mutex<Option<LinkName>>,
+    /// Until when (nanoseconds on the file system's clock, `PassthroughFs::now_ns`) the
+    /// host is known to hold no security.capability for this inode; 0: not known.
+    pub caps_absent_until: AtomicU64,
+    /// Bumped by each setxattr of security.capability through us, so that a "none" read
+    /// from the host before it is not remembered after it.
+    pub caps_changes: AtomicU64,
 }
 
 impl Inode {
@@ -128,6 +134,8 @@ impl Inode {
             gate: WriteGate::new(size),
             open_state: Mutex::new(OpenState::default()),
             link_name: Mutex::new(None),
+            caps_absent_until: AtomicU64::new(0),
+            caps_changes: AtomicU64::new(0),
         }
     }
 

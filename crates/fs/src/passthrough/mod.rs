@@ -185,6 +185,8 @@ pub struct State {
     /// Without that copy, a `noatime` mount opens host files with O_NOATIME where the host
     /// allows it (files the daemon's user owns).
     noatime_opens: AtomicBool,
+    /// The origin of `now_ns`, the clock of cached answers' expiry.
+    clock: std::time::Instant,
 }
 
 /// Stack of a thread answering one slow request: the handlers keep their buffers on the heap.
@@ -287,6 +289,7 @@ impl PassthroughFs {
             stack_depth,
             noatime_opens: AtomicBool::new(tree.is_none() && opts_atime_never),
             tree,
+            clock: std::time::Instant::now(),
         })))
     }
 
@@ -338,6 +341,11 @@ impl PassthroughFs {
                 job();
             }
         }
+    }
+
+    /// Nanoseconds since the file system started (monotonic), for expiries.
+    fn now_ns(&self) -> u64 {
+        self.clock.elapsed().as_nanos() as u64
     }
 
     fn inode(&self, nodeid: u64) -> SysResult<Arc<Inode>> {
