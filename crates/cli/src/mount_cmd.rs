@@ -526,3 +526,31 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atime_rules_from_flags_and_from_mountinfo_agree() {
+        let rule = |a: Atime| (a.rule, a.directories);
+        for (flags, options, expected) in [
+            (0, "rw,nosuid,relatime", (AtimeRule::Relative, true)),
+            (libc::MS_NOATIME, "rw,noatime", (AtimeRule::Never, true)),
+            (libc::MS_STRICTATIME, "rw,nosuid", (AtimeRule::Always, true)),
+            (
+                libc::MS_STRICTATIME | libc::MS_NODIRATIME,
+                "ro,nodiratime",
+                (AtimeRule::Always, false),
+            ),
+            (
+                libc::MS_NODIRATIME,
+                "rw,nodiratime,relatime",
+                (AtimeRule::Relative, false),
+            ),
+        ] {
+            assert_eq!(rule(atime_of(flags)), expected, "{flags:#x}");
+            assert_eq!(rule(atime_of_mountinfo(options)), expected, "{options}");
+        }
+    }
+}
