@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::{Args, Parser};
 use lanefs_fs::null::{NullFs, NullOptions};
-use lanefs_fs::passthrough::{PassthroughFs, PassthroughOptions};
+use lanefs_fs::passthrough::{Atime, AtimeRule, PassthroughFs, PassthroughOptions};
 use lanefs_fuse::mount::{self, MountSpec};
 use lanefs_fuse::session::{self, MAX_MAX_WRITE, Mounted};
 use lanefs_fuse::{Filesystem, Labels, SessionOptions};
@@ -112,6 +112,16 @@ pub struct MountArgs {
     /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
+    /// Generic MS_* flags from `-o` (sync, dirsync, nodiratime, strictatime, ...), beyond
+    /// the ones with a `--flag` above.
+    #[arg(skip)]
+    pub vfs_flags: libc::c_ulong,
+    /// `-o remount`: change the flags of the mount at MOUNTPOINT instead of mounting.
+    #[arg(skip)]
+    pub remount: bool,
+    /// Run by mount(8) (`lanefs SOURCE MOUNTPOINT -o ...`): print nothing on success.
+    #[arg(skip)]
+    pub helper_form: bool,
     /// Fault injection for the engine's tests: null panics when this name is looked up.
     #[arg(long, hide = true)]
     pub panic_on_lookup: Option<String>,
@@ -144,13 +154,24 @@ pub fn fstab_form(argv: &[String]) -> Option<MountArgs> {
     let form = FstabForm::try_parse_from(&argv[1..]).unwrap_or_else(|e| e.exit());
     let mut args = form.args;
     args.daemon = !form.foreground;
+    args.helper_form = true;
     Some(args)
 }
 
 pub fn run(mut args: MountArgs) -> io::Result<()> {
     let lists = std::mem::take(&mut args.options);
     options::apply(&mut args, &lists).map_err(invalid)?;
+    if args.remount {
+        return remount(&args);
+    }
     let child = std::env::var_os(DAEMON_CHILD_ENV).is_some();
+    if !child {
+        // Said once, by the process whose stderr the user sees.
+        for limit in options::limits_of(args.vfs_flags) {
+            tracing::warn!("{limit}");
+        }
+        refuse_open_allow_other(&args)?;
+    }
     if args.daemon && !child {
         // What can be refused without mounting is refused here, where the caller's terminal
         // sees the reason (the daemon's stderr is its log).
@@ -196,15 +217,29 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
         // Do not keep the caller's working directory (and its file system) busy.
         std::env::set_current_dir("/")?;
     }
+    // The mount line goes to the terminal only in the foreground `lanefs mount` form; a
+    // mount helper prints nothing on success (it would land in scripts' output), so there
+    // it goes to the log.
+    let helper_form = args.helper_form;
     let ready = move |mounted: &Mounted| {
         if child {
+            tracing::info!("{}", mounted.line);
             report_ready(&format!("OK {}", mounted.line));
+        } else if helper_form {
+            tracing::info!("{}", mounted.line);
         } else {
             println!("{}", mounted.line);
         }
     };
     match passthrough {
-        Some(fs) => serve(fs, &spec, &session_options, &source, "passthrough", ready),
+        Some(fs) => {
+            let remounted = fs.clone();
+            let ready = move |mounted: &Mounted| {
+                ready(mounted);
+                follow_remounts(&mounted.mountpoint, remounted);
+            };
+            serve(fs, &spec, &session_options, &source, "passthrough", ready)
+        }
         None => {
             let fs = NullFs::new(NullOptions {
                 size: args.size.unwrap_or(NullOptions::default().size),
@@ -251,7 +286,57 @@ fn passthrough_options(args: &MountArgs) -> PassthroughOptions {
     }
     opts.killpriv_v2 = !args.no_killpriv_v2;
     opts.file_handles = !args.no_file_handles;
+    opts.atime = atime_of(options::mount_flags(args));
     opts
+}
+
+/// Applies the atime flags of a remount (`mount -o remount,noatime`, however made) to the
+/// passthrough's own reads.
+fn follow_remounts(mountpoint: &Path, fs: PassthroughFs) {
+    let watched = mount::find_mount(mountpoint)
+        .and_then(|info| info.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound)))
+        .and_then(|info| {
+            mount::watch_mount_options((info.major, info.minor), move |options| {
+                let atime = atime_of_mountinfo(options);
+                tracing::info!("remounted ({options}): atime {atime:?}");
+                fs.set_atime(atime)
+            })
+        });
+    if let Err(e) = watched {
+        tracing::warn!("cannot follow remounts of {}: {e}", mountpoint.display());
+    }
+}
+
+/// The atime rule of a mount's mountinfo options: `noatime`, `relatime`, or neither
+/// (strictatime), and `nodiratime`.
+fn atime_of_mountinfo(options: &str) -> Atime {
+    let has = |name: &str| options.split(',').any(|o| o == name);
+    let rule = if has("noatime") {
+        AtimeRule::Never
+    } else if has("relatime") {
+        AtimeRule::Relative
+    } else {
+        AtimeRule::Always
+    };
+    Atime {
+        rule,
+        directories: !has("nodiratime"),
+    }
+}
+
+/// The atime rule that the mount flags `flags` (MS_*) give, as the kernel reads them.
+fn atime_of(flags: libc::c_ulong) -> Atime {
+    let rule = if flags & libc::MS_NOATIME != 0 {
+        AtimeRule::Never
+    } else if flags & libc::MS_STRICTATIME != 0 {
+        AtimeRule::Always
+    } else {
+        AtimeRule::Relative
+    };
+    Atime {
+        rule,
+        directories: flags & libc::MS_NODIRATIME == 0,
+    }
 }
 
 fn session_options(args: &MountArgs) -> io::Result<SessionOptions> {
@@ -293,27 +378,47 @@ fn session_options(args: &MountArgs) -> io::Result<SessionOptions> {
 }
 
 fn mount_spec(args: &MountArgs, mountpoint: &Path) -> MountSpec {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let mut flags = 0;
-    for (set, flag) in [
-        (!args.suid, libc::MS_NOSUID),
-        (!args.dev, libc::MS_NODEV),
-        (args.read_only, libc::MS_RDONLY),
-        (args.noexec, libc::MS_NOEXEC),
-        (args.noatime, libc::MS_NOATIME),
-    ] {
-        if set {
-            flags |= flag;
-        }
-    }
+    let root = is_root();
     MountSpec {
         mountpoint: mountpoint.to_owned(),
         fsname: args.fsname.clone().unwrap_or_else(|| args.source.clone()),
         allow_other: args.allow_other || root,
         default_permissions: args.default_permissions || root,
-        flags,
+        flags: options::mount_flags(args),
     }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A regular user's passthrough with --allow-other but without --default-permissions would
+/// let every other user reach SOURCE with the mounting user's rights (the kernel checks
+/// nothing, and the daemon, running as that user, is allowed what that user is): refused,
+/// with the fix. (As root both are always on; null has nothing to protect.)
+fn refuse_open_allow_other(args: &MountArgs) -> io::Result<()> {
+    if args.allow_other && !args.default_permissions && args.source != "null:" && !is_root() {
+        return Err(invalid(
+            "--allow-other without --default-permissions would give every user of this machine \
+             your own access to the files under SOURCE; add --default-permissions (the kernel \
+             then checks each caller against the files' modes)",
+        ));
+    }
+    Ok(())
+}
+
+/// `-o remount,...`: applies the flags to the existing mount at MOUNTPOINT, as mount(8) does
+/// for kernel file systems (mount(2) with MS_REMOUNT: read-only, sync, atime, nosuid, ... of
+/// the mount and its superblock). What only a new daemon could change (queues, SOURCE, ...)
+/// stays as it is.
+fn remount(args: &MountArgs) -> io::Result<()> {
+    let mountpoint = mount::absolute(&args.mountpoint)?;
+    let flags = options::mount_flags(args);
+    for limit in options::limits_of(args.vfs_flags) {
+        tracing::warn!("{limit}");
+    }
+    mount::remount(&mountpoint, flags)
 }
 
 fn invalid(msg: impl Into<String>) -> io::Error {
@@ -373,7 +478,9 @@ fn spawn_daemon(args: &MountArgs) -> io::Result<()> {
         .read_to_string(&mut report)?;
     let report = report.trim_end();
     if let Some(line) = report.strip_prefix("OK ") {
-        println!("{line} (daemon pid {})", child.id());
+        if !args.helper_form {
+            println!("{line} (daemon pid {})", child.id());
+        }
         return Ok(());
     }
     let status = child.wait()?;
@@ -412,6 +519,22 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
             )));
         }
     };
+    // Our mount only: whatever sits on it (stacked on MOUNTPOINT, or mounted inside) would
+    // be detached with it by a lazy unmount, and makes a plain one fail.
+    let above = mount::mounts_on(info.id)?;
+    if let Some(other) = above.first() {
+        return Err(invalid(format!(
+            "{} has {} mounted on it ({} on {}): unmount that first",
+            mountpoint.display(),
+            if above.len() == 1 {
+                "another file system".to_string()
+            } else {
+                format!("{} other file systems", above.len())
+            },
+            other.fstype,
+            other.mountpoint.display()
+        )));
+    }
     let socket = lanefs_fuse::control::socket_path(&info);
     mount::unmount(&mountpoint, lazy)?;
     if info.fstype == mount::FSTYPE && !lazy {
@@ -431,4 +554,32 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atime_rules_from_flags_and_from_mountinfo_agree() {
+        let rule = |a: Atime| (a.rule, a.directories);
+        for (flags, options, expected) in [
+            (0, "rw,nosuid,relatime", (AtimeRule::Relative, true)),
+            (libc::MS_NOATIME, "rw,noatime", (AtimeRule::Never, true)),
+            (libc::MS_STRICTATIME, "rw,nosuid", (AtimeRule::Always, true)),
+            (
+                libc::MS_STRICTATIME | libc::MS_NODIRATIME,
+                "ro,nodiratime",
+                (AtimeRule::Always, false),
+            ),
+            (
+                libc::MS_NODIRATIME,
+                "rw,nodiratime,relatime",
+                (AtimeRule::Relative, false),
+            ),
+        ] {
+            assert_eq!(rule(atime_of(flags)), expected, "{flags:#x}");
+            assert_eq!(rule(atime_of_mountinfo(options)), expected, "{options}");
+        }
+    }
 }

@@ -62,10 +62,61 @@ fn split_options(list: &str) -> Vec<String> {
     out
 }
 
-/// Applies `-o` options to the mount arguments. Generic mount options that only matter to
-/// mount(8) or fstab (auto, nofail, _netdev, x-*, ...) are accepted and ignored.
+/// A generic (file-system independent) option of mount(8) and the MS_* flag it sets or
+/// clears. `ro`, `suid`, `dev`, `exec` and `noatime` also have `--flags` of their own and
+/// are kept in those fields; the rest live in `MountArgs::vfs_flags`.
+struct Generic {
+    name: &'static str,
+    set: libc::c_ulong,
+    clear: libc::c_ulong,
+}
+
+const fn generic(name: &'static str, set: libc::c_ulong, clear: libc::c_ulong) -> Generic {
+    Generic { name, set, clear }
+}
+
+/// The atime flags: setting one of them clears the others, as mount(8) does.
+const ATIME_FLAGS: libc::c_ulong = libc::MS_NOATIME | libc::MS_RELATIME | libc::MS_STRICTATIME;
+
+const GENERIC: &[Generic] = &[
+    generic("sync", libc::MS_SYNCHRONOUS, 0),
+    generic("async", 0, libc::MS_SYNCHRONOUS),
+    generic("dirsync", libc::MS_DIRSYNC, 0),
+    generic("mand", libc::MS_MANDLOCK, 0),
+    generic("nomand", 0, libc::MS_MANDLOCK),
+    generic("diratime", 0, libc::MS_NODIRATIME),
+    generic("nodiratime", libc::MS_NODIRATIME, 0),
+    generic("relatime", libc::MS_RELATIME, ATIME_FLAGS),
+    generic("norelatime", 0, libc::MS_RELATIME),
+    generic("strictatime", libc::MS_STRICTATIME, ATIME_FLAGS),
+    generic("nostrictatime", 0, libc::MS_STRICTATIME),
+    generic("lazytime", libc::MS_LAZYTIME, 0),
+    generic("nolazytime", 0, libc::MS_LAZYTIME),
+    generic("iversion", libc::MS_I_VERSION, 0),
+    generic("noiversion", 0, libc::MS_I_VERSION),
+    generic("silent", libc::MS_SILENT, 0),
+    generic("loud", 0, libc::MS_SILENT),
+    generic("symfollow", 0, libc::MS_NOSYMFOLLOW),
+    generic("nosymfollow", libc::MS_NOSYMFOLLOW, 0),
+];
+
+/// Options of the FUSE kernel module that lanefs sets itself; mount(8) passes them back (from
+/// /proc/self/mountinfo) when it remounts, where they cannot change and are ignored.
+const FUSE_KERNEL_OPTIONS: &[&str] = &[
+    "user_id", "group_id", "rootmode", "max_read", "blksize", "fd", "subtype",
+];
+
+/// Applies `-o` options to the mount arguments. Generic mount options set or clear their
+/// MS_* flag; those that only matter to mount(8), fstab or systemd (auto, nofail, _netdev,
+/// x-*, ...) are accepted and ignored. `remount` makes the command change the flags of an
+/// existing mount (mount(8) runs `lanefs SOURCE MOUNTPOINT -o remount,...`), and then
+/// every other option it passes back is accepted: those that cannot change are ignored.
 pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
-    for option in lists.iter().flat_map(|l| split_options(l)) {
+    let options: Vec<String> = lists.iter().flat_map(|l| split_options(l)).collect();
+    if options.iter().any(|o| o == "remount") {
+        args.remount = true;
+    }
+    for option in &options {
         let (key, value) = match option.split_once('=') {
             Some((k, v)) => (k, Some(v)),
             None => (option.as_str(), None),
@@ -81,7 +132,16 @@ pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
                 )
             })
         };
+        if let Some(g) = GENERIC.iter().find(|g| g.name == key && value.is_none()) {
+            args.vfs_flags = (args.vfs_flags & !g.clear) | g.set;
+            if g.set & ATIME_FLAGS != 0 {
+                args.noatime = false;
+            }
+            continue;
+        }
         match key {
+            "remount" => {}
+            k if args.remount && FUSE_KERNEL_OPTIONS.contains(&k) => {}
             "queues" => args.queues = Some(number("N")? as usize),
             "transport" => args.transport = Some(need("auto|uring|dev")?.parse()?),
             "queue_depth" => args.queue_depth = Some(number("N")? as usize),
@@ -110,16 +170,70 @@ pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
             "nodev" => args.dev = false,
             "exec" => args.noexec = false,
             "noexec" => args.noexec = true,
-            "atime" | "relatime" => args.noatime = false,
-            "noatime" => args.noatime = true,
+            "atime" => args.noatime = false,
+            "noatime" => {
+                args.noatime = true;
+                args.vfs_flags &= !ATIME_FLAGS;
+            }
             // For mount(8), fstab and systemd only.
-            "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "_netdev"
-            | "nofail" | "async" | "sync" => {}
-            k if k.starts_with("x-") || k.starts_with("comment") => {}
+            "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "group"
+            | "_netdev" | "nofail" => {}
+            // SELinux labels: FUSE has no security labels of its own.
+            "context" | "fscontext" | "defcontext" | "rootcontext" => {
+                tracing::warn!("mount option {key}: FUSE mounts carry no SELinux labels; ignored")
+            }
+            k if k.starts_with("x-") || k.starts_with("X-") || k.starts_with("comment") => {}
             _ => return Err(format!("unknown mount option {option:?}")),
         }
     }
     Ok(())
+}
+
+/// The MS_* flags of a mount: nosuid and nodev unless `suid`/`dev` were asked for (as
+/// fusermount3 does), plus every generic flag but `mand`, which the kernel's FUSE refuses
+/// (EINVAL) where other file systems warn and ignore it (`limits_of` says so).
+pub fn mount_flags(args: &MountArgs) -> libc::c_ulong {
+    let mut flags = args.vfs_flags & !libc::MS_MANDLOCK;
+    for (set, flag) in [
+        (!args.suid, libc::MS_NOSUID),
+        (!args.dev, libc::MS_NODEV),
+        (args.read_only, libc::MS_RDONLY),
+        (args.noexec, libc::MS_NOEXEC),
+        (args.noatime, libc::MS_NOATIME),
+    ] {
+        if set {
+            flags |= flag;
+        }
+    }
+    flags
+}
+
+/// One sentence for each generic flag that FUSE accepts but cannot give its full meaning.
+pub fn limits_of(flags: libc::c_ulong) -> Vec<&'static str> {
+    [
+        (
+            libc::MS_MANDLOCK,
+            "mand: Linux has no mandatory locking since 5.15; ignored, as for any file system",
+        ),
+        (
+            libc::MS_DIRSYNC,
+            "dirsync: FUSE does not make directory changes synchronous itself; the daemon applies \
+             them to the host before answering, so they are as durable as the host's mount makes them",
+        ),
+        (
+            libc::MS_LAZYTIME,
+            "lazytime: FUSE keeps no timestamps to write back lazily (the daemon's host does); \
+             the flag is set but changes nothing",
+        ),
+        (
+            libc::MS_I_VERSION,
+            "iversion: FUSE keeps no inode change counter; the kernel ignores the flag",
+        ),
+    ]
+    .into_iter()
+    .filter(|(flag, _)| flags & flag != 0)
+    .map(|(_, why)| why)
+    .collect()
 }
 
 #[cfg(test)]
@@ -161,6 +275,54 @@ mod tests {
             (a.attr_timeout, a.entry_timeout, a.fd_cache),
             (Some(2.5), Some(0.0), Some(10))
         );
+    }
+
+    #[test]
+    fn generic_options_set_and_clear_their_flags() {
+        let mut w = Wrapper::parse_from(["t", "/srv", "/mnt"]);
+        apply(
+            &mut w.args,
+            &["noatime,sync,dirsync,nodiratime,lazytime,iversion,nosymfollow,mand,suid".into()],
+        )
+        .unwrap();
+        let flags = mount_flags(&w.args);
+        for flag in [
+            libc::MS_NOATIME,
+            libc::MS_SYNCHRONOUS,
+            libc::MS_DIRSYNC,
+            libc::MS_NODIRATIME,
+            libc::MS_LAZYTIME,
+            libc::MS_I_VERSION,
+            libc::MS_NOSYMFOLLOW,
+            libc::MS_NODEV,
+        ] {
+            assert_ne!(flags & flag, 0, "{flag:#x}");
+        }
+        // FUSE refuses mand: never passed, but said.
+        assert_eq!(flags & (libc::MS_MANDLOCK | libc::MS_NOSUID), 0);
+        assert_eq!(limits_of(w.args.vfs_flags).len(), 4);
+        apply(&mut w.args, &["strictatime,async,diratime".into()]).unwrap();
+        let flags = mount_flags(&w.args);
+        assert_eq!(
+            flags & (ATIME_FLAGS | libc::MS_SYNCHRONOUS | libc::MS_NODIRATIME),
+            libc::MS_STRICTATIME
+        );
+        apply(&mut w.args, &["relatime".into()]).unwrap();
+        assert_eq!(mount_flags(&w.args) & ATIME_FLAGS, libc::MS_RELATIME);
+        assert!(!w.args.remount);
+    }
+
+    #[test]
+    fn remount_accepts_what_mount_8_passes_back() {
+        let mut w = Wrapper::parse_from(["t", "/srv", "/mnt"]);
+        // user_id and friends are lanefs's own business on a new mount.
+        assert!(apply(&mut w.args, &["user_id=0".into()]).is_err());
+        apply(
+            &mut w.args,
+            &["ro,nosuid,nodev,noatime,remount,user_id=0,group_id=0,default_permissions,allow_other,queues=2".into()],
+        )
+        .unwrap();
+        assert!(w.args.remount && w.args.read_only && w.args.noatime);
     }
 
     #[test]

@@ -688,6 +688,41 @@ pub struct LseekOut {
     pub offset: u64,
 }
 
+/// FUSE_IOCTL's argument: the kernel sends `in_size` bytes of input after it and takes up to
+/// `out_size` bytes back after [`IoctlOut`] (restricted ioctls: sizes from the command's
+/// encoding, or the kernel's own for the file-attribute ioctls it forwards).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct IoctlIn {
+    pub fh: u64,
+    pub flags: u32,
+    pub cmd: u32,
+    pub arg: u64,
+    pub in_size: u32,
+    pub out_size: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct IoctlOut {
+    pub result: i32,
+    pub flags: u32,
+    pub in_iovs: u32,
+    pub out_iovs: u32,
+}
+
+/// `IoctlIn.flags`.
+pub mod ioctl_flags {
+    /// A 32-bit caller on a 64-bit kernel.
+    pub const COMPAT: u32 = 1 << 0;
+    /// CUSE only: the server names the buffers itself (RETRY).
+    pub const UNRESTRICTED: u32 = 1 << 1;
+    pub const RETRY: u32 = 1 << 2;
+    pub const IOCTL_32BIT: u32 = 1 << 3;
+    /// The file is a directory (fh is an opendir handle).
+    pub const DIR: u32 = 1 << 4;
+}
+
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct CopyFileRangeIn {
@@ -843,6 +878,8 @@ const _: () = {
     assert!(size_of::<FallocateIn>() == 32);
     assert!(size_of::<LseekIn>() == 24);
     assert!(size_of::<LseekOut>() == 8);
+    assert!(size_of::<IoctlIn>() == 32);
+    assert!(size_of::<IoctlOut>() == 16);
     assert!(size_of::<CopyFileRangeIn>() == 56);
     assert!(size_of::<CopyFileRangeOut>() == 8);
     assert!(size_of::<BackingMap>() == 16);

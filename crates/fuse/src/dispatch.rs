@@ -162,5 +162,6 @@ fn serve<F: Filesystem>(
         Operation::Lseek { arg } => fs.lseek(req, ino, arg, reply()),
         Operation::CopyFileRange { arg, .. } => fs.copy_file_range(req, ino, arg, reply()),
         Operation::Syncfs => fs.syncfs(req, ino, reply()),
+        Operation::Ioctl { arg, data } => fs.ioctl(req, ino, arg, data, reply()),
     }
 }

@@ -250,4 +250,12 @@ pub trait Filesystem: Send + Sync + 'static {
     fn syncfs(&self, req: &Request, ino: u64, reply: Reply) {
         reply.ok()
     }
+
+    /// A restricted ioctl on an open file (`arg.fh`; a directory's when `arg.flags` has
+    /// `ioctl_flags::DIR`): `data` is its input; answer with [`Reply::ioctl`]. The kernel
+    /// forwards the file-attribute ioctls (FS_IOC_GETFLAGS/SETFLAGS, FS_IOC_FSGETXATTR/
+    /// FSSETXATTR, which lsattr and chattr use) this way, after its own permission checks.
+    fn ioctl(&self, req: &Request, ino: u64, arg: &abi::IoctlIn, data: &[u8], reply: Reply) {
+        reply.error(libc::ENOTTY)
+    }
 }

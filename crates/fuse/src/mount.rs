@@ -35,6 +35,8 @@ pub struct MountInfo {
     pub mountpoint: PathBuf,
     pub fstype: String,
     pub source: String,
+    /// The mount's own flags, as mountinfo writes them ("rw,nosuid,nodev,noatime").
+    pub options: String,
 }
 
 /// Undoes the octal escapes (\040 for space, ...) of /proc/self/mountinfo.
@@ -68,6 +70,7 @@ pub fn parse_mountinfo_line(line: &str) -> Option<MountInfo> {
     let (major, minor) = fields.next()?.split_once(':')?;
     let _root = fields.next()?;
     let mountpoint = PathBuf::from(OsStr::from_bytes(&unescape(fields.next()?)));
+    let options = fields.next()?.to_string();
     // Optional fields end with a lone "-".
     let mut rest = fields.skip_while(|f| *f != "-");
     rest.next()?;
@@ -81,7 +84,65 @@ pub fn parse_mountinfo_line(line: &str) -> Option<MountInfo> {
         mountpoint,
         fstype,
         source,
+        options,
     })
+}
+
+/// The mounts that sit on the mount `id`: inside its tree or stacked on its root. Unmounting
+/// it lazily would detach them too.
+pub fn mounts_on(id: u32) -> io::Result<Vec<MountInfo>> {
+    Ok(mounts()?
+        .into_iter()
+        .filter(|m| m.parent == id && m.id != id)
+        .collect())
+}
+
+/// Watches the flags of the mount with device `major:minor` (the first one, if it is bound
+/// elsewhere too) on a thread of its own: calls `changed` with its mountinfo options each
+/// time they change (a remount), until the mount is gone. The kernel wakes readers of
+/// /proc/self/mountinfo with POLLPRI when the mount table changes, so this costs nothing
+/// between changes.
+pub fn watch_mount_options(
+    (major, minor): (u32, u32),
+    mut changed: impl FnMut(&str) + Send + 'static,
+) -> io::Result<()> {
+    let mut file = File::open("/proc/self/mountinfo")?;
+    let ours = move |text: &str| {
+        text.lines()
+            .filter_map(parse_mountinfo_line)
+            .find(|m| (m.major, m.minor) == (major, minor))
+            .map(|m| m.options)
+    };
+    std::thread::Builder::new()
+        .name("lanefs-mountinfo".into())
+        .spawn(move || {
+            use std::io::{Read, Seek};
+            let mut last: Option<String> = None;
+            let mut text = String::new();
+            loop {
+                text.clear();
+                if file.rewind().is_err() || file.read_to_string(&mut text).is_err() {
+                    return;
+                }
+                let Some(options) = ours(&text) else { return };
+                if last.as_ref().is_some_and(|l| *l != options) {
+                    changed(&options);
+                }
+                last = Some(options);
+                let mut pfd = libc::pollfd {
+                    fd: file.as_raw_fd(),
+                    events: libc::POLLPRI,
+                    revents: 0,
+                };
+                // SAFETY: pfd is a valid pollfd for the duration of the call.
+                if unsafe { libc::poll(&mut pfd, 1, -1) } < 0
+                    && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted
+                {
+                    return;
+                }
+            }
+        })?;
+    Ok(())
 }
 
 /// The mount at exactly `path`, the topmost one if several are stacked.
@@ -246,7 +307,9 @@ fn mount_direct(spec: &MountSpec, root_mode: u32) -> io::Result<OwnedFd> {
     }
     let source = cstring(spec.fsname.as_bytes(), "the file system name")?;
     let target = cstring(spec.mountpoint.as_os_str().as_bytes(), "the mount point")?;
-    let flags = spec.flags | libc::MS_NOSUID | libc::MS_NODEV;
+    // The caller's flags as they are: nosuid and nodev are its defaults, and root may ask for
+    // suid and dev (device nodes and set-ID programs on the mount then work).
+    let flags = spec.flags;
     let try_mount = |fstype: &str, data: &str| -> io::Result<()> {
         let fstype = cstring(fstype.as_bytes(), "the type")?;
         let data = cstring(data.as_bytes(), "the options")?;
@@ -310,8 +373,25 @@ fn mount_fusermount(spec: &MountSpec) -> io::Result<OwnedFd> {
     if spec.default_permissions {
         opts.push("default_permissions".into());
     }
-    if spec.flags & libc::MS_RDONLY != 0 {
-        opts.push("ro".into());
+    // The flags fusermount3 (3.14) passes to the kernel for a regular user; it always adds
+    // nosuid and nodev itself.
+    let mut dropped = Vec::new();
+    for (flag, name) in FLAG_NAMES {
+        if spec.flags & flag == 0 {
+            continue;
+        }
+        if FUSERMOUNT_FLAGS.contains(name) {
+            opts.push((*name).into());
+        } else if !matches!(*name, "nosuid" | "nodev") {
+            dropped.push(*name);
+        }
+    }
+    if !dropped.is_empty() {
+        tracing::warn!(
+            "fusermount3 cannot set {} for a regular user: mounted without {}",
+            dropped.join(","),
+            if dropped.len() == 1 { "it" } else { "them" }
+        );
     }
     // Its stderr is captured so that its reason reaches the user in daemon mode too.
     let output = Command::new("fusermount3")
@@ -342,6 +422,82 @@ fn mount_fusermount(spec: &MountSpec) -> io::Result<OwnedFd> {
         ));
     }
     receive_fd(&ours)
+}
+
+/// MS_* flags and the option that sets each.
+const FLAG_NAMES: &[(libc::c_ulong, &str)] = &[
+    (libc::MS_RDONLY, "ro"),
+    (libc::MS_NOSUID, "nosuid"),
+    (libc::MS_NODEV, "nodev"),
+    (libc::MS_NOEXEC, "noexec"),
+    (libc::MS_NOATIME, "noatime"),
+    (libc::MS_SYNCHRONOUS, "sync"),
+    (libc::MS_DIRSYNC, "dirsync"),
+    (libc::MS_NODIRATIME, "nodiratime"),
+    (libc::MS_STRICTATIME, "strictatime"),
+    (libc::MS_LAZYTIME, "lazytime"),
+    (libc::MS_NOSYMFOLLOW, "nosymfollow"),
+    (libc::MS_MANDLOCK, "mand"),
+    (libc::MS_I_VERSION, "iversion"),
+];
+
+/// The mount flags fusermount3 3.14 knows (its `mount_flags` table, less the ones it refuses
+/// to a regular user).
+const FUSERMOUNT_FLAGS: &[&str] = &["ro", "noexec", "noatime", "sync", "dirsync"];
+
+/// Changes the flags of the FUSE mount at `mountpoint` (mount(2) with MS_REMOUNT, as
+/// mount(8) does for any file system): the mount's own flags (nosuid, nodev, noexec, atime)
+/// and its superblock's (read-only, sync, ...). A read-only remount is refused by the kernel
+/// (EBUSY) while files are open for writing, as for any file system.
+pub fn remount(mountpoint: &Path, flags: libc::c_ulong) -> io::Result<()> {
+    let shown = mountpoint.display();
+    match find_mount(mountpoint)? {
+        Some(info) if info.fstype.starts_with("fuse") => {}
+        Some(info) => {
+            return Err(explained(
+                io::ErrorKind::InvalidInput,
+                format!("{shown} is a {} mount, not a FUSE one", info.fstype),
+            ));
+        }
+        None => {
+            return Err(explained(
+                io::ErrorKind::NotFound,
+                format!("{shown} is not a mount point: nothing to remount"),
+            ));
+        }
+    }
+    if !is_root() {
+        return Err(explained(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "remounting {shown} needs root (fusermount3 cannot change a mount's flags): unmount and mount it again"
+            ),
+        ));
+    }
+    let target = cstring(mountpoint.as_os_str().as_bytes(), "the mount point")?;
+    // SAFETY: target is a valid NUL-terminated path; a remount reads no source, type or data.
+    let rc = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | flags,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    let hint = if e.raw_os_error() == Some(libc::EBUSY) && flags & libc::MS_RDONLY != 0 {
+        " (files are open for writing on it; close them first)"
+    } else {
+        ""
+    };
+    Err(explained(
+        e.kind(),
+        format!("remounting {shown} failed: {e}{hint}"),
+    ))
 }
 
 /// Receives one fd sent with SCM_RIGHTS.
@@ -378,17 +534,37 @@ fn receive_fd(socket: &OwnedFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// How long a plain unmount waits for a busy mount to become free before failing.
+const UNMOUNT_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+const UNMOUNT_BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Unmounts. Lazily (`lazy`): the mount leaves the namespace now and the server sees the
 /// connection end once the last open file on it is closed. Otherwise a busy mount is an error.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     if is_root() {
         let target = cstring(mountpoint.as_os_str().as_bytes(), "the mount point")?;
         let flags = if lazy { libc::MNT_DETACH } else { 0 };
-        // SAFETY: target is a valid NUL-terminated path.
-        if unsafe { libc::umount2(target.as_ptr(), flags) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
+        let busy_since = std::time::Instant::now();
+        let busy_mount = find_mount(mountpoint)?.map(|m| m.id);
+        let e = loop {
+            // SAFETY: target is a valid NUL-terminated path.
+            if unsafe { libc::umount2(target.as_ptr(), flags) } == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            // A reference that goes away by itself (a process between fork and exec holding
+            // copies of fds opened on the mount, a close the kernel finishes later) makes a
+            // mount busy for a moment: wait it out before calling it busy, as long as the
+            // mount at the path is still the one we meant.
+            let same_mount = find_mount(mountpoint)?.map(|m| m.id) == busy_mount;
+            if e.raw_os_error() != Some(libc::EBUSY)
+                || busy_since.elapsed() >= UNMOUNT_BUSY_WAIT
+                || !same_mount
+            {
+                break e;
+            }
+            std::thread::sleep(UNMOUNT_BUSY_POLL);
+        };
         let hint = if e.raw_os_error() == Some(libc::EBUSY) {
             " (files are open on it; close them, or unmount lazily with --lazy)"
         } else {
@@ -446,6 +622,8 @@ mod tests {
         assert_eq!(info.mountpoint, PathBuf::from("/tmp/my mnt"));
         assert_eq!(info.fstype, "fuse.lanefs");
         assert_eq!(info.source, "null:");
+        assert_eq!((info.id, info.parent), (36, 35));
+        assert_eq!(info.options, "rw,nosuid,nodev");
         assert!(parse_mountinfo_line("garbage").is_none());
         assert!(parse_mountinfo_line("1 2 0:3 / /x rw").is_none());
     }

@@ -216,6 +216,16 @@ impl Reply {
         self.send(0, &[abi::LkOut { lk: *lk }.as_bytes()]);
     }
 
+    /// Answers an ioctl: its result (0 or more) and its output (at most the request's
+    /// `out_size` bytes).
+    pub fn ioctl(self, result: i32, out: &[u8]) {
+        let head = abi::IoctlOut {
+            result,
+            ..Default::default()
+        };
+        self.send(0, &[head.as_bytes(), out]);
+    }
+
     pub fn lseek(self, offset: u64) {
         self.send(0, &[abi::LseekOut { offset }.as_bytes()]);
     }

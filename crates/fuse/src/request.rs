@@ -185,6 +185,11 @@ pub enum Operation<'a> {
         wide: bool,
     },
     Syncfs,
+    Ioctl {
+        arg: &'a abi::IoctlIn,
+        /// The `in_size` bytes of input.
+        data: &'a [u8],
+    },
 }
 
 /// Reads the op's fixed argument struct and the bytes after it.
@@ -426,6 +431,11 @@ pub fn decode(opcode: u32, body: &[u8], wire: WireFormat) -> Result<Operation<'_
             wide: true,
         },
         opcode::SYNCFS => Operation::Syncfs,
+        opcode::IOCTL => {
+            let arg: &abi::IoctlIn = c.arg()?;
+            let data = c.bytes(arg.in_size as usize)?;
+            Operation::Ioctl { arg, data }
+        }
         _ => return Err(DecodeError::Unknown { opcode }),
     };
     Ok(op)
@@ -874,11 +884,33 @@ mod tests {
             DecodeError::Unknown { opcode: 9999 }
         );
         assert_eq!(
-            decode_one(opcode::IOCTL, b"").unwrap_err(),
+            decode_one(opcode::POLL, b"").unwrap_err(),
             DecodeError::Unknown {
-                opcode: opcode::IOCTL
+                opcode: opcode::POLL
             }
         );
+    }
+
+    #[test]
+    fn ioctl_carries_its_input() {
+        let arg = abi::IoctlIn {
+            fh: 3,
+            flags: abi::ioctl_flags::DIR,
+            cmd: 0x4004_6602,
+            arg: 0,
+            in_size: 4,
+            out_size: 0,
+        };
+        let body = cat(&[arg.as_bytes(), &[1, 2, 3, 4]]);
+        let Operation::Ioctl { arg: got, data } = decode_one(opcode::IOCTL, &body).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (got.fh, got.cmd, data),
+            (3, 0x4004_6602, &[1u8, 2, 3, 4][..])
+        );
+        // Input shorter than in_size is truncated, not read past.
+        assert!(decode_one(opcode::IOCTL, &body[..body.len() - 1]).is_err());
     }
 
     #[test]

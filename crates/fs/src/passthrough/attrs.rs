@@ -2,6 +2,7 @@
 //! getattr never takes the write gate (seed 002).
 
 use std::ffi::OsStr;
+use std::sync::atomic::Ordering;
 
 use lanefs_fuse::abi::{self, fattr};
 use lanefs_fuse::{Reply, Request};
@@ -172,9 +173,22 @@ impl PassthroughFs {
             Ok(found) => found,
             Err(e) => return reply.error(e),
         };
+        // The kernel asks for security.capability before every truncate and before the
+        // first write after any attribute update (its privilege-stripping check; see
+        // ARCHITECTURE.md, KILLPRIV_V2), almost always of files that have none: the answer
+        // is remembered for the attribute timeout, as the attributes themselves are.
+        let caps = name.as_bytes() == CAPS_XATTR;
+        if caps && inode.caps_absent_until.load(Ordering::SeqCst) > self.now_ns() {
+            return reply.error(libc::ENODATA);
+        }
+        let changes = inode.caps_changes.load(Ordering::SeqCst);
         if size == 0 {
             match self.on_xattr_target(&inode, |t| sys::getxattr(t, &name, &mut [])) {
                 Ok(n) => reply.xattr_size(n as u32),
+                Err(libc::ENODATA) if caps => {
+                    self.remember_no_caps(&inode, changes);
+                    reply.error(libc::ENODATA)
+                }
                 Err(e) => reply.error(e),
             }
         } else {
@@ -211,7 +225,13 @@ impl PassthroughFs {
     ) -> SysResult<()> {
         let inode = self.inode(ino)?;
         let name = xattr_name(name)?;
-        self.on_xattr_target(&inode, |t| sys::setxattr(t, &name, value, flags as i32))?;
+        let result = self.on_xattr_target(&inode, |t| sys::setxattr(t, &name, value, flags as i32));
+        if name.as_bytes() == CAPS_XATTR {
+            // After the host has it, whatever came of it: see `remember_no_caps`.
+            inode.caps_changes.fetch_add(1, Ordering::SeqCst);
+            inode.caps_absent_until.store(0, Ordering::SeqCst);
+        }
+        result?;
         // The kernel found the caller may not keep set-group-ID when setting an access ACL
         // (outside the group, without CAP_FSETID): the host, seeing us, kept it.
         if setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0 {
@@ -228,6 +248,27 @@ impl PassthroughFs {
         let inode = self.inode(ino)?;
         let name = xattr_name(name)?;
         self.on_xattr_target(&inode, |t| sys::removexattr(t, &name))
+    }
+}
+
+/// The xattr holding file capabilities.
+const CAPS_XATTR: &[u8] = b"security.capability";
+
+impl PassthroughFs {
+    /// Remembers that the host held no security.capability for `inode` when `changes`
+    /// (its `caps_changes`) was read, for as long as attributes may be cached (nothing when
+    /// that is 0). A setxattr of it through us bumps `caps_changes` and then forgets; if it
+    /// ran since `changes` was read, the memory is dropped again here (whichever of the two
+    /// stores comes last, the result is "not known").
+    fn remember_no_caps(&self, inode: &Inode, changes: u64) {
+        if self.opts.attr_timeout.is_zero() {
+            return;
+        }
+        let until = self.now_ns() + self.opts.attr_timeout.as_nanos() as u64;
+        inode.caps_absent_until.store(until, Ordering::SeqCst);
+        if inode.caps_changes.load(Ordering::SeqCst) != changes {
+            inode.caps_absent_until.store(0, Ordering::SeqCst);
+        }
     }
 }
 

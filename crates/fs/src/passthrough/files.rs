@@ -155,6 +155,7 @@ impl PassthroughFs {
             let state = &mut *guard;
             if let Some(b) = &mut state.backing {
                 b.opens += 1;
+                b.writers += u32::from(writable);
                 out.backing_id = b.id;
                 out.open_flags = fopen::PASSTHROUGH;
                 if served_by_us || (writable && b.keeps_set_id != privileged) {
@@ -171,6 +172,7 @@ impl PassthroughFs {
                 state.backing = Some(Backing {
                     id,
                     opens: 1,
+                    writers: u32::from(writable),
                     keeps_set_id: privileged,
                 });
                 out.backing_id = id;
@@ -269,6 +271,7 @@ impl PassthroughFs {
                 && let Some(b) = &mut state.backing
             {
                 b.opens -= 1;
+                b.writers = b.writers.saturating_sub(u32::from(file.writable()));
                 if b.opens == 0 {
                     let id = b.id;
                     state.backing = None;
@@ -323,8 +326,21 @@ impl PassthroughFs {
         } else {
             file.inode.gate.try_enter_write(end, parallel)?
         };
+        // The kernel marks a write that must be durable when it returns (an O_SYNC/O_DSYNC
+        // open, or a `sync` mount) in its flags.
+        let sync = if arg.flags as i32 & libc::O_SYNC == libc::O_SYNC {
+            libc::RWF_SYNC
+        } else if arg.flags as i32 & libc::O_DSYNC != 0 {
+            libc::RWF_DSYNC
+        } else {
+            0
+        };
         let written = self.killing_privileges(req, &file.inode, (&file.fd, false), kill, || {
-            sys::pwrite(&file.fd, data, arg.offset)
+            if sync == 0 {
+                sys::pwrite(&file.fd, data, arg.offset)
+            } else {
+                sys::pwrite_flags(&file.fd, data, arg.offset, sync)
+            }
         });
         Some(written.map(|written| {
             file.inode.gate.written(arg.offset + written as u64);

@@ -65,6 +65,9 @@ pub struct Backing {
     pub id: i32,
     /// Opens carrying the id (FOPEN_PASSTHROUGH, with or without DIRECT_IO).
     pub opens: u32,
+    /// Those of them open for writing: the kernel may write the host file through a shared
+    /// mapping of theirs without telling us (see `PassthroughFs::attr_out`).
+    pub writers: u32,
     /// Registered with CAP_FSETID (by a root open): writes through it keep set-ID bits, as
     /// root's do natively. Without it the host strips them, as for any other writer.
     pub keeps_set_id: bool,
@@ -104,6 +107,12 @@ pub struct Inode {
     open_state: Mutex<OpenState>,
     /// Symlinks only. Lock order: a leaf.
     link_name: Mutex<Option<LinkName>>,
+    /// Until when (nanoseconds on the file system's clock, `PassthroughFs::now_ns`) the
+    /// host is known to hold no security.capability for this inode; 0: not known.
+    pub caps_absent_until: AtomicU64,
+    /// Bumped by each setxattr of security.capability through us, so that a "none" read
+    /// from the host before it is not remembered after it.
+    pub caps_changes: AtomicU64,
 }
 
 impl Inode {
@@ -125,6 +134,8 @@ impl Inode {
             gate: WriteGate::new(size),
             open_state: Mutex::new(OpenState::default()),
             link_name: Mutex::new(None),
+            caps_absent_until: AtomicU64::new(0),
+            caps_changes: AtomicU64::new(0),
         }
     }
 

@@ -4,7 +4,8 @@
 //! `inode` is the sharded inode table, `fdcache` the bounded cache of O_PATH fds reopened from
 //! file handles, `handle` the open files and directories, `gate` the per-inode write gate,
 //! `counters` what `lanefs stats` shows. The operations live by kind: `entries` (names),
-//! `attrs` (attributes, xattrs, statfs), `files` (data), `locks`, `dir`.
+//! `attrs` (attributes, xattrs, statfs), `fileattr` (chattr's flags, through ioctls),
+//! `files` (data), `locks`, `dir`.
 //!
 //! Safety of the export: the kernel hands us nodeids and single names. A name is checked to
 //! be one component (no `/`, `.` or `..`) and resolved with `*at` calls relative to its
@@ -17,6 +18,7 @@ mod creds;
 mod dir;
 mod entries;
 mod fdcache;
+mod fileattr;
 mod files;
 mod gate;
 mod handle;
@@ -63,6 +65,57 @@ pub struct PassthroughOptions {
     pub killpriv_v2: bool,
     /// Know inodes by file handle; off keeps an O_PATH fd per known inode.
     pub file_handles: bool,
+    /// The FUSE mount's atime flags, which the host must apply to the daemon's own reads.
+    pub atime: Atime,
+}
+
+/// When reading a file or listing a directory updates its access time: the FUSE mount's
+/// atime flags. FUSE inodes are S_NOATIME (the kernel leaves atime to the server), so what
+/// decides is the rule of the host mount the daemon (and kernel passthrough, whose backing
+/// files are opened from the daemon's) reads through. As root the daemon reaches SOURCE
+/// through a private copy of its mount tree whose atime flags are these, so the host applies
+/// the FUSE mount's rule, exactly as the kernel would (`PassthroughFs::set_atime` changes
+/// it on remount).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Atime {
+    pub rule: AtimeRule,
+    /// Directories' atime moves too (not `nodiratime`).
+    pub directories: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtimeRule {
+    /// `relatime` (the default): when atime is older than mtime or ctime, or a day old.
+    Relative,
+    /// `strictatime`: on every access.
+    Always,
+    /// `noatime`.
+    Never,
+}
+
+impl Default for Atime {
+    fn default() -> Self {
+        Atime {
+            rule: AtimeRule::Relative,
+            directories: true,
+        }
+    }
+}
+
+impl Atime {
+    /// The MOUNT_ATTR_* bits of this rule, for mount_setattr.
+    fn mount_attr(self) -> u64 {
+        let rule = match self.rule {
+            AtimeRule::Relative => libc::MOUNT_ATTR_RELATIME,
+            AtimeRule::Always => libc::MOUNT_ATTR_STRICTATIME,
+            AtimeRule::Never => libc::MOUNT_ATTR_NOATIME,
+        };
+        if self.directories {
+            rule
+        } else {
+            rule | libc::MOUNT_ATTR_NODIRATIME
+        }
+    }
 }
 
 impl PassthroughOptions {
@@ -77,6 +130,7 @@ impl PassthroughOptions {
             fd_cache: 4096,
             killpriv_v2: true,
             file_handles: true,
+            atime: Atime::default(),
         }
     }
 }
@@ -123,6 +177,14 @@ pub struct State {
     root_mount: Arc<OwnedFd>,
     /// Passthrough stacking depth to ask for: 2 when SOURCE is itself on FUSE or overlayfs.
     stack_depth: u32,
+    /// The root of our private copy of SOURCE's mount tree (see [`Atime`]), when we could
+    /// make one (root).
+    tree: Option<Arc<OwnedFd>>,
+    /// Without that copy, a `noatime` mount opens host files with O_NOATIME where the host
+    /// allows it (files the daemon's user owns).
+    noatime_opens: AtomicBool,
+    /// The origin of `now_ns`, the clock of cached answers' expiry.
+    clock: std::time::Instant,
 }
 
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -151,6 +213,7 @@ impl PassthroughFs {
             libc::ENOTDIR => not_a_directory(),
             _ => fail("cannot open source directory", e),
         })?;
+        let (root_fd, tree) = private_tree(&path, root_fd, opts.atime);
         let st = sys::fstat(&root_fd).map_err(|e| fail("cannot stat", e))?;
         let root_mount = sys::reopen(&root_fd, libc::O_RDONLY | libc::O_DIRECTORY)
             .map_err(|e| fail("cannot open source directory", e))?;
@@ -193,6 +256,7 @@ impl PassthroughFs {
         } else {
             tracing::info!("--no-file-handles: keeping an O_PATH fd per known inode");
         }
+        let opts_atime_never = opts.atime.rule == AtimeRule::Never;
         let root = Inode::new(
             abi::ROOT_ID,
             InodeKey {
@@ -201,7 +265,7 @@ impl PassthroughFs {
             },
             libc::S_IFDIR,
             mount_id,
-            HostRef::Fd(Arc::new(root_fd)),
+            HostRef::Fd(root_fd),
             0,
         );
         Ok(PassthroughFs(Arc::new(State {
@@ -218,7 +282,27 @@ impl PassthroughFs {
             handles_missing,
             root_mount: Arc::new(root_mount),
             stack_depth,
+            noatime_opens: AtomicBool::new(tree.is_none() && opts_atime_never),
+            tree,
+            clock: std::time::Instant::now(),
         })))
+    }
+
+    /// Applies new atime flags of the FUSE mount (a remount) to the daemon's own reads.
+    pub fn set_atime(&self, atime: Atime) {
+        match &self.tree {
+            Some(tree) => {
+                if let Err(e) = sys::set_tree_atime(tree, atime.mount_attr()) {
+                    tracing::warn!(
+                        "cannot apply the mount's new atime flags to the daemon's reads: {}",
+                        io::Error::from_raw_os_error(e)
+                    );
+                }
+            }
+            None => self
+                .noatime_opens
+                .store(atime.rule == AtimeRule::Never, Ordering::Relaxed),
+        }
     }
 
     /// Answers a request that may take long (a sync, a copy, a wait on the host) from the
@@ -233,6 +317,11 @@ impl PassthroughFs {
     ) {
         let fs = self.clone();
         reply.offload(move |reply| job(&fs, reply));
+    }
+
+    /// Nanoseconds since the file system started (monotonic), for expiries.
+    fn now_ns(&self) -> u64 {
+        self.clock.elapsed().as_nanos() as u64
     }
 
     fn inode(&self, nodeid: u64) -> SysResult<Arc<Inode>> {
@@ -252,10 +341,18 @@ impl PassthroughFs {
 
     /// A new fd of the inode opened with `flags` (for an open file, a truncate, a listing).
     fn open_inode(&self, inode: &Inode, flags: i32) -> SysResult<OwnedFd> {
-        match &inode.host {
+        let open = |flags| match &inode.host {
             HostRef::Fd(fd) => sys::reopen(fd, flags),
             HostRef::Handle { handle, mount } => sys::open_by_handle(mount, handle, flags),
+        };
+        if self.noatime_opens.load(Ordering::Relaxed) {
+            // O_NOATIME is refused (EPERM) on files the daemon's user does not own.
+            match open(flags | libc::O_NOATIME) {
+                Err(libc::EPERM) => {}
+                done => return done,
+            }
         }
+        open(flags)
     }
 
     fn negotiated(&self) -> Option<Negotiated> {
@@ -287,13 +384,24 @@ impl PassthroughFs {
         }
     }
 
-    /// The attributes answer for `inode`. A set-ID file with passthrough writers that lose
-    /// the bits on the host is answered uncacheable: the kernel does not refetch the mode
-    /// after a passthrough write, and a cached mode would show bits already gone.
+    /// Whether the kernel must not cache `inode`'s attributes: they may change on the host
+    /// without a request telling us. A set-ID file with passthrough writers that lose the
+    /// bits on the host: the kernel does not refetch the mode after a passthrough write, and
+    /// a cached mode would show bits already gone. And any file open for writing through
+    /// kernel passthrough: a write through a shared mapping of it dirties the host file
+    /// directly, whose mtime and ctime move at the write fault (and msync goes to the host
+    /// file too), so only a fresh GETATTR shows them, as a native stat would.
+    fn volatile_attrs(&self, inode: &Inode, st: &libc::stat) -> bool {
+        let set_id = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0;
+        inode
+            .open_state()
+            .backing
+            .is_some_and(|b| b.writers > 0 || (set_id && !b.keeps_set_id))
+    }
+
+    /// The attributes answer for `inode` (uncacheable when [`Self::volatile_attrs`]).
     fn attr_out(&self, inode: &Inode, st: &libc::stat) -> abi::AttrOut {
-        let volatile_mode = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
-            && inode.open_state().backing.is_some_and(|b| !b.keeps_set_id);
-        let timeout = if volatile_mode {
+        let timeout = if self.volatile_attrs(inode, st) {
             Duration::ZERO
         } else {
             self.opts.attr_timeout
@@ -404,7 +512,11 @@ impl PassthroughFs {
         if inode.is_symlink() {
             inode.set_link_name(parent.clone(), name.to_owned());
         }
-        Ok(self.entry_out(inode.nodeid, &st))
+        let mut entry = self.entry_out(inode.nodeid, &st);
+        if inode.is_regular() && self.volatile_attrs(&inode, &st) {
+            (entry.attr_valid, entry.attr_valid_nsec) = (0, 0);
+        }
+        Ok(entry)
     }
 
     /// Undoes the lookup count of an entry the kernel will not learn of (a create whose open
@@ -429,6 +541,43 @@ impl Found<'_> {
         match self {
             Found::Path(fd) => fd,
             Found::Open(fd) => fd,
+        }
+    }
+}
+
+/// The fd SOURCE is reached through: the root of a private copy of its mount tree with the
+/// FUSE mount's atime flags (see [`Atime`]), or, where that cannot be made (a regular user),
+/// `opened` itself. The copy is returned a second time as the tree to change on remount.
+fn private_tree(
+    path: &CStr,
+    opened: OwnedFd,
+    atime: Atime,
+) -> (Arc<OwnedFd>, Option<Arc<OwnedFd>>) {
+    let copy = sys::clone_tree(path).and_then(|tree| {
+        sys::set_tree_atime(&tree, atime.mount_attr())?;
+        // The same directory (SOURCE did not move in between)?
+        let (a, b) = (sys::fstat(&tree)?, sys::fstat(&opened)?);
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
+            return Err(libc::ESTALE);
+        }
+        Ok(Arc::new(tree))
+    });
+    match copy {
+        Ok(tree) => (tree.clone(), Some(tree)),
+        Err(e) => {
+            if atime != Atime::default() {
+                tracing::warn!(
+                    "cannot copy the mount tree of the source ({}; it needs CAP_SYS_ADMIN): the \
+                     daemon's own reads follow the host's atime rule, not this mount's{}",
+                    io::Error::from_raw_os_error(e),
+                    if atime.rule == AtimeRule::Never {
+                        " (noatime: files the daemon's user owns are read with O_NOATIME)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            (Arc::new(opened), None)
         }
     }
 }
@@ -806,6 +955,10 @@ impl Filesystem for PassthroughFs {
         self.answer_off_queue(reply, move |fs, reply| {
             answer(reply, fs.do_syncfs(ino), |r, ()| r.ok())
         })
+    }
+
+    fn ioctl(&self, req: &Request, _ino: u64, arg: &abi::IoctlIn, data: &[u8], reply: Reply) {
+        self.do_ioctl(req, arg, data, reply)
     }
 }
 

@@ -144,6 +144,40 @@ pub fn open_source(path: &CStr) -> SysResult<OwnedFd> {
     })
 }
 
+/// A private copy of the mount tree at `path` (the exported directory and every mount
+/// below it), attached nowhere: open_tree(OPEN_TREE_CLONE | AT_RECURSIVE), as overlayfs
+/// does for its layers. Its mount flags are ours to set (`set_tree_atime`) without touching
+/// the host's mounts. Needs CAP_SYS_ADMIN. Returns an O_PATH fd of its root.
+pub fn clone_tree(path: &CStr) -> SysResult<OwnedFd> {
+    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32;
+    // SAFETY: path is NUL-terminated; open_tree returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
+    owned(fd as libc::c_int)
+}
+
+/// Sets the atime rule (`MOUNT_ATTR_RELATIME`, `_NOATIME` or `_STRICTATIME`, with
+/// `_NODIRATIME` or not) of every mount of a tree made by `clone_tree`.
+pub fn set_tree_atime(tree: &OwnedFd, atime: u64) -> SysResult<()> {
+    let attr = libc::mount_attr {
+        attr_set: atime,
+        attr_clr: libc::MOUNT_ATTR__ATIME | libc::MOUNT_ATTR_NODIRATIME,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: attr is a valid mount_attr of the size passed; the path is the empty string.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            EMPTY.as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            &attr as *const libc::mount_attr,
+            size_of::<libc::mount_attr>(),
+        ) as libc::c_int
+    })
+    .map(drop)
+}
+
 /// Reopens what an fd (O_PATH included) refers to with new flags, through /proc/self/fd.
 pub fn reopen(fd: &OwnedFd, flags: i32) -> SysResult<OwnedFd> {
     let path = proc_path(fd.as_raw_fd());
@@ -353,6 +387,17 @@ pub fn pwrite(fd: &OwnedFd, data: &[u8], offset: u64) -> SysResult<usize> {
     })
 }
 
+/// pwrite with RWF_* flags (pwritev2): RWF_DSYNC / RWF_SYNC make the write durable before
+/// it returns, as O_DSYNC / O_SYNC would.
+pub fn pwrite_flags(fd: &OwnedFd, data: &[u8], offset: u64, rwf: i32) -> SysResult<usize> {
+    let iov = libc::iovec {
+        iov_base: data.as_ptr().cast_mut().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: iov points at data.len() readable bytes; the kernel only reads them.
+    check_size(unsafe { libc::pwritev2(fd.as_raw_fd(), &iov, 1, offset as libc::off_t, rwf) })
+}
+
 pub fn fsync(fd: &OwnedFd, datasync: bool) -> SysResult<()> {
     // SAFETY: fd is open.
     check(unsafe {
@@ -532,6 +577,35 @@ pub fn removexattr(target: &XattrTarget<'_>, name: &CStr) -> SysResult<()> {
         }
     })
     .map(drop)
+}
+
+/// FS_IOC_GETFLAGS (the kernel's and chattr's int, whatever the ioctl's encoded size).
+pub fn get_flags(fd: &OwnedFd) -> SysResult<u32> {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: the ioctl writes one int to the pointer, which is valid.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), 0x8008_6601, &mut flags) })?;
+    Ok(flags as u32)
+}
+
+/// FS_IOC_SETFLAGS.
+pub fn set_flags(fd: &OwnedFd, flags: u32) -> SysResult<()> {
+    let flags = flags as libc::c_int;
+    // SAFETY: the ioctl reads one int from the pointer, which is valid.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), 0x4008_6602, &flags) }).map(drop)
+}
+
+/// FS_IOC_FSGETXATTR: the 28 bytes of struct fsxattr.
+pub fn get_fsxattr(fd: &OwnedFd) -> SysResult<[u8; 28]> {
+    let mut raw = [0u8; 28];
+    // SAFETY: the ioctl writes a 28-byte struct fsxattr to the buffer, which has room.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), 0x801c_581f, raw.as_mut_ptr()) })?;
+    Ok(raw)
+}
+
+/// FS_IOC_FSSETXATTR.
+pub fn set_fsxattr(fd: &OwnedFd, raw: &[u8; 28]) -> SysResult<()> {
+    // SAFETY: the ioctl reads a 28-byte struct fsxattr from the buffer.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), 0x401c_5820, raw.as_ptr()) }).map(drop)
 }
 
 /// FUSE_DEV_IOC_BACKING_OPEN: registers `fd` as a backing file; returns its backing id.

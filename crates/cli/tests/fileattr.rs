@@ -1,0 +1,252 @@
+//! File attributes through the ioctls the kernel forwards (issue 11 item 7, issue 17 item
+//! 9): lsattr and chattr +i/+a/+d, FS_IOC_FSGETXATTR/FSSETXATTR, on files and directories,
+//! with the caller's rights, side by side with native tmpfs. The old code answered every
+//! FUSE_IOCTL with ENOSYS, so lsattr and chattr failed with "Operation not supported".
+
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::Command;
+
+use common::sys::{self, Errno};
+use common::{Mount, Tmpfs};
+
+/// `lsattr -d PATH`'s flag column.
+fn lsattr(p: &Path) -> String {
+    let out = Command::new("lsattr").arg("-d").arg(p).output().unwrap();
+    assert!(
+        out.status.success(),
+        "lsattr {}: {}",
+        p.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn chattr(p: &Path, change: &str) -> Result<(), String> {
+    let out = Command::new("chattr").arg(change).arg(p).output().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// `sh -c` as nobody (uid 65534), for the caller's-rights checks.
+fn as_nobody(script: &str) -> bool {
+    common::sh_as(65534, 65534, script).status.success()
+}
+
+/// The fsx_xflags word of FS_IOC_FSGETXATTR.
+fn fs_xflags(p: &Path) -> u32 {
+    let fd = sys::open(p, libc::O_RDONLY | libc::O_NONBLOCK, 0).unwrap();
+    let mut raw = [0u8; 28];
+    // SAFETY: the ioctl writes a 28-byte struct fsxattr into raw.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), 0x801c_581f, raw.as_mut_ptr()) };
+    assert_eq!(
+        rc,
+        0,
+        "FS_IOC_FSGETXATTR {}: {}",
+        p.display(),
+        Errno::last()
+    );
+    u32::from_ne_bytes(raw[..4].try_into().unwrap())
+}
+
+/// FS_IOC_FSSETXATTR with fsx_xflags `xflags` (the rest as read).
+fn set_fs_xflags(p: &Path, xflags: u32) -> Result<(), Errno> {
+    let fd = sys::open(p, libc::O_RDONLY | libc::O_NONBLOCK, 0).unwrap();
+    let mut raw = [0u8; 28];
+    // SAFETY: the ioctls read and write a 28-byte struct fsxattr in raw.
+    unsafe {
+        assert_eq!(
+            libc::ioctl(fd.as_raw_fd(), 0x801c_581f, raw.as_mut_ptr()),
+            0
+        );
+        raw[..4].copy_from_slice(&xflags.to_ne_bytes());
+        if libc::ioctl(fd.as_raw_fd(), 0x401c_5820, raw.as_ptr()) != 0 {
+            return Err(Errno::last());
+        }
+    }
+    Ok(())
+}
+
+/// What each step of a chattr session did under `root` (a directory on the file system under
+/// test): lsattr's column, and whether the operations the flags forbid were refused.
+fn chattr_session(root: &Path) -> Vec<String> {
+    let mut seen = Vec::new();
+    let file = root.join("f");
+    let dir = root.join("d");
+    std::fs::write(&file, b"first\n").unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    let mut note = |what: &str, value: String| seen.push(format!("{what}: {value}"));
+    note("fresh", lsattr(&file));
+    note(
+        "+i",
+        format!("{:?}", chattr(&file, "+i").map(|_| lsattr(&file))),
+    );
+    note(
+        "append to immutable",
+        format!(
+            "{:?}",
+            sys::open(&file, libc::O_WRONLY | libc::O_APPEND, 0).map(drop)
+        ),
+    );
+    note("unlink immutable", format!("{:?}", sys::unlink(&file)));
+    note(
+        "xflags immutable",
+        format!("{:#x}", fs_xflags(&file) & 0x18),
+    );
+    note(
+        "-i +a",
+        format!("{:?}", chattr(&file, "-i").and(chattr(&file, "+a"))),
+    );
+    note(
+        "append to append-only",
+        format!(
+            "{:?}",
+            sys::open(&file, libc::O_WRONLY | libc::O_APPEND, 0).map(drop)
+        ),
+    );
+    note(
+        "overwrite append-only",
+        format!(
+            "{:?}",
+            sys::open(&file, libc::O_WRONLY | libc::O_TRUNC, 0).map(drop)
+        ),
+    );
+    note(
+        "-a via FSSETXATTR",
+        format!("{:?}", set_fs_xflags(&file, 0)),
+    );
+    note("after", lsattr(&file));
+    note(
+        "nodump",
+        format!("{:?}", chattr(&file, "+d").map(|_| lsattr(&file))),
+    );
+    note(
+        "dir +i",
+        format!("{:?}", chattr(&dir, "+i").map(|_| lsattr(&dir))),
+    );
+    note(
+        "create in immutable dir",
+        format!(
+            "{:?}",
+            sys::open(&dir.join("x"), libc::O_CREAT | libc::O_WRONLY, 0o644).map(drop)
+        ),
+    );
+    note(
+        "dir -i",
+        format!("{:?}", chattr(&dir, "-i").map(|_| lsattr(&dir))),
+    );
+    // The caller's rights: a stranger may not, the owner may (but not +i without
+    // CAP_LINUX_IMMUTABLE).
+    let shown = file.display();
+    note(
+        "stranger +d",
+        as_nobody(&format!("chattr +d {shown} 2>/dev/null")).to_string(),
+    );
+    std::fs::write(root.join("mine"), b"").unwrap();
+    common::run_ok(Command::new("chown").arg("65534").arg(root.join("mine")));
+    let mine = root.join("mine");
+    let mine = mine.display();
+    note(
+        "owner -d +d",
+        as_nobody(&format!("chattr -d {mine} && chattr +d {mine}")).to_string(),
+    );
+    note(
+        "owner +i",
+        as_nobody(&format!("chattr +i {mine} 2>/dev/null")).to_string(),
+    );
+    note("mine", lsattr(&root.join("mine")));
+    seen
+}
+
+#[test]
+fn chattr_and_lsattr_work_as_on_tmpfs() {
+    let native = Tmpfs::new("16M");
+    let expected = chattr_session(&native.path);
+    // tmpfs supports the flags (a kernel without them would make this test vacuous).
+    assert!(
+        expected.iter().any(|s| s.starts_with("+i: Ok(")),
+        "{expected:#?}"
+    );
+    let source = Tmpfs::new("16M");
+    let m = Mount::passthrough(&source.path, &[]);
+    let got = chattr_session(&m.mountpoint);
+    assert_eq!(got, expected, "lanefs vs tmpfs");
+    // The host file carries the attribute.
+    assert_eq!(
+        lsattr(&source.path.join("f")),
+        lsattr(&native.path.join("f"))
+    );
+    assert!(m.op_count("ioctl") > 0);
+    m.unmount();
+}
+
+/// The same without kernel passthrough: the ioctl then arrives on a page-cache open.
+#[test]
+fn chattr_works_without_kernel_passthrough() {
+    let source = Tmpfs::new("16M");
+    let m = Mount::passthrough(&source.path, &["--no-passthrough"]);
+    std::fs::write(m.path("f"), b"x").unwrap();
+    chattr(&m.path("f"), "+a").unwrap();
+    assert!(lsattr(&source.path.join("f")).contains('a'));
+    assert_eq!(
+        sys::open(&m.path("f"), libc::O_WRONLY | libc::O_TRUNC, 0).unwrap_err(),
+        Errno(libc::EPERM)
+    );
+    chattr(&m.path("f"), "-a").unwrap();
+    m.unmount();
+}
+
+/// What a sequence of capability changes and truncates shows under `root`: the kernel asks
+/// for security.capability before each truncate (lanefs remembers "none" for the attribute
+/// timeout), and that memory must never hide a capability set through the mount, nor keep
+/// one a truncate removed.
+fn capability_session(root: &Path) -> Vec<String> {
+    let file = root.join("prog");
+    std::fs::write(&file, b"#!/bin/sh\n").unwrap();
+    let caps = |what: &str| {
+        let size = sys::getxattr(&file, "security.capability", 0).map(|(n, _)| n);
+        format!("{what}: {size:?}")
+    };
+    let truncate = || {
+        let fd = sys::open(&file, libc::O_WRONLY, 0).unwrap();
+        sys::ftruncate(&fd, 4).unwrap();
+    };
+    let mut seen = vec![caps("fresh")];
+    truncate();
+    seen.push(caps("truncated"));
+    // cap_net_raw+ep in the VFS_CAP_REVISION_2 layout: magic|effective, then permitted and
+    // inheritable words for capabilities 0-31 and 32-63.
+    let mut value = Vec::new();
+    for word in [0x0200_0001u32, 1 << 13, 0, 0, 0] {
+        value.extend_from_slice(&word.to_ne_bytes());
+    }
+    seen.push(format!(
+        "set: {:?}",
+        sys::setxattr(&file, "security.capability", &value, 0)
+    ));
+    seen.push(caps("after set"));
+    truncate();
+    seen.push(caps("truncated again"));
+    seen
+}
+
+#[test]
+fn capability_answers_stay_true_as_on_tmpfs() {
+    let native = Tmpfs::new("16M");
+    let expected = capability_session(&native.path);
+    assert_eq!(expected[3], "after set: Ok(20)", "{expected:?}");
+    let source = Tmpfs::new("16M");
+    let m = Mount::passthrough(&source.path, &["--attr-timeout", "60"]);
+    let got = capability_session(&m.mountpoint);
+    assert_eq!(got, expected, "lanefs vs tmpfs");
+    m.unmount();
+}

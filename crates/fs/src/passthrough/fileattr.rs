@@ -1,0 +1,157 @@
+//! File attributes, the flags `lsattr` shows and `chattr` sets (immutable, append-only,
+//! nodump, noatime, ...): the kernel forwards FS_IOC_GETFLAGS/SETFLAGS and
+//! FS_IOC_FSGETXATTR/FSSETXATTR as FUSE_IOCTL on a file it opens read-only for the purpose
+//! (fs/fuse/ioctl.c, `fuse_fileattr_get/set`), and we apply them to the host file.
+//!
+//! Rights: the kernel checks them for the caller before it asks (owner or CAP_FOWNER to set,
+//! CAP_LINUX_IMMUTABLE to change immutable or append-only: `vfs_fileattr_set`), but the host
+//! judges the daemon, which is root, so the same rules are checked here again for the
+//! caller: a request that reaches us some other way must not get root's rights.
+
+use lanefs_fuse::abi::{self, ioctl_flags};
+use lanefs_fuse::{Reply, Request};
+
+use super::PassthroughFs;
+use super::sys::{self, SysResult};
+
+/// _IOR('f', 1, long) and _IOW('f', 2, long); the kernel passes an int either way.
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// The same from a 32-bit caller (_IOR('f', 1, int)).
+const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
+const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
+/// _IOR('X', 31, struct fsxattr) and _IOW('X', 32, struct fsxattr).
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+
+/// struct fsxattr: fsx_xflags, fsx_extsize, fsx_nextents, fsx_projid, fsx_cowextsize, pad.
+const FSXATTR_BYTES: usize = 28;
+
+/// FS_IMMUTABLE_FL | FS_APPEND_FL, and their FS_XFLAG_* twins.
+const GUARD_FLAGS: u32 = 0x10 | 0x20;
+const GUARD_XFLAGS: u32 = 0x8 | 0x10;
+
+const CAP_FOWNER: u32 = 3;
+const CAP_LINUX_IMMUTABLE: u32 = 9;
+
+impl PassthroughFs {
+    pub(super) fn do_ioctl(&self, req: &Request, arg: &abi::IoctlIn, data: &[u8], reply: Reply) {
+        let fd = if arg.flags & ioctl_flags::DIR != 0 {
+            // A directory's listing fd lives inside its stream: open our own.
+            self.dirs
+                .get(arg.fh)
+                .ok_or(libc::EBADF)
+                .and_then(|dir| {
+                    self.open_inode(
+                        &dir.inode,
+                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK,
+                    )
+                })
+                .map(Held::Own)
+        } else {
+            self.files.get(arg.fh).ok_or(libc::EBADF).map(Held::Open)
+        };
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let fd = fd.fd();
+        let out_max = arg.out_size as usize;
+        match arg.cmd {
+            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => match sys::get_flags(fd) {
+                Ok(flags) => {
+                    let bytes = flags.to_ne_bytes();
+                    reply.ioctl(0, &bytes[..bytes.len().min(out_max)])
+                }
+                Err(e) => reply.error(e),
+            },
+            FS_IOC_FSGETXATTR => match sys::get_fsxattr(fd) {
+                Ok(raw) => reply.ioctl(0, &raw[..FSXATTR_BYTES.min(out_max)]),
+                Err(e) => reply.error(e),
+            },
+            FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
+                let Some(new) = data.first_chunk::<4>().map(|b| u32::from_ne_bytes(*b)) else {
+                    return reply.error(libc::EINVAL);
+                };
+                let result = sys::get_flags(fd)
+                    .and_then(|old| self.may_set_attributes(req, fd, (old ^ new) & GUARD_FLAGS))
+                    .and_then(|()| sys::set_flags(fd, new));
+                match result {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(e),
+                }
+            }
+            FS_IOC_FSSETXATTR => {
+                let Some(new) = data.first_chunk::<FSXATTR_BYTES>() else {
+                    return reply.error(libc::EINVAL);
+                };
+                let xflags = |raw: &[u8; FSXATTR_BYTES]| {
+                    u32::from_ne_bytes(*raw.first_chunk::<4>().expect("28 bytes"))
+                };
+                let result = sys::get_fsxattr(fd)
+                    .and_then(|old| {
+                        let changed = (xflags(&old) ^ xflags(new)) & GUARD_XFLAGS;
+                        self.may_set_attributes(req, fd, changed)
+                    })
+                    .and_then(|()| sys::set_fsxattr(fd, new));
+                match result {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(e),
+                }
+            }
+            _ => reply.error(libc::ENOTTY),
+        }
+    }
+
+    /// The kernel's rules for changing file attributes, for the caller: the file's owner or
+    /// CAP_FOWNER; changing immutable or append-only (`guard_change` non-zero) also needs
+    /// CAP_LINUX_IMMUTABLE.
+    fn may_set_attributes(
+        &self,
+        req: &Request,
+        fd: &std::os::fd::OwnedFd,
+        guard_change: u32,
+    ) -> SysResult<()> {
+        let owner = sys::fstat(fd)?.st_uid;
+        if req.uid != owner && !caller_has_cap(req, CAP_FOWNER) {
+            return Err(libc::EPERM);
+        }
+        if guard_change != 0 && !caller_has_cap(req, CAP_LINUX_IMMUTABLE) {
+            return Err(libc::EPERM);
+        }
+        Ok(())
+    }
+}
+
+/// The fd an ioctl acts on: the open file's, or one opened for a directory.
+enum Held {
+    Open(std::sync::Arc<super::handle::OpenFile>),
+    Own(std::os::fd::OwnedFd),
+}
+
+impl Held {
+    fn fd(&self) -> &std::os::fd::OwnedFd {
+        match self {
+            Held::Open(file) => &file.fd,
+            Held::Own(fd) => fd,
+        }
+    }
+}
+
+/// Whether the calling process has capability `cap` in its effective set (from
+/// /proc/PID/status). When its pid is not visible to us (0: another pid namespace, or it is
+/// gone), only uid 0 counts as privileged.
+fn caller_has_cap(req: &Request, cap: u32) -> bool {
+    let status = (req.pid != 0)
+        .then(|| std::fs::read_to_string(format!("/proc/{}/status", req.pid)).ok())
+        .flatten();
+    let effective = status.as_deref().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+    });
+    match effective {
+        Some(caps) => caps & (1 << cap) != 0,
+        None => req.uid == 0,
+    }
+}
