@@ -269,9 +269,7 @@ fn mount_fails_on(mountpoint: &std::path::Path) -> String {
 #[test]
 fn a_dead_mount_is_explained_and_can_be_cleared() {
     let m = Mount::null(&[]);
-    // SAFETY: killing the daemon we started, to leave a dead mount behind.
-    unsafe { libc::kill(m.pid as i32, libc::SIGKILL) };
-    assert!(wait_until(Duration::from_secs(5), || !process_alive(m.pid)));
+    common::kill_daemon_leaving_a_dead_mount(m.pid, &m.mountpoint);
     let err = mount_fails_on(&m.mountpoint);
     assert!(err.contains("dead FUSE mount"), "{err}");
     let status = Command::new(common::lanefs())

@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{Mount, TempDir, is_mounted, process_alive, wait_until};
+use common::{Mount, TempDir, is_mounted};
 
 fn lanefs(args: &[&str]) -> Output {
     Command::new(common::lanefs()).args(args).output().unwrap()
@@ -93,9 +93,7 @@ fn a_forgotten_colon_gets_a_hint() {
 #[test]
 fn umount_of_a_dead_mount_returns_at_once() {
     let m = Mount::null(&[]);
-    // SAFETY: killing the daemon we started, to leave a dead mount behind.
-    unsafe { libc::kill(m.pid as i32, libc::SIGKILL) };
-    assert!(wait_until(Duration::from_secs(5), || !process_alive(m.pid)));
+    common::kill_daemon_leaving_a_dead_mount(m.pid, &m.mountpoint);
     let start = Instant::now();
     let out = lanefs(&["umount", m.mountpoint.to_str().unwrap()]);
     let took = start.elapsed();

@@ -74,6 +74,24 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// Kills a daemon with SIGKILL and waits until its mount is dead (stat fails with ENOTCONN):
+/// the process exits at once, but the kernel ends the connection only once the last
+/// reference to its /dev/fuse file is gone, which io_uring's teardown of the rings releases
+/// a moment later, in a work queue of its own.
+pub fn kill_daemon_leaving_a_dead_mount(pid: u32, mountpoint: &Path) {
+    // SAFETY: sending a signal has no memory effects.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert!(wait_until(Duration::from_secs(5), || !process_alive(pid)));
+    let dead = wait_until(Duration::from_secs(10), || {
+        std::fs::metadata(mountpoint).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+    });
+    assert!(
+        dead,
+        "{} still answers after its daemon was killed",
+        mountpoint.display()
+    );
+}
+
 fn lazy_unmount(path: &Path) {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
