@@ -14,11 +14,11 @@ use super::handle::OpenFile;
 use super::inode::{Backing, Inode};
 use super::sys::{self, SysResult};
 
-/// The flags of our host open for a client's open: the kernel's own (O_CREAT, O_EXCL,
-/// O_NOCTTY) and O_DIRECT dropped (our buffers are not aligned for it, and the kernel's
-/// cache is already bypassed), symlinks never followed.
+/// The flags of our host open for a client's open: the kernel's own (O_CREAT, O_EXCL) and
+/// O_DIRECT dropped (our buffers are not aligned for it, and the kernel's cache is already
+/// bypassed), symlinks never followed (O_NOCTTY is added to every open by `sys`).
 pub(super) fn host_open_flags(flags: i32) -> i32 {
-    (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_NOFOLLOW
+    (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_DIRECT)) | libc::O_NOFOLLOW
 }
 
 impl PassthroughFs {
@@ -340,7 +340,7 @@ impl PassthroughFs {
 
     pub(super) fn do_syncfs(&self, ino: u64) -> SysResult<()> {
         let inode = self.inode(ino)?;
-        let fd = self.open_inode(&inode, libc::O_RDONLY | libc::O_NOFOLLOW)?;
+        let fd = self.open_inode(&inode, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK)?;
         sys::syncfs(&fd)
     }
 }

@@ -362,11 +362,23 @@ impl PassthroughFs {
         let kind = st.st_mode & libc::S_IFMT;
         let mut mount_id = -1;
         let mut seed = None;
-        let handle = if keep_fd {
+        let mut handle = if keep_fd {
             None
         } else {
             self.handle_for(found.fd(), &mut mount_id)?
         };
+        // Reopening by handle on another mount needs an open fd of that mount, which only a
+        // directory or a regular file can lend without side effects: a device, FIFO or
+        // socket bound there is never opened (a tty would become our controlling terminal, a
+        // FIFO could block) and keeps its O_PATH fd instead.
+        if handle.is_some()
+            && mount_id != parent.mount_id
+            && kind != libc::S_IFDIR
+            && kind != libc::S_IFREG
+        {
+            handle = None;
+            mount_id = -1;
+        }
         let host = match handle {
             Some(handle) => {
                 let mount = if mount_id == parent.mount_id {
@@ -509,6 +521,11 @@ impl Filesystem for PassthroughFs {
             | init_flags::SETXATTR_EXT;
         if self.opts.killpriv_v2 {
             want |= init_flags::HANDLE_KILLPRIV_V2;
+        }
+        // Creates carry the caller's supplementary group in the parent's group (see
+        // `creds`); only worth asking for when we act as callers at all.
+        if self.creds.can_switch {
+            want |= init_flags::CREATE_SUPP_GROUP;
         }
         if self.opts.passthrough && self.creds.can_switch {
             want |= init_flags::PASSTHROUGH;

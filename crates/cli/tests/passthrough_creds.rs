@@ -1,0 +1,425 @@
+//! Acting for callers other than root: a create that meets a name made on the host meanwhile,
+//! supplementary groups, set-ID bits on truncate, write and chown, POSIX locks, and objects
+//! on other mounts the daemon must not open. Each scenario runs natively and on the mount, as
+//! real unprivileged processes (forked children that drop to `nobody`), and the outcomes must
+//! match.
+
+mod common;
+
+use std::ffi::CString;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::sys;
+use common::{Mount, TempDir, deadline, run_ok};
+
+const NOBODY: u32 = 65534;
+/// A group no account is in, given to `nobody` as a supplementary group where a test says so.
+const GROUP: u32 = 4242;
+/// Long enough that a negative entry made at the start of a scenario is still cached at its
+/// end.
+const ENTRY_TIMEOUT: &str = "60";
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn errno_name(e: i32) -> String {
+    if e == 0 {
+        "ok".into()
+    } else {
+        sys::Errno(e).name()
+    }
+}
+
+fn c(p: &Path) -> CString {
+    sys::cstr(p)
+}
+
+/// Runs `f` in a forked child with real, effective and saved ids `uid`/`gid`, exactly the
+/// supplementary `groups`, and umask 0; returns what `f` returned (0 or an errno). `f` may
+/// only make syscalls on memory prepared before the fork.
+fn as_user(uid: u32, gid: u32, groups: &[u32], f: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child only makes syscalls on memory prepared before the fork, then exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", errno());
+    if pid == 0 {
+        // SAFETY: as above; the child never returns into the test harness.
+        unsafe {
+            let dropped = libc::setgroups(groups.len(), groups.as_ptr()) == 0
+                && libc::setresgid(gid, gid, gid) == 0
+                && libc::setresuid(uid, uid, uid) == 0;
+            if !dropped {
+                libc::_exit(255);
+            }
+            libc::umask(0);
+            libc::_exit(f());
+        }
+    }
+    let status = wait_or_kill(pid, CHILD_LIMIT)
+        .unwrap_or_else(|| panic!("a call as {uid}:{gid} hung for {CHILD_LIMIT:?}"));
+    assert!(libc::WIFEXITED(status), "child died: {status:#x}");
+    let code = libc::WEXITSTATUS(status);
+    assert_ne!(code, 255, "the child could not become {uid}:{gid}");
+    code
+}
+
+/// How long a child's calls may take before the test calls them hung.
+const CHILD_LIMIT: Duration = Duration::from_secs(10);
+
+/// Reaps `pid` within `limit`: its wait status, or None after killing it (it may stay
+/// blocked in a request the daemon never answers until the mount guard aborts the
+/// connection, so it is not waited for).
+fn wait_or_kill(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let start = std::time::Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: polling our own child.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            return Some(status);
+        }
+        if start.elapsed() > limit {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// open(2) with `flags` and `mode`, closing what it opened: 0 or the errno.
+fn try_open(path: &CString, flags: i32, mode: u32) -> i32 {
+    // SAFETY: path is NUL-terminated.
+    let fd = unsafe { libc::open(path.as_ptr(), flags, mode) };
+    if fd < 0 {
+        return errno();
+    }
+    // SAFETY: closing the fd just opened.
+    unsafe { libc::close(fd) };
+    0
+}
+
+fn mode_of(p: &Path) -> String {
+    match sys::lstat(p) {
+        Ok(st) => format!("{:o} {}:{}", st.st_mode, st.st_uid, st.st_gid),
+        Err(e) => e.name(),
+    }
+}
+
+/// A passthrough mount of `source` whose negative entries last the whole scenario.
+fn mount(source: &Path, extra: &[&str]) -> Mount {
+    let mut args = vec!["--entry-timeout", ENTRY_TIMEOUT];
+    args.extend_from_slice(extra);
+    Mount::passthrough(source, &args)
+}
+
+/// `view` is where the callers look (natively the directory itself, else the mount), `host`
+/// where root changes things behind the client's back. `nobody` learns the names are absent
+/// (cached negative entries), root then makes objects under those names on the host, and
+/// `nobody` opens each with O_CREAT.
+fn create_over_host_objects(view: &Path, host: &Path) -> String {
+    let (vpub, hpub) = (view.join("pub"), host.join("pub"));
+    let names = ["secret", "dir", "link", "fifo", "excl"];
+    let views: Vec<CString> = names.iter().map(|n| c(&vpub.join(n))).collect();
+    let probes = views.clone();
+    let absent = as_user(NOBODY, NOBODY, &[], move || {
+        for p in &probes {
+            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            // SAFETY: p is NUL-terminated; st is a valid out pointer.
+            if unsafe { libc::stat(p.as_ptr(), st.as_mut_ptr()) } == 0 || errno() != libc::ENOENT {
+                return 1;
+            }
+        }
+        0
+    });
+    assert_eq!(absent, 0, "the names exist before the host makes them");
+    std::fs::write(hpub.join("secret"), b"root's secret\n").unwrap();
+    sys::chmod(&hpub.join("secret"), 0o600).unwrap();
+    std::fs::write(hpub.join("excl"), b"x").unwrap();
+    sys::mkdir(&hpub.join("dir"), 0o755).unwrap();
+    sys::symlink("target", &hpub.join("link")).unwrap();
+    sys::mknod(&hpub.join("fifo"), libc::S_IFIFO | 0o666, 0).unwrap();
+    sys::chmod(&hpub.join("fifo"), 0o666).unwrap();
+    let attempts: [(&str, i32); 5] = [
+        ("secret", libc::O_CREAT | libc::O_RDWR),
+        ("dir", libc::O_CREAT | libc::O_RDWR),
+        ("link", libc::O_CREAT | libc::O_WRONLY),
+        ("fifo", libc::O_CREAT | libc::O_WRONLY | libc::O_NONBLOCK),
+        ("excl", libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY),
+    ];
+    let mut out = String::new();
+    for (i, (name, flags)) in attempts.into_iter().enumerate() {
+        let path = views[i].clone();
+        let got = as_user(NOBODY, NOBODY, &[], move || try_open(&path, flags, 0o666));
+        out += &format!("open(O_CREAT) {name}: {}\n", errno_name(got));
+    }
+    out += &format!(
+        "secret holds {:?}, mode {}\n",
+        std::fs::read_to_string(hpub.join("secret")).unwrap_or_default(),
+        mode_of(&hpub.join("secret"))
+    );
+    out += &format!("symlink target: {}\n", mode_of(&hpub.join("target")));
+    out
+}
+
+fn pub_dir(root: &Path) {
+    sys::mkdir(&root.join("pub"), 0o777).unwrap();
+    sys::chmod(&root.join("pub"), 0o1777).unwrap();
+}
+
+/// A create that meets a name the host made after the client cached it as absent is an open
+/// of an existing object, with every check the caller gets natively: a root-only file stays
+/// closed to `nobody` (today's main opened it read-write with the daemon's rights), a
+/// symlink is followed, a directory is EISDIR, a FIFO without a reader ENXIO.
+#[test]
+fn a_create_that_meets_a_host_object_is_checked_as_natively() {
+    let native = TempDir::new("creat-native");
+    sys::chmod(native.path(), 0o755).unwrap();
+    pub_dir(native.path());
+    let expected = create_over_host_objects(native.path(), native.path());
+    for line in [
+        "open(O_CREAT) secret: EACCES",
+        "open(O_CREAT) dir: EISDIR",
+        "open(O_CREAT) link: ok",
+        "open(O_CREAT) fifo: ENXIO",
+        "open(O_CREAT) excl: EEXIST",
+        "secret holds \"root's secret\\n\", mode 100600 0:0",
+        "symlink target: 100666 65534:65534",
+    ] {
+        assert!(
+            expected.contains(line),
+            "native lacks {line:?}:\n{expected}"
+        );
+    }
+    for extra in [&[][..], &["--no-passthrough"][..]] {
+        let source = TempDir::new("creat-src");
+        sys::chmod(source.path(), 0o755).unwrap();
+        pub_dir(source.path());
+        let m = mount(source.path(), extra);
+        let got = create_over_host_objects(&m.mountpoint, source.path());
+        assert_eq!(got, expected, "{extra:?}: the mount differs from native");
+        m.unmount();
+    }
+}
+
+/// The same with a FIFO and no O_NONBLOCK: natively the opener waits for a reader, and only
+/// the opener. On main the daemon's own open waited, so with one queue nothing else was
+/// answered again. Caller and prober share one CPU, so over io_uring they share a ring.
+#[test]
+fn a_create_that_meets_a_host_fifo_blocks_only_its_caller() {
+    let source = TempDir::new("creat-fifo-src");
+    sys::chmod(source.path(), 0o755).unwrap();
+    pub_dir(source.path());
+    let m = mount(source.path(), &["--queues", "1"]);
+    let fifo = m.path("pub/fifo");
+    assert_eq!(sys::stat(&fifo).map(drop), Err(sys::Errno(libc::ENOENT)));
+    sys::mknod(&source.path().join("pub/fifo"), libc::S_IFIFO | 0o666, 0).unwrap();
+    let path = c(&fifo);
+    // SAFETY: the child pins itself and opens a prepared path, then exits.
+    let opener = unsafe { libc::fork() };
+    assert!(opener >= 0);
+    if opener == 0 {
+        // SAFETY: as above.
+        unsafe {
+            let mut cpus: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut cpus);
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &cpus);
+            let fd = libc::open(path.as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o644);
+            libc::_exit(if fd >= 0 { 0 } else { 1 });
+        }
+    }
+    let opener_guard = KillOnDrop(opener);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut status = 0;
+    // SAFETY: polling our own child.
+    let done = unsafe { libc::waitpid(opener, &mut status, libc::WNOHANG) };
+    assert_eq!(
+        done, 0,
+        "the opener of a FIFO without a reader did not wait"
+    );
+    let probe_dir = m.path("pub");
+    // A listing always asks the daemon (nothing cached answers it).
+    let listed = deadline(
+        Duration::from_secs(5),
+        "a listing on the FIFO opener's CPU",
+        move || {
+            Command::new("taskset")
+                .args(["-c", "0", "ls", "-a"])
+                .arg(&probe_dir)
+                .output()
+                .unwrap()
+        },
+    );
+    assert!(listed.status.success(), "{listed:?}");
+    drop(opener_guard);
+    m.unmount();
+}
+
+/// Kills a child on drop, and reaps it if it dies promptly.
+struct KillOnDrop(libc::pid_t);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child (harmless if already reaped).
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+        wait_or_kill(self.0, Duration::from_secs(2));
+    }
+}
+
+/// What `nobody` gets creating in a set-group-ID directory of group GROUP, with and
+/// without GROUP as a supplementary group, and in a directory only GROUP may write.
+fn creates_with_groups(view: &Path, host: &Path) -> String {
+    let sg = host.join("sg");
+    sys::mkdir(&sg, 0o777).unwrap();
+    sys::chown(&sg, 0, GROUP).unwrap();
+    sys::chmod(&sg, 0o2777).unwrap();
+    let grp = host.join("grp");
+    sys::mkdir(&grp, 0o770).unwrap();
+    sys::chown(&grp, 0, GROUP).unwrap();
+    sys::chmod(&grp, 0o770).unwrap();
+    let mut out = String::new();
+    let cases: [(&str, &[u32], &str); 5] = [
+        ("member file", &[GROUP], "sg/member"),
+        ("outsider file", &[], "sg/outsider"),
+        ("member dir", &[GROUP], "sg/memberdir"),
+        ("member fifo", &[GROUP], "sg/memberfifo"),
+        ("member in group-only dir", &[GROUP], "grp/f"),
+    ];
+    for (what, groups, rel) in cases {
+        let path = c(&view.join(rel));
+        let kind = what.rsplit(' ').next().unwrap_or_default();
+        let got = as_user(NOBODY, NOBODY, groups, move || match kind {
+            // SAFETY: path is NUL-terminated.
+            "dir" => unsafe {
+                if libc::mkdir(path.as_ptr(), 0o2775) == 0 {
+                    0
+                } else {
+                    errno()
+                }
+            },
+            // SAFETY: path is NUL-terminated.
+            "fifo" => unsafe {
+                if libc::mknod(path.as_ptr(), libc::S_IFIFO | 0o2775, 0) == 0 {
+                    0
+                } else {
+                    errno()
+                }
+            },
+            _ => try_open(&path, libc::O_CREAT | libc::O_WRONLY, 0o2775),
+        });
+        out += &format!("{what}: {} {}\n", errno_name(got), mode_of(&host.join(rel)));
+    }
+    out
+}
+
+/// A caller in a set-group-ID directory's group only as a supplementary group keeps the
+/// set-group-ID bit it asks for (main gave 100775 where the host gives 102775), and may
+/// create where only that group may write; an outsider loses the bit.
+#[test]
+fn creates_act_with_the_callers_supplementary_group() {
+    let native = TempDir::new("supp-native");
+    sys::chmod(native.path(), 0o755).unwrap();
+    let expected = creates_with_groups(native.path(), native.path());
+    for line in [
+        "member file: ok 102775 65534:4242",
+        "outsider file: ok 100775 65534:4242",
+        "member in group-only dir: ok",
+    ] {
+        assert!(
+            expected.contains(line),
+            "native lacks {line:?}:\n{expected}"
+        );
+    }
+    eprintln!("native:\n{expected}");
+    let source = TempDir::new("supp-src");
+    sys::chmod(source.path(), 0o755).unwrap();
+    let m = mount(source.path(), &[]);
+    let got = creates_with_groups(&m.mountpoint, source.path());
+    m.unmount();
+    assert_eq!(got, expected, "the mount differs from native");
+}
+
+/// A FIFO and a terminal bind-mounted into the source (each the root of another mount, so
+/// the daemon needs an fd of that mount to reopen inodes by handle) are never opened. Main
+/// opened them (as root, without O_NOCTTY): it held the FIFO open for reading, so a writer on
+/// the host no longer got ENXIO, and the terminal's lookup failed with the open's EIO (a
+/// terminal that opened would have become the controlling terminal of the daemon, a session
+/// leader).
+#[test]
+fn objects_bound_into_the_source_are_never_opened() {
+    // SAFETY: posix_openpt and friends on our own pty master.
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    assert!(master >= 0, "posix_openpt: {}", errno());
+    // SAFETY: the fd was just returned to us.
+    let _master = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(master) };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::grantpt(master) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::unlockpt(master) }, 0);
+    let mut name = [0 as libc::c_char; 64];
+    // SAFETY: name has name.len() bytes.
+    assert_eq!(
+        unsafe { libc::ptsname_r(master, name.as_mut_ptr(), name.len()) },
+        0
+    );
+    // SAFETY: ptsname_r wrote a NUL-terminated string.
+    let pts = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let rdev = sys::stat(Path::new(&pts)).unwrap().st_rdev;
+    // The terminal as a device node, and a FIFO, on a file system with file handles.
+    let nodes = TempDir::new("bound-nodes");
+    let tty = nodes.path().join("tty");
+    sys::mknod(&tty, libc::S_IFCHR | 0o600, rdev).unwrap();
+    let fifo = nodes.path().join("fifo");
+    sys::mknod(&fifo, libc::S_IFIFO | 0o600, 0).unwrap();
+    let source = TempDir::new("bound-src");
+    let mut bound = Vec::new();
+    for (node, at) in [(&tty, "tty"), (&fifo, "fifo")] {
+        std::fs::write(source.path().join(at), b"").unwrap();
+        run_ok(
+            Command::new("mount")
+                .arg("--bind")
+                .arg(node)
+                .arg(source.path().join(at)),
+        );
+        bound.push(BindGuard(source.path().join(at)));
+    }
+    let m = mount(source.path(), &[]);
+    let kinds: Vec<_> = ["tty", "fifo"]
+        .iter()
+        .map(|n| sys::lstat(&m.path(n)).map(|st| st.st_mode & libc::S_IFMT))
+        .collect();
+    let writer = sys::open(&fifo, libc::O_WRONLY | libc::O_NONBLOCK, 0).map(drop);
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", m.pid)).unwrap();
+    let tty_nr: u64 = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(4))
+        .and_then(|f| f.parse().ok())
+        .unwrap();
+    m.unmount();
+    assert_eq!(
+        writer,
+        Err(sys::Errno(libc::ENXIO)),
+        "a host writer found a reader: the daemon holds the FIFO open"
+    );
+    assert_eq!(
+        kinds,
+        [Ok(libc::S_IFCHR), Ok(libc::S_IFIFO)],
+        "the bound objects are not seen as natively"
+    );
+    assert_eq!(
+        tty_nr, 0,
+        "the daemon took {pts} as its controlling terminal"
+    );
+}
+
+/// Lazily unmounts a bind mount on drop.
+struct BindGuard(std::path::PathBuf);
+
+impl Drop for BindGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+    }
+}
