@@ -423,3 +423,97 @@ impl Drop for BindGuard {
         let _ = Command::new("umount").arg("-l").arg(&self.0).output();
     }
 }
+
+/// What `nobody` does to set-ID files it may write, and the mode each file ends with (on
+/// the host, and as the caller's view shows it): truncate, write, O_TRUNC and chgrp, as a
+/// member of the file's group (primary or supplementary) and as an outsider.
+fn set_id_changes(view: &Path, host: &Path) -> String {
+    // (name, owner gid, mode, operation, the caller's supplementary groups)
+    let cases: [(&str, u32, u32, &str, &[u32]); 10] = [
+        ("member-truncate", NOBODY, 0o2664, "truncate", &[]),
+        ("member-write", NOBODY, 0o2664, "write", &[]),
+        ("member-otrunc", NOBODY, 0o2664, "otrunc", &[]),
+        ("supp-member-write", GROUP, 0o2666, "write", &[GROUP]),
+        ("outsider-write", 0, 0o2666, "write", &[]),
+        ("outsider-truncate", 0, 0o2666, "truncate", &[]),
+        ("group-exec-truncate", NOBODY, 0o2674, "truncate", &[]),
+        ("setuid-truncate", NOBODY, 0o6664, "truncate", &[]),
+        ("member-chgrp", NOBODY, 0o2664, "chgrp", &[GROUP]),
+        ("outsider-chgrp", 0, 0o2664, "chgrp", &[]),
+    ];
+    let mut out = String::new();
+    for (name, gid, mode, op, groups) in cases {
+        let file = host.join(name);
+        std::fs::write(&file, b"set-id data\n").unwrap();
+        sys::chown(&file, NOBODY, gid).unwrap();
+        sys::chmod(&file, mode).unwrap();
+        let path = c(&view.join(name));
+        // The new group of a chgrp: one the caller is in, other than the file's.
+        let new_gid = if gid == NOBODY { GROUP } else { NOBODY };
+        let got = as_user(NOBODY, NOBODY, groups, move || {
+            // SAFETY: path is NUL-terminated; the buffer is static.
+            let ret = unsafe {
+                match op {
+                    "truncate" => libc::truncate(path.as_ptr(), 1),
+                    "chgrp" => libc::chown(path.as_ptr(), u32::MAX, new_gid),
+                    _ => {
+                        let flags = if op == "otrunc" {
+                            libc::O_WRONLY | libc::O_TRUNC
+                        } else {
+                            libc::O_WRONLY | libc::O_APPEND
+                        };
+                        let fd = libc::open(path.as_ptr(), flags);
+                        if fd < 0 {
+                            return errno();
+                        }
+                        let n = libc::write(fd, b"more\n".as_ptr().cast(), 5);
+                        libc::close(fd);
+                        if n == 5 { 0 } else { -1 }
+                    }
+                }
+            };
+            if ret == 0 { 0 } else { errno() }
+        });
+        out += &format!(
+            "{name}: {} host {} seen {}\n",
+            errno_name(got),
+            mode_of(&file),
+            mode_of(&view.join(name))
+        );
+    }
+    out
+}
+
+/// The set-ID bits an unprivileged caller's truncate, write, O_TRUNC and chgrp leave are the
+/// kernel's (setattr_should_drop_suidgid): main cleared the set-group-ID bit of a file
+/// without group execute for the file's own group members, whom the host, judging the
+/// daemon's groups, took for outsiders, and kept it on an outsider's chgrp.
+#[test]
+fn set_id_bits_on_truncate_write_and_chown_follow_the_kernel() {
+    let native = TempDir::new("setid-native");
+    sys::chmod(native.path(), 0o777).unwrap();
+    let expected = set_id_changes(native.path(), native.path());
+    for line in [
+        "member-truncate: ok host 102664 65534:65534",
+        "member-write: ok host 102664 65534:65534",
+        "supp-member-write: ok host 102666 65534:4242",
+        "outsider-write: ok host 100666 65534:0",
+        "group-exec-truncate: ok host 100674",
+        "setuid-truncate: ok host 102664",
+        "member-chgrp: ok host 102664 65534:4242",
+        "outsider-chgrp: ok host 100664 65534:65534",
+    ] {
+        assert!(
+            expected.contains(line),
+            "native lacks {line:?}:\n{expected}"
+        );
+    }
+    for extra in [&[][..], &["--no-passthrough"][..]] {
+        let source = TempDir::new("setid-src");
+        sys::chmod(source.path(), 0o777).unwrap();
+        let m = mount(source.path(), extra);
+        let got = set_id_changes(&m.mountpoint, source.path());
+        m.unmount();
+        assert_eq!(got, expected, "{extra:?}: the mount differs from native");
+    }
+}

@@ -79,7 +79,23 @@ impl PassthroughFs {
             } else {
                 u32::MAX
             };
+            // The kernel leaves stripping set-ID bits on chown to us (KILLPRIV_V2); the host
+            // strips set-user-ID, and set-group-ID with group execute, for anyone, but keeps
+            // a set-group-ID bit without group execute for us (CAP_FSETID) where the kernel
+            // keeps it only for a caller in the file's old group (setattr_should_drop_sgid;
+            // a root caller stands for one with CAP_FSETID).
+            let before = sys::fstat(&path)?;
             sys::chown(&path, uid, gid)?;
+            let mode = before.st_mode;
+            if self.killpriv_v2()
+                && req.uid != 0
+                && mode & libc::S_IFMT != libc::S_IFDIR
+                && mode & libc::S_ISGID != 0
+                && mode & libc::S_IXGRP == 0
+                && !super::creds::caller_in_group(req.pid, req.gid, before.st_gid)
+            {
+                sys::chmod(&path, true, mode & 0o7777 & !libc::S_ISGID)?;
+            }
         }
         if valid & fattr::SIZE != 0 {
             let kill = self.killpriv_v2() && valid & fattr::KILL_SUIDGID != 0;
