@@ -7,6 +7,7 @@
 mod common;
 
 use std::ffi::CString;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -256,14 +257,17 @@ fn a_create_that_meets_a_host_fifo_blocks_only_its_caller() {
     m.unmount();
 }
 
-/// Kills a child on drop, and reaps it if it dies promptly.
+/// Kills a child on drop (reaped if already dead; a child still blocked in a request the
+/// daemon never answers is left for the mount guard to free).
 struct KillOnDrop(libc::pid_t);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child (harmless if already reaped).
-        unsafe { libc::kill(self.0, libc::SIGKILL) };
-        wait_or_kill(self.0, Duration::from_secs(2));
+        // SAFETY: signalling and reaping our own child (harmless if already reaped).
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), libc::WNOHANG);
+        }
     }
 }
 
@@ -516,4 +520,181 @@ fn set_id_bits_on_truncate_write_and_chown_follow_the_kernel() {
         m.unmount();
         assert_eq!(got, expected, "{extra:?}: the mount differs from native");
     }
+}
+
+/// A lock in a forked child: `cmd` (F_SETLK or F_SETLKW) of `kind` on [start, start+len) of
+/// a fresh open of `path` with `flags`; the child exits 0 once it has the lock, or with the
+/// errno.
+fn locker(path: &Path, flags: i32, cmd: i32, kind: i32, start: i64, len: i64) -> libc::pid_t {
+    let path = c(path);
+    // SAFETY: the child only opens a prepared path, locks and exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), flags);
+            if fd < 0 {
+                libc::_exit(errno());
+            }
+            let mut fl: libc::flock = std::mem::zeroed();
+            fl.l_type = kind as i16;
+            fl.l_whence = libc::SEEK_SET as i16;
+            fl.l_start = start;
+            fl.l_len = len;
+            libc::_exit(if libc::fcntl(fd, cmd, &fl) == 0 {
+                0
+            } else {
+                errno()
+            });
+        }
+    }
+    pid
+}
+
+fn exit_code(status: Option<i32>) -> Option<i32> {
+    status.map(|s| {
+        if libc::WIFEXITED(s) {
+            libc::WEXITSTATUS(s)
+        } else {
+            -1
+        }
+    })
+}
+
+/// A read lock taken through a read-only open leaves the file open read-only on the host:
+/// main reopened it read-write as root, so executing the locked binary on the host failed
+/// with ETXTBSY. An owner that locks through a read-only and a write-only open keeps both
+/// ranges, as natively.
+#[test]
+fn posix_locks_use_the_opens_own_access_mode() {
+    let source = TempDir::new("lockmode-src");
+    let bin = source.path().join("true");
+    std::fs::copy("/bin/true", &bin).unwrap();
+    sys::chmod(&bin, 0o755).unwrap();
+    let m = mount(source.path(), &[]);
+    let reader = sys::open(&m.path("true"), libc::O_RDONLY, 0).unwrap();
+    sys::setlk(reader.as_raw_fd(), libc::F_SETLK, libc::F_RDLCK, 0, 100).unwrap();
+    let ran = Command::new(&bin).status();
+    assert!(
+        ran.as_ref().is_ok_and(|s| s.success()),
+        "executing the locked binary on the host: {ran:?}"
+    );
+    // The same owner's write lock through a write-only open of the same file.
+    let data = m.path("data");
+    std::fs::write(&data, vec![0u8; 64]).unwrap();
+    let ro = sys::open(&data, libc::O_RDONLY, 0).unwrap();
+    let wo = sys::open(&data, libc::O_WRONLY, 0).unwrap();
+    sys::setlk(ro.as_raw_fd(), libc::F_SETLK, libc::F_RDLCK, 0, 10).unwrap();
+    sys::setlk(wo.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 20, 10).unwrap();
+    // Another process sees both ranges held.
+    for (start, kind) in [(0, libc::F_WRLCK), (20, libc::F_RDLCK)] {
+        let other = locker(&data, libc::O_RDWR, libc::F_SETLK, kind, start, 10);
+        assert_eq!(
+            exit_code(wait_or_kill(other, CHILD_LIMIT)),
+            Some(libc::EAGAIN),
+            "the range at {start} is not held"
+        );
+    }
+    drop((reader, ro, wo));
+    m.unmount();
+}
+
+/// Blocked lock requests wait on the mount's one waiting thread (main started a thread per
+/// waiter), all wake when the holder lets go, and past `WAITERS_MAX` (1024) a request gets
+/// ENOLCK instead of waiting.
+#[test]
+fn lock_waiters_share_one_thread_and_are_bounded() {
+    const WAITERS_MAX: usize = 1024;
+    let source = TempDir::new("lockwait-src");
+    let m = mount(source.path(), &[]);
+    let f = m.path("f");
+    std::fs::write(&f, b"lock").unwrap();
+    let holder = sys::open(&f, libc::O_RDWR, 0).unwrap();
+    sys::setlk(holder.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 0).unwrap();
+    let threads = || {
+        std::fs::read_dir(format!("/proc/{}/task", m.pid))
+            .unwrap()
+            .count()
+    };
+    let before = threads();
+    // Over io_uring every waiter keeps a ring entry of its CPU until it is answered, and a
+    // CPU has only queue-depth entries: beyond that its queue stops (hardening issue, item
+    // 2, being fixed in the engine). There, three waiters; over /dev/fuse, up to the bound.
+    let waiters = if m.over_uring() { 3 } else { WAITERS_MAX };
+    let mut children = Vec::new();
+    for _ in 0..waiters {
+        children.push(KillOnDrop(locker(
+            &f,
+            libc::O_RDONLY,
+            libc::F_SETLKW,
+            libc::F_RDLCK,
+            0,
+            0,
+        )));
+    }
+    assert!(
+        common::wait_until(Duration::from_secs(60), || m.counter("lock_waiters")
+            == waiters as u64),
+        "{} of {waiters} waiters registered",
+        m.counter("lock_waiters")
+    );
+    let grown = threads() - before;
+    assert!(
+        grown <= 1,
+        "{waiters} waiters took {grown} more daemon threads"
+    );
+    if !m.over_uring() {
+        let refused = locker(&f, libc::O_RDONLY, libc::F_SETLKW, libc::F_RDLCK, 0, 0);
+        assert_eq!(
+            exit_code(wait_or_kill(refused, CHILD_LIMIT)),
+            Some(libc::ENOLCK),
+            "a waiter past the bound"
+        );
+    }
+    // The holder lets go: every reader gets its lock at once.
+    sys::setlk(holder.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+    for child in &children {
+        assert_eq!(
+            exit_code(wait_or_kill(child.0, CHILD_LIMIT)),
+            Some(0),
+            "a reader was not let in"
+        );
+    }
+    assert_eq!(m.counter("lock_waiters"), 0);
+    drop(holder);
+    m.unmount();
+}
+
+/// A lock held on the host (which tells us nothing when it goes) is still taken by a waiter
+/// on the mount soon after the host lets go: the waiting thread retries on a bounded back-off.
+#[test]
+fn a_waiter_gets_a_lock_the_host_held() {
+    let source = TempDir::new("hostlock-src");
+    let host_file = source.path().join("f");
+    std::fs::write(&host_file, b"lock").unwrap();
+    let m = mount(source.path(), &[]);
+    let holder = sys::open(&host_file, libc::O_RDWR, 0).unwrap();
+    sys::setlk(holder.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 0).unwrap();
+    let waiter = KillOnDrop(locker(
+        &m.path("f"),
+        libc::O_RDWR,
+        libc::F_SETLKW,
+        libc::F_WRLCK,
+        0,
+        0,
+    ));
+    assert!(common::wait_until(Duration::from_secs(10), || m
+        .counter("lock_waiters")
+        == 1));
+    std::thread::sleep(Duration::from_millis(300));
+    let released = std::time::Instant::now();
+    drop(holder);
+    assert_eq!(exit_code(wait_or_kill(waiter.0, CHILD_LIMIT)), Some(0));
+    let waited = released.elapsed();
+    assert!(
+        waited < Duration::from_secs(1),
+        "the waiter took {waited:?} to notice the host let go"
+    );
+    m.unmount();
 }

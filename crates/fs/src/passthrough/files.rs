@@ -269,8 +269,14 @@ impl PassthroughFs {
             }
             state.opens == 0
         };
+        let nodeid = file.inode.nodeid;
+        // Closes the open's host fd (unless a request in flight still holds it), which lets
+        // go of its flock locks.
+        drop(file);
         if last {
-            self.locks.release_inode(file.inode.nodeid);
+            self.locks.release_inode(nodeid);
+        } else {
+            self.locks.released(nodeid);
         }
     }
 

@@ -566,6 +566,7 @@ impl Filesystem for PassthroughFs {
                 Counters::get(&c.passthrough_declined),
             ),
             ("kill_suidgid", Counters::get(&c.kill_suidgid)),
+            ("lock_waiters", self.locks.waiting()),
         ]
         .into_iter()
         .map(|(name, value)| (name.to_owned(), value))
