@@ -41,7 +41,7 @@ fn supp_group(mut ext: &[u8]) -> Option<u32> {
     };
     while ext.len() >= EXT_HEADER_BYTES {
         let size = word(ext, 0)? as usize;
-        if size < EXT_HEADER_BYTES || size % 8 != 0 || size > ext.len() {
+        if size < EXT_HEADER_BYTES || !size.is_multiple_of(8) || size > ext.len() {
             return None;
         }
         if word(ext, 4)? == EXT_GROUPS {
