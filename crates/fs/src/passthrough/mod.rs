@@ -559,6 +559,7 @@ impl Filesystem for PassthroughFs {
             ("fd_cache_hits", fds.hits),
             ("fd_cache_misses", fds.misses),
             ("fd_cache_evictions", fds.evictions),
+            ("fd_cache_swept", fds.swept),
             ("backing_ids_live", Counters::get(&c.backing_live)),
             ("backing_ids_opened", Counters::get(&c.backing_opened)),
             (
