@@ -698,3 +698,54 @@ fn a_waiter_gets_a_lock_the_host_held() {
     );
     m.unmount();
 }
+
+/// `count` appends of one line by `nobody` through one open of `path`: 0 or the errno.
+fn appends_as_nobody(path: &Path, count: usize) -> i32 {
+    let path = c(path);
+    as_user(NOBODY, NOBODY, &[], move || {
+        // SAFETY: path is NUL-terminated; the buffer is static.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_APPEND);
+            if fd < 0 {
+                return errno();
+            }
+            for _ in 0..count {
+                if libc::write(fd, b"x\n".as_ptr().cast(), 2) != 2 {
+                    return errno();
+                }
+            }
+            libc::close(fd);
+        }
+        0
+    })
+}
+
+/// Writes by a caller without CAP_FSETID to a file known to have no set-ID bits do not stat
+/// it each time (main did, one fstat per write); a set-ID bit the host adds is still stripped
+/// by the first write after the attribute timeout, as the kernel's own cached mode would be
+/// refreshed.
+#[test]
+fn unprivileged_writes_reuse_the_mode_they_saw() {
+    let source = TempDir::new("setid-cache-src");
+    sys::chmod(source.path(), 0o777).unwrap();
+    let host_file = source.path().join("f");
+    std::fs::write(&host_file, b"").unwrap();
+    sys::chmod(&host_file, 0o666).unwrap();
+    // Writes reach the daemon (no kernel passthrough); attributes last 0.3 s.
+    let m = mount(
+        source.path(),
+        &["--no-passthrough", "--attr-timeout", "0.3"],
+    );
+    let f = m.path("f");
+    // The open's lookup saw the mode; 1,000 writes follow at once.
+    assert_eq!(appends_as_nobody(&f, 1000), 0);
+    let checks = m.counter("set_id_checks");
+    // One per attribute timeout at most (a slow machine may take more than one).
+    assert!(checks <= 20, "{checks} set-ID checks for 1,000 writes");
+    // The host makes the file set-user-ID; once the timeout has passed, a write strips it.
+    sys::chmod(&host_file, 0o4777).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(appends_as_nobody(&f, 1), 0);
+    assert_eq!(mode_of(&host_file), "100777 0:0");
+    m.unmount();
+}

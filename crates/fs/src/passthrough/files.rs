@@ -68,14 +68,19 @@ impl PassthroughFs {
         kill: bool,
         change: impl FnOnce() -> SysResult<T>,
     ) -> SysResult<T> {
-        if !kill {
+        // A file seen without set-ID bits within the attribute timeout loses nothing to the
+        // change (the host still drops security.capability): no fstat, no capset pair. The
+        // common write of a non-root caller.
+        if !kill || inode.known_without_set_id(self.opts.attr_timeout) {
             return change();
         }
+        Counters::bump(&self.counters.set_id_checks);
         let Ok(before) = sys::fstat(fd) else {
             // Without the mode, strip what the host strips for an unprivileged writer.
             let _caps = self.creds.without_fsetid(true)?;
             return change();
         };
+        inode.saw_mode(before.st_mode);
         let mode = before.st_mode;
         let group_bit_only_locks = mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP == 0;
         let keeps_group_bit =
@@ -98,6 +103,8 @@ impl PassthroughFs {
                 sys::chmod(fd, is_path_fd, (after.st_mode & 0o7777) ^ libc::S_ISGID)?;
             }
         }
+        // The bits just changed: the next change looks again.
+        inode.forget_mode();
         Counters::bump(&self.counters.kill_suidgid);
         self.invalidate_attrs(inode.nodeid);
         Ok(result)

@@ -104,6 +104,23 @@ pub struct Inode {
     open_state: Mutex<OpenState>,
     /// Symlinks only. Lock order: a leaf.
     link_name: Mutex<Option<LinkName>>,
+    /// The set-ID and group-execute bits of the mode last seen on the host (low 16 bits)
+    /// and when (milliseconds since `EPOCH` plus one, above them; 0: never), so that a write
+    /// by a caller without CAP_FSETID need not fstat a file known to have no set-ID bits.
+    set_id_seen: AtomicU64,
+}
+
+/// The mode bits `set_id_seen` keeps.
+const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID | libc::S_IXGRP;
+
+/// The origin of `set_id_seen`'s clock.
+static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+fn millis_since_epoch() -> u64 {
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 impl Inode {
@@ -125,7 +142,32 @@ impl Inode {
             gate: WriteGate::new(size),
             open_state: Mutex::new(OpenState::default()),
             link_name: Mutex::new(None),
+            set_id_seen: AtomicU64::new(0),
         }
+    }
+
+    /// Records the mode just read from the host (any stat of the inode).
+    pub fn saw_mode(&self, mode: u32) {
+        let stamp = (millis_since_epoch() + 1) << 16 | (mode & SET_ID_BITS) as u64;
+        if self.set_id_seen.load(Ordering::Relaxed) != stamp {
+            self.set_id_seen.store(stamp, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets the mode seen (it is being changed): the next change looks again.
+    pub fn forget_mode(&self) {
+        self.set_id_seen.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the host's mode had no set-ID bits when last seen, at most `max_age` ago.
+    /// The same staleness the kernel accepts for its own cached mode (the attribute
+    /// timeout); a zero `max_age` never trusts it.
+    pub fn known_without_set_id(&self, max_age: std::time::Duration) -> bool {
+        let stamp = self.set_id_seen.load(Ordering::Relaxed);
+        let seen_at = stamp >> 16;
+        seen_at != 0
+            && (stamp as u32) & (libc::S_ISUID | libc::S_ISGID) == 0
+            && millis_since_epoch() + 1 - seen_at < max_age.as_millis() as u64
     }
 
     pub fn is_symlink(&self) -> bool {

@@ -315,6 +315,7 @@ impl PassthroughFs {
     /// the bits on the host is answered uncacheable: the kernel does not refetch the mode
     /// after a passthrough write, and a cached mode would show bits already gone.
     fn attr_out(&self, inode: &Inode, st: &libc::stat) -> abi::AttrOut {
+        inode.saw_mode(st.st_mode);
         let volatile_mode = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
             && inode.open_state().backing.is_some_and(|b| !b.keeps_set_id);
         let timeout = if volatile_mode {
@@ -403,6 +404,7 @@ impl PassthroughFs {
         if !new && inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
         }
+        inode.saw_mode(st.st_mode);
         if let Some(fd) = seed
             && matches!(inode.host, HostRef::Handle { .. })
         {
@@ -567,6 +569,7 @@ impl Filesystem for PassthroughFs {
                 Counters::get(&c.passthrough_declined),
             ),
             ("kill_suidgid", Counters::get(&c.kill_suidgid)),
+            ("set_id_checks", Counters::get(&c.set_id_checks)),
             ("lock_waiters", self.locks.waiting()),
         ]
         .into_iter()
