@@ -749,3 +749,31 @@ fn unprivileged_writes_reuse_the_mode_they_saw() {
     assert_eq!(mode_of(&host_file), "100777 0:0");
     m.unmount();
 }
+
+/// A root daemon without CAP_SETUID and CAP_SETGID cannot act as its callers: it says so in
+/// its log and does not pretend (main went on silently, every switch failing unnoticed).
+#[test]
+fn a_root_daemon_that_cannot_switch_says_so() {
+    let source = TempDir::new("noswitch-src");
+    pub_dir(source.path());
+    let logs = TempDir::new("noswitch-log");
+    let log = logs.path().join("daemon.log");
+    let m = Mount::start_wrapped(
+        &["setpriv", "--bounding-set", "-setuid,-setgid"],
+        source.path().to_str().unwrap(),
+        &["--log", log.to_str().unwrap()],
+    );
+    let created = c(&m.path("pub/f"));
+    let got = as_user(NOBODY, NOBODY, &[], move || {
+        try_open(&created, libc::O_CREAT | libc::O_WRONLY, 0o644)
+    });
+    m.unmount();
+    assert_eq!(got, 0, "{}", errno_name(got));
+    // Made with the daemon's own ids: it could not take on the caller's.
+    assert_eq!(mode_of(&source.path().join("pub/f")), "100644 0:0");
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.contains("without CAP_SETUID and CAP_SETGID"),
+        "the daemon's log does not say it cannot act as callers:\n{logged}"
+    );
+}
