@@ -693,7 +693,7 @@ fn a_waiter_gets_a_lock_the_host_held() {
     assert_eq!(exit_code(wait_or_kill(waiter.0, CHILD_LIMIT)), Some(0));
     let waited = released.elapsed();
     assert!(
-        waited < Duration::from_secs(1),
+        waited < Duration::from_secs(2),
         "the waiter took {waited:?} to notice the host let go"
     );
     m.unmount();
