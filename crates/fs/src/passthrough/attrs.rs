@@ -33,18 +33,22 @@ fn time_arg(set: bool, now: bool, secs: u64, nsecs: u32) -> libc::timespec {
 impl PassthroughFs {
     pub(super) fn do_getattr(&self, ino: u64, fh: Option<u64>) -> SysResult<abi::AttrOut> {
         // An open file answers through its own fd: it works after the file is unlinked.
-        let (inode, st) = match fh.and_then(|fh| self.files.get(fh)) {
-            Some(file) => (file.inode.clone(), sys::fstat(&file.fd)?),
+        let (inode, st, generation) = match fh.and_then(|fh| self.files.get(fh)) {
+            Some(file) => {
+                let generation = file.inode.mode_generation();
+                (file.inode.clone(), sys::fstat(&file.fd)?, generation)
+            }
             None => {
                 let inode = self.inode(ino)?;
+                let generation = inode.mode_generation();
                 let st = sys::fstat(&*self.path_fd(&inode)?)?;
-                (inode, st)
+                (inode, st, generation)
             }
         };
         if inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
         }
-        Ok(self.attr_out(&inode, &st))
+        Ok(self.attr_out(&inode, &st, generation))
     }
 
     pub(super) fn do_setattr(
@@ -59,6 +63,9 @@ impl PassthroughFs {
             .then(|| self.files.get(arg.fh))
             .flatten();
         let path = self.path_fd(&inode)?;
+        if valid & (fattr::MODE | fattr::UID | fattr::GID) != 0 {
+            inode.forget_mode();
+        }
         if valid & fattr::MODE != 0 {
             if inode.is_symlink() {
                 return Err(libc::EOPNOTSUPP);
@@ -131,11 +138,12 @@ impl PassthroughFs {
             ];
             sys::utimens(&path, &ts)?;
         }
+        let generation = inode.mode_generation();
         let st = match &file {
             Some(file) => sys::fstat(&file.fd)?,
             None => sys::fstat(&path)?,
         };
-        Ok(self.attr_out(&inode, &st))
+        Ok(self.attr_out(&inode, &st, generation))
     }
 
     pub(super) fn do_readlink(&self, ino: u64) -> SysResult<Vec<u8>> {
@@ -227,6 +235,8 @@ impl PassthroughFs {
     ) -> SysResult<()> {
         let inode = self.inode(ino)?;
         let name = xattr_name(name)?;
+        // An access ACL sets the mode's group bits, and ACL_KILL_SGID clears set-group-ID.
+        inode.forget_mode();
         self.on_xattr_target(&inode, |t| sys::setxattr(t, &name, value, flags as i32))?;
         // The kernel found the caller may not keep set-group-ID when setting an access ACL
         // (outside the group, without CAP_FSETID): the host, seeing us, kept it.

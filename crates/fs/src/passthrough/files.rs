@@ -75,12 +75,13 @@ impl PassthroughFs {
             return change();
         }
         Counters::bump(&self.counters.set_id_checks);
+        let generation = inode.mode_generation();
         let Ok(before) = sys::fstat(fd) else {
             // Without the mode, strip what the host strips for an unprivileged writer.
             let _caps = self.creds.without_fsetid(true)?;
             return change();
         };
-        inode.saw_mode(before.st_mode);
+        inode.saw_mode(before.st_mode, generation);
         let mode = before.st_mode;
         let group_bit_only_locks = mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP == 0;
         let keeps_group_bit =

@@ -314,8 +314,9 @@ impl PassthroughFs {
     /// The attributes answer for `inode`. A set-ID file with passthrough writers that lose
     /// the bits on the host is answered uncacheable: the kernel does not refetch the mode
     /// after a passthrough write, and a cached mode would show bits already gone.
-    fn attr_out(&self, inode: &Inode, st: &libc::stat) -> abi::AttrOut {
-        inode.saw_mode(st.st_mode);
+    /// `generation` is the inode's mode generation read before `st` was taken.
+    fn attr_out(&self, inode: &Inode, st: &libc::stat, generation: u64) -> abi::AttrOut {
+        inode.saw_mode(st.st_mode, generation);
         let volatile_mode = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
             && inode.open_state().backing.is_some_and(|b| !b.keeps_set_id);
         let timeout = if volatile_mode {
@@ -404,7 +405,11 @@ impl PassthroughFs {
         if !new && inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
         }
-        inode.saw_mode(st.st_mode);
+        // A new inode's mode cannot have been changed through us since `st` was taken (for a
+        // known one it might: its next getattr records it).
+        if new {
+            inode.saw_mode(st.st_mode, 0);
+        }
         if let Some(fd) = seed
             && matches!(inode.host, HostRef::Handle { .. })
         {
