@@ -61,6 +61,7 @@ pub fn dispatch<F: Filesystem>(
         uid: header.uid,
         gid: header.gid,
         pid: header.pid,
+        supp_group: header.supp_group,
         queue: queue.stats.id,
     };
     let ino = header.nodeid;

@@ -17,6 +17,9 @@ pub struct Request {
     pub uid: u32,
     pub gid: u32,
     pub pid: u32,
+    /// The caller's supplementary group the kernel sent (CREATE_SUPP_GROUP: on creates, the
+    /// parent directory's group when the caller is in it other than as `gid`).
+    pub supp_group: Option<u32>,
     /// The queue (worker) the request arrived on.
     pub queue: usize,
 }

@@ -20,6 +20,38 @@ pub struct RequestHeader {
     pub uid: u32,
     pub gid: u32,
     pub pid: u32,
+    /// The one supplementary group of the caller the kernel vouches for (FUSE_EXT_GROUPS, with
+    /// CREATE_SUPP_GROUP negotiated): on create, mkdir, mknod, symlink and tmpfile, the parent
+    /// directory's group when the caller is in it other than as its fsgid.
+    pub supp_group: Option<u32>,
+}
+
+/// The extension type of a supplementary-group list (uapi `FUSE_EXT_GROUPS`).
+const EXT_GROUPS: u32 = 32;
+/// Extensions are records of 8-byte multiples: `fuse_ext_header { u32 size; u32 type; }`,
+/// `size` counting the header.
+const EXT_HEADER_BYTES: usize = 8;
+
+/// The first group of a `FUSE_EXT_GROUPS` extension in `ext` (the extension area after the
+/// op's arguments), if any. A malformed area (the kernel never sends one) yields None: acting
+/// with fewer groups only ever refuses more.
+fn supp_group(mut ext: &[u8]) -> Option<u32> {
+    let word = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    while ext.len() >= EXT_HEADER_BYTES {
+        let size = word(ext, 0)? as usize;
+        if size < EXT_HEADER_BYTES || !size.is_multiple_of(8) || size > ext.len() {
+            return None;
+        }
+        if word(ext, 4)? == EXT_GROUPS {
+            // fuse_supp_groups { u32 nr_groups; u32 groups[]; }
+            let record = &ext[EXT_HEADER_BYTES..size];
+            return (word(record, 0)? >= 1).then(|| word(record, 4)).flatten();
+        }
+        ext = &ext[size..];
+    }
+    None
 }
 
 /// Why a request could not be decoded. The session answers EINVAL (or ENOSYS) and logs it.
@@ -256,8 +288,8 @@ pub fn split_header(buf: &[u8]) -> Result<(RequestHeader, &[u8]), DecodeError> {
     if len < size_of::<abi::InHeader>() || len != buf.len() {
         return Err(bad_length(header.len));
     }
-    // Extensions (security context, supplementary groups) follow the op's arguments; we do not
-    // negotiate them, but a kernel that sends them anyway must not make us misread the args.
+    // Extensions (security context, supplementary groups) follow the op's arguments: they
+    // are split off so they never look like part of the args.
     let ext_len = header.total_extlen as usize * 8;
     let body_end = len
         .checked_sub(ext_len)
@@ -270,6 +302,7 @@ pub fn split_header(buf: &[u8]) -> Result<(RequestHeader, &[u8]), DecodeError> {
         uid: header.uid,
         gid: header.gid,
         pid: header.pid,
+        supp_group: supp_group(&buf[body_end..len]),
     };
     Ok((request_header, &buf[size_of::<abi::InHeader>()..body_end]))
 }
@@ -498,8 +531,43 @@ mod tests {
     fn extensions_are_stripped_from_the_body() {
         let mut buf = request(opcode::LOOKUP, b"name\0\x01\x02\x03\x04\x05\x06\x07\x08");
         buf[36] = 1; // total_extlen = 1 (8 bytes)
-        let (_, body) = split_header(&buf).unwrap();
+        let (header, body) = split_header(&buf).unwrap();
         assert_eq!(body, b"name\0");
+        assert_eq!(header.supp_group, None);
+    }
+
+    #[test]
+    fn the_supplementary_group_extension_is_decoded() {
+        // name (8 bytes with padding), then fuse_ext_header { size 16, type 32 } and
+        // fuse_supp_groups { nr_groups 1, groups[0] 1234 }.
+        let mut body = b"name\0\0\0\0".to_vec();
+        for word in [16u32, EXT_GROUPS, 1, 1234] {
+            body.extend_from_slice(&word.to_ne_bytes());
+        }
+        let mut buf = request(opcode::MKDIR, &body);
+        buf[36] = 2; // total_extlen: 16 bytes
+        let (header, body) = split_header(&buf).unwrap();
+        assert_eq!(header.supp_group, Some(1234));
+        assert_eq!(body, b"name\0\0\0\0");
+        // Another extension first (a security context, type 1) is skipped over.
+        assert_eq!(
+            supp_group(
+                &[8u32, 1, 16, EXT_GROUPS, 1, 77]
+                    .map(u32::to_ne_bytes)
+                    .concat()
+            ),
+            Some(77)
+        );
+        // Malformed areas give no group and never panic.
+        for bad in [
+            vec![0u32, EXT_GROUPS],
+            vec![12, EXT_GROUPS, 1],
+            vec![24, EXT_GROUPS, 1, 5],
+            vec![16, EXT_GROUPS, 0, 5],
+        ] {
+            let bytes: Vec<u8> = bad.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            assert_eq!(supp_group(&bytes), None, "{bad:?}");
+        }
     }
 
     #[test]

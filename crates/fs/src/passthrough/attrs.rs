@@ -34,18 +34,22 @@ fn time_arg(set: bool, now: bool, secs: u64, nsecs: u32) -> libc::timespec {
 impl PassthroughFs {
     pub(super) fn do_getattr(&self, ino: u64, fh: Option<u64>) -> SysResult<abi::AttrOut> {
         // An open file answers through its own fd: it works after the file is unlinked.
-        let (inode, st) = match fh.and_then(|fh| self.files.get(fh)) {
-            Some(file) => (file.inode.clone(), sys::fstat(&file.fd)?),
+        let (inode, st, generation) = match fh.and_then(|fh| self.files.get(fh)) {
+            Some(file) => {
+                let generation = file.inode.mode_generation();
+                (file.inode.clone(), sys::fstat(&file.fd)?, generation)
+            }
             None => {
                 let inode = self.inode(ino)?;
+                let generation = inode.mode_generation();
                 let st = sys::fstat(&*self.path_fd(&inode)?)?;
-                (inode, st)
+                (inode, st, generation)
             }
         };
         if inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
         }
-        Ok(self.attr_out(&inode, &st))
+        Ok(self.attr_out(&inode, &st, generation))
     }
 
     pub(super) fn do_setattr(
@@ -60,6 +64,9 @@ impl PassthroughFs {
             .then(|| self.files.get(arg.fh))
             .flatten();
         let path = self.path_fd(&inode)?;
+        if valid & (fattr::MODE | fattr::UID | fattr::GID) != 0 {
+            inode.forget_mode();
+        }
         if valid & fattr::MODE != 0 {
             if inode.is_symlink() {
                 return Err(libc::EOPNOTSUPP);
@@ -80,7 +87,23 @@ impl PassthroughFs {
             } else {
                 u32::MAX
             };
+            // The kernel leaves stripping set-ID bits on chown to us (KILLPRIV_V2); the host
+            // strips set-user-ID, and set-group-ID with group execute, for anyone, but keeps
+            // a set-group-ID bit without group execute for us (CAP_FSETID) where the kernel
+            // keeps it only for a caller in the file's old group (setattr_should_drop_sgid;
+            // a root caller stands for one with CAP_FSETID).
+            let before = sys::fstat(&path)?;
             sys::chown(&path, uid, gid)?;
+            let mode = before.st_mode;
+            if self.killpriv_v2()
+                && req.uid != 0
+                && mode & libc::S_IFMT != libc::S_IFDIR
+                && mode & libc::S_ISGID != 0
+                && mode & libc::S_IXGRP == 0
+                && !super::creds::caller_in_group(req.pid, req.gid, before.st_gid)
+            {
+                sys::chmod(&path, true, mode & 0o7777 & !libc::S_ISGID)?;
+            }
         }
         if valid & fattr::SIZE != 0 {
             let kill = self.killpriv_v2() && valid & fattr::KILL_SUIDGID != 0;
@@ -116,11 +139,12 @@ impl PassthroughFs {
             ];
             sys::utimens(&path, &ts)?;
         }
+        let generation = inode.mode_generation();
         let st = match &file {
             Some(file) => sys::fstat(&file.fd)?,
             None => sys::fstat(&path)?,
         };
-        Ok(self.attr_out(&inode, &st))
+        Ok(self.attr_out(&inode, &st, generation))
     }
 
     pub(super) fn do_readlink(&self, ino: u64) -> SysResult<Vec<u8>> {
@@ -225,6 +249,8 @@ impl PassthroughFs {
     ) -> SysResult<()> {
         let inode = self.inode(ino)?;
         let name = xattr_name(name)?;
+        // An access ACL sets the mode's group bits, and ACL_KILL_SGID clears set-group-ID.
+        inode.forget_mode();
         let result = self.on_xattr_target(&inode, |t| sys::setxattr(t, &name, value, flags as i32));
         if name.as_bytes() == CAPS_XATTR {
             // After the host has it, whatever came of it: see `remember_no_caps`.

@@ -16,6 +16,9 @@ pub struct Counters {
     pub passthrough_declined: AtomicU64,
     /// Writes and truncates where we had the host strip set-user-id bits (KILLPRIV_V2).
     pub kill_suidgid: AtomicU64,
+    /// Writes and truncates by callers without CAP_FSETID that had to fstat the file for its
+    /// set-ID bits (the inode had not seen its mode within the attribute timeout).
+    pub set_id_checks: AtomicU64,
 }
 
 impl Counters {

@@ -1,52 +1,85 @@
-//! Acting as the caller: per-thread fsuid/fsgid for the calls that create inodes, and
-//! dropping CAP_FSETID where the host must strip set-user-id bits as it would for the caller.
+//! Acting as the caller: per-thread fsuid, fsgid, supplementary groups and capabilities for
+//! the calls that create inodes, and dropping CAP_FSETID where the host must strip set-user-id
+//! bits as it would for the caller.
 //!
-//! Why per-thread fsuid rather than create-then-chown: the host then assigns ownership
-//! exactly as natively (a set-group-id directory's group, the caller's quota, no window in
-//! which the new file belongs to root), in one syscall per switch. setfsuid/setfsgid and the
-//! raw capset change only the calling thread's credentials, and the guards below restore
-//! them before the handler returns (on unwind too).
+//! Why per-thread credentials rather than create-then-chown: the host then assigns ownership
+//! and checks the parent directory exactly as natively (a set-group-id directory's group, the
+//! caller's quota, no window in which the new file belongs to root), in a few syscalls per
+//! switch. setfsuid/setfsgid, the raw setgroups and the raw capset change only the calling
+//! thread's credentials (glibc's setgroups would change every thread's), and the guards below
+//! restore them before the handler returns (on unwind too).
 //!
-//! A non-root fsuid clears the file-system capabilities from the effective set; we raise them
-//! again without CAP_FSETID, because the kernel already checked the caller's permissions
-//! (default_permissions is always on as root) and the host should not check them a second
-//! time against the daemon's supplementary groups, while CAP_FSETID must stay off so that
-//! the host clears set-group-id bits on new files the caller may not have them on.
+//! A caller other than root acts with no capabilities at all: the host checks its rights on
+//! the parent directory as it would natively, so a create that meets a name the kernel did not
+//! know of never gets a permission the caller lacks (DAC override, CAP_FOWNER, CAP_MKNOD, ...).
+//! Its groups are its fsgid and the one supplementary group the kernel vouches for
+//! (FUSE_CREATE_SUPP_GROUP: the parent directory's group, when the caller is in it), which is
+//! all that decides the new inode's group and set-group-id bit and the group class of the
+//! parent's permission bits. A root caller keeps the daemon's capabilities: the request does
+//! not say which a root caller has, and the kernel already checked those it needed.
 
-use super::sys::{self, CAP_FSETID_BIT, SysResult};
+use super::sys::{self, CAP_FSETID_BIT, CAP_SETGID_BIT, CAP_SETUID_BIT, SysResult};
 
 /// The daemon's own credentials, read once.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Credentials {
-    /// Root with capabilities to switch: only then are callers impersonated.
+    /// Root with CAP_SETUID and CAP_SETGID: only then are callers impersonated (and
+    /// CREATE_SUPP_GROUP asked for).
     pub can_switch: bool,
     uid: u32,
     gid: u32,
+    /// The daemon's supplementary groups, put back after acting as a caller.
+    groups: Box<[u32]>,
     full_caps: u64,
 }
 
 impl Credentials {
+    /// Reads the daemon's credentials; a root daemon that cannot switch says so once.
     pub fn of_this_process() -> Credentials {
         let uid = sys::geteuid();
         let full_caps = sys::effective_caps().unwrap_or(0);
+        let switch_caps = CAP_SETUID_BIT | CAP_SETGID_BIT;
+        let can_switch = uid == 0 && full_caps & switch_caps == switch_caps;
+        if uid == 0 && !can_switch {
+            tracing::warn!(
+                "running as root without CAP_SETUID and CAP_SETGID: files are created as root \
+                 and with root's rights, not as the calling user"
+            );
+        }
         Credentials {
-            can_switch: uid == 0 && full_caps & CAP_FSETID_BIT != 0,
+            can_switch,
             uid,
             gid: sys::getegid(),
+            groups: sys::groups().unwrap_or_default().into(),
             full_caps,
         }
     }
 
-    /// Runs the next calls as `uid`/`gid` until the guard drops (a no-op when the daemon
-    /// is not root or the caller is the daemon's own user).
-    pub fn as_caller(&self, uid: u32, gid: u32) -> SysResult<CallerGuard<'_>> {
+    /// Runs the next calls as the caller `uid`/`gid`, in the supplementary group
+    /// `supp_group` alone, until the guard drops: a no-op when the daemon cannot switch or
+    /// the caller is the daemon's own user and group. Fails (EPERM) rather than go on with
+    /// credentials that did not take.
+    pub fn as_caller(
+        &self,
+        uid: u32,
+        gid: u32,
+        supp_group: Option<u32>,
+    ) -> SysResult<CallerGuard<'_>> {
         if !self.can_switch || (uid == self.uid && gid == self.gid) {
             return Ok(CallerGuard { creds: None });
         }
+        // From here on the guard puts everything back, whatever step fails.
+        let guard = CallerGuard { creds: Some(self) };
+        // setgroups needs CAP_SETGID, so it goes before the capabilities are dropped.
+        sys::set_thread_groups(supp_group.as_slice())?;
         sys::set_fsgid(gid);
         sys::set_fsuid(uid);
-        let guard = CallerGuard { creds: Some(self) };
-        sys::set_effective_caps(self.full_caps & !CAP_FSETID_BIT)?;
+        if sys::fsgid_now() != gid || sys::fsuid_now() != uid {
+            return Err(libc::EPERM);
+        }
+        if uid != 0 {
+            sys::set_effective_caps(0)?;
+        }
         Ok(guard)
     }
 
@@ -59,6 +92,19 @@ impl Credentials {
         }
         sys::set_effective_caps(self.full_caps & !CAP_FSETID_BIT)?;
         Ok(FsetidGuard { creds: Some(self) })
+    }
+
+    /// Puts the daemon's own credentials back on this thread. Capabilities first: setgroups
+    /// needs CAP_SETGID.
+    fn restore(&self) -> SysResult<()> {
+        sys::set_effective_caps(self.full_caps)?;
+        sys::set_thread_groups(&self.groups)?;
+        sys::set_fsuid(self.uid);
+        sys::set_fsgid(self.gid);
+        if sys::fsuid_now() != self.uid || sys::fsgid_now() != self.gid {
+            return Err(libc::EPERM);
+        }
+        Ok(())
     }
 }
 
@@ -77,19 +123,24 @@ pub fn caller_in_group(pid: u32, gid: u32, group: u32) -> bool {
         .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(group)))
 }
 
-/// Restores the daemon's fsuid, fsgid and capabilities on drop.
+/// Restores the daemon's fsuid, fsgid, groups and capabilities on drop.
 pub struct CallerGuard<'a> {
     creds: Option<&'a Credentials>,
 }
 
 impl Drop for CallerGuard<'_> {
     fn drop(&mut self) {
-        if let Some(creds) = self.creds {
-            sys::set_fsuid(creds.uid);
-            sys::set_fsgid(creds.gid);
-            if let Err(e) = sys::set_effective_caps(creds.full_caps) {
-                tracing::error!(errno = e, "restoring the daemon's capabilities failed");
-            }
+        if let Some(creds) = self.creds
+            && let Err(e) = creds.restore()
+        {
+            // This worker would go on serving every later caller with this caller's
+            // identity: stopping is the only safe answer to a kernel that refused to give
+            // back credentials it just let us give up.
+            tracing::error!(
+                errno = e,
+                "restoring the daemon's credentials failed: aborting"
+            );
+            std::process::abort();
         }
     }
 }

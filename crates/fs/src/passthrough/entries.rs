@@ -22,7 +22,7 @@ impl PassthroughFs {
     fn as_creator(&self, req: &Request, umask: u32) -> SysResult<CallerGuard<'_>> {
         let dont_mask = self.negotiated().is_some_and(|n| n.dont_mask);
         sys::set_thread_umask(if dont_mask { umask & 0o777 } else { 0 })?;
-        self.creds.as_caller(req.uid, req.gid)
+        self.creds.as_caller(req.uid, req.gid, req.supp_group)
     }
 
     pub(super) fn do_lookup(&self, parent: u64, name: &OsStr) -> SysResult<abi::EntryOut> {
@@ -152,10 +152,26 @@ impl PassthroughFs {
         let parent = self.inode(parent)?;
         let name = component(name)?;
         let dir = self.path_fd(&parent)?;
-        let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_CREAT;
-        let fd = {
+        // Always exclusive on the host: the kernel sends CREATE only for a name it believes
+        // absent, and marks the file it gets back as created, so it checks no permission and
+        // skips O_TRUNC. A name the host has meanwhile (made on the host, or a cached
+        // negative entry) must not be opened here with the daemon's rights.
+        let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_CREAT | libc::O_EXCL;
+        let created = {
             let _caller = self.as_creator(req, arg.umask)?;
-            sys::openat(&dir, &name, flags, arg.mode)?
+            sys::openat(&dir, &name, flags, arg.mode)
+        };
+        let fd = match created {
+            Ok(fd) => fd,
+            // The name exists and the caller did not ask for O_EXCL. ESTALE makes the kernel
+            // walk the path again with LOOKUP_REVAL (do_filp_open): its lookup finds the
+            // object, and it opens it as any existing one, with the caller's permission
+            // checks, fs.protected_regular, O_TRUNC, and its own handling of FIFOs, devices,
+            // directories and symlinks (an OPEN request to us only for a regular file).
+            Err(libc::EEXIST) if arg.flags as i32 & libc::O_EXCL == 0 => {
+                return Err(libc::ESTALE);
+            }
+            Err(e) => return Err(e),
         };
         self.created(req, &parent, fd, arg.flags as i32, false)
     }

@@ -14,11 +14,11 @@ use super::handle::OpenFile;
 use super::inode::{Backing, Inode};
 use super::sys::{self, SysResult};
 
-/// The flags of our host open for a client's open: the kernel's own (O_CREAT, O_EXCL,
-/// O_NOCTTY) and O_DIRECT dropped (our buffers are not aligned for it, and the kernel's
-/// cache is already bypassed), symlinks never followed.
+/// The flags of our host open for a client's open: the kernel's own (O_CREAT, O_EXCL) and
+/// O_DIRECT dropped (our buffers are not aligned for it, and the kernel's cache is already
+/// bypassed), symlinks never followed (O_NOCTTY is added to every open by `sys`).
 pub(super) fn host_open_flags(flags: i32) -> i32 {
-    (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT)) | libc::O_NOFOLLOW
+    (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_DIRECT)) | libc::O_NOFOLLOW
 }
 
 impl PassthroughFs {
@@ -63,12 +63,15 @@ impl PassthroughFs {
     }
 
     /// Runs `change` (a write, truncate or O_TRUNC open by a caller without CAP_FSETID, when
-    /// `kill`) so that the file loses what it would natively: the host strips set-user-id
-    /// bits and security.capability when CAP_FSETID is dropped; the set-group-id bit of a
-    /// file without group execute also goes when the caller is outside the file's group
-    /// (Linux 6.2+), which the host cannot judge (it sees us, root), so we clear it. `fd`
-    /// is any fd of the file (O_PATH when the flag says so). The kernel does not refetch
-    /// the mode afterwards, so it is told to.
+    /// `kill`) so that the file loses exactly what the kernel takes from that caller
+    /// (setattr_should_drop_suidgid): set-user-ID always; set-group-ID when the file is
+    /// group-executable, or else when the caller is outside the file's group (without group
+    /// execute the bit means mandatory locking, not a privilege, and a group member keeps
+    /// it). The host strips set-user-ID bits and security.capability itself once CAP_FSETID
+    /// is dropped, but judges group membership by the daemon's groups, not the caller's (read
+    /// from /proc), so the set-group-ID bit of a file without group execute is set right
+    /// afterwards. `fd` is any fd of the file (O_PATH when the flag says so). The kernel does
+    /// not refetch the mode after a write, so it is told to.
     pub(super) fn killing_privileges<T>(
         &self,
         req: &Request,
@@ -77,32 +80,46 @@ impl PassthroughFs {
         kill: bool,
         change: impl FnOnce() -> SysResult<T>,
     ) -> SysResult<T> {
-        if !kill {
+        // A file seen without set-ID bits within the attribute timeout loses nothing to the
+        // change (the host still drops security.capability): no fstat, no capset pair. The
+        // common write of a non-root caller.
+        if !kill || inode.known_without_set_id(self.opts.attr_timeout) {
             return change();
         }
-        let before = sys::fstat(fd).ok();
-        // Without set-ID bits there is nothing for CAP_FSETID to keep (the host drops
-        // security.capability on write whatever the writer's capabilities), so skip the two
-        // capset calls: the common write of a non-root caller.
-        if before.is_some_and(|st| st.st_mode & (libc::S_ISUID | libc::S_ISGID) == 0) {
+        Counters::bump(&self.counters.set_id_checks);
+        let generation = inode.mode_generation();
+        let Ok(before) = sys::fstat(fd) else {
+            // Without the mode, strip what the host strips for an unprivileged writer.
+            let _caps = self.creds.without_fsetid(true)?;
+            return change();
+        };
+        inode.saw_mode(before.st_mode, generation);
+        let mode = before.st_mode;
+        let group_bit_only_locks = mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP == 0;
+        let keeps_group_bit =
+            group_bit_only_locks && creds::caller_in_group(req.pid, req.gid, before.st_gid);
+        let loses_something =
+            mode & libc::S_ISUID != 0 || (mode & libc::S_ISGID != 0 && !keeps_group_bit);
+        // Nothing to strip (the common write of a non-root caller, or a group member's write
+        // to a set-group-ID file without group execute): with CAP_FSETID the host keeps the
+        // bits and still drops security.capability, as it does for any writer. No capset pair.
+        if !loses_something {
             return change();
         }
         let result = {
             let _caps = self.creds.without_fsetid(true)?;
             change()?
         };
-        if let Some(st) = before
-            && st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
-        {
-            let group_bit_survives = st.st_mode & libc::S_ISGID != 0
-                && st.st_mode & libc::S_IXGRP == 0
-                && !creds::caller_in_group(req.pid, req.gid, st.st_gid);
-            if group_bit_survives {
-                sys::chmod(fd, is_path_fd, st.st_mode & 0o7777 & !libc::S_ISGID)?;
+        if group_bit_only_locks {
+            let after = sys::fstat(fd)?;
+            if (after.st_mode & libc::S_ISGID != 0) != keeps_group_bit {
+                sys::chmod(fd, is_path_fd, (after.st_mode & 0o7777) ^ libc::S_ISGID)?;
             }
-            Counters::bump(&self.counters.kill_suidgid);
-            self.invalidate_attrs(inode.nodeid);
         }
+        // The bits just changed: the next change looks again.
+        inode.forget_mode();
+        Counters::bump(&self.counters.kill_suidgid);
+        self.invalidate_attrs(inode.nodeid);
         Ok(result)
     }
 
@@ -203,7 +220,7 @@ impl PassthroughFs {
     }
 
     /// Tells the kernel to refetch the attributes of `nodeid`.
-    fn invalidate_attrs(&self, nodeid: u64) {
+    pub(super) fn invalidate_attrs(&self, nodeid: u64) {
         if let Some(n) = self.negotiated()
             && let Err(e) = sys::notify_inval_attrs(n.session_fd, nodeid)
             && e != libc::ENOENT
@@ -285,8 +302,14 @@ impl PassthroughFs {
             }
             state.opens == 0
         };
+        let nodeid = file.inode.nodeid;
+        // Closes the open's host fd (unless a request in flight still holds it), which lets
+        // go of its flock locks.
+        drop(file);
         if last {
-            self.locks.release_inode(file.inode.nodeid);
+            self.locks.release_inode(nodeid);
+        } else {
+            self.locks.released(nodeid);
         }
     }
 
@@ -390,7 +413,7 @@ impl PassthroughFs {
 
     pub(super) fn do_syncfs(&self, ino: u64) -> SysResult<()> {
         let inode = self.inode(ino)?;
-        let fd = self.open_inode(&inode, libc::O_RDONLY | libc::O_NOFOLLOW)?;
+        let fd = self.open_inode(&inode, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK)?;
         sys::syncfs(&fd)
     }
 }

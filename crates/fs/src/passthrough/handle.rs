@@ -26,10 +26,6 @@ pub struct OpenFile {
 }
 
 impl OpenFile {
-    pub fn readable(&self) -> bool {
-        self.flags & libc::O_ACCMODE != libc::O_WRONLY
-    }
-
     pub fn writable(&self) -> bool {
         self.flags & libc::O_ACCMODE != libc::O_RDONLY
     }

@@ -113,6 +113,26 @@ pub struct Inode {
     /// Bumped by each setxattr of security.capability through us, so that a "none" read
     /// from the host before it is not remembered after it.
     pub caps_changes: AtomicU64,
+    /// The set-ID and group-execute bits of the mode last seen on the host (low 16 bits)
+    /// and when (milliseconds since `EPOCH` plus one, above them; 0: never), so that a write
+    /// by a caller without CAP_FSETID need not fstat a file known to have no set-ID bits.
+    set_id_seen: AtomicU64,
+    /// Bumped before we change the mode (chmod, chown, ACLs, stripping set-ID bits): a stat
+    /// taken before the change must not be recorded after it (as the kernel's attr_version).
+    mode_changes: AtomicU64,
+}
+
+/// The mode bits `set_id_seen` keeps.
+const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID | libc::S_IXGRP;
+
+/// The origin of `set_id_seen`'s clock.
+static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+fn millis_since_epoch() -> u64 {
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 impl Inode {
@@ -136,7 +156,48 @@ impl Inode {
             link_name: Mutex::new(None),
             caps_absent_until: AtomicU64::new(0),
             caps_changes: AtomicU64::new(0),
+            set_id_seen: AtomicU64::new(0),
+            mode_changes: AtomicU64::new(0),
         }
+    }
+
+    /// The count of our mode changes, read before a stat whose mode `saw_mode` records.
+    pub fn mode_generation(&self) -> u64 {
+        self.mode_changes.load(Ordering::SeqCst)
+    }
+
+    /// Records the mode of a stat taken when the mode generation was `generation`; dropped
+    /// (or undone) if we changed the mode since.
+    pub fn saw_mode(&self, mode: u32, generation: u64) {
+        if self.mode_changes.load(Ordering::SeqCst) != generation {
+            return;
+        }
+        let stamp = (millis_since_epoch() + 1) << 16 | (mode & SET_ID_BITS) as u64;
+        if self.set_id_seen.load(Ordering::Relaxed) != stamp {
+            self.set_id_seen.store(stamp, Ordering::SeqCst);
+        }
+        // A change that began meanwhile may have cleared the record before ours landed.
+        if self.mode_changes.load(Ordering::SeqCst) != generation {
+            self.set_id_seen.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Forgets the mode seen: we are about to change it (or just did), so the next write
+    /// looks again.
+    pub fn forget_mode(&self) {
+        self.mode_changes.fetch_add(1, Ordering::SeqCst);
+        self.set_id_seen.store(0, Ordering::SeqCst);
+    }
+
+    /// Whether the host's mode had no set-ID bits when last seen, at most `max_age` ago.
+    /// The same staleness the kernel accepts for its own cached mode (the attribute
+    /// timeout); a zero `max_age` never trusts it.
+    pub fn known_without_set_id(&self, max_age: std::time::Duration) -> bool {
+        let stamp = self.set_id_seen.load(Ordering::Relaxed);
+        let seen_at = stamp >> 16;
+        seen_at != 0
+            && (stamp as u32) & (libc::S_ISUID | libc::S_ISGID) == 0
+            && millis_since_epoch() + 1 - seen_at < max_age.as_millis() as u64
     }
 
     pub fn is_symlink(&self) -> bool {
@@ -314,6 +375,24 @@ mod tests {
 
     fn make(key: InodeKey) -> impl FnOnce(u64, HostRef) -> Inode {
         move |id, host| Inode::new(id, key, libc::S_IFREG, 0, host, 0)
+    }
+
+    #[test]
+    fn a_mode_seen_before_our_change_is_not_trusted_after_it() {
+        let key = InodeKey { dev: 1, ino: 2 };
+        let inode = make(key)(2, HostRef::Fd(fd()));
+        let timeout = std::time::Duration::from_secs(60);
+        assert!(!inode.known_without_set_id(timeout), "never seen");
+        inode.saw_mode(libc::S_IFREG | 0o644, inode.mode_generation());
+        assert!(inode.known_without_set_id(timeout));
+        assert!(!inode.known_without_set_id(std::time::Duration::ZERO));
+        // A stat taken before a chmod, recorded after it, is dropped.
+        let before_chmod = inode.mode_generation();
+        inode.forget_mode();
+        inode.saw_mode(libc::S_IFREG | 0o644, before_chmod);
+        assert!(!inode.known_without_set_id(timeout));
+        inode.saw_mode(libc::S_IFREG | 0o4755, inode.mode_generation());
+        assert!(!inode.known_without_set_id(timeout), "set-user-ID seen");
     }
 
     #[test]

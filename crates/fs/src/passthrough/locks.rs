@@ -6,17 +6,23 @@
 //! file, which is what an open file description (OFD) lock on one host fd per (inode, owner)
 //! gives: the owner's locks merge and never conflict with each other, and closing that fd
 //! drops them all, which we do when the owner closes the file (FLUSH) or the last open of
-//! the inode goes.
+//! the inode goes. That fd is opened with the access mode of the owner's open it first locks
+//! through, so the host never sees a file open for writing that the client only reads (an
+//! executable stays executable, a read lease stays); an owner that later locks through an
+//! open of another mode moves its locks to a read-write fd.
 //!
 //! A blocking request (SETLKW, or flock without LOCK_NB) must not tie up a queue's worker or
-//! make its caller unkillable: it waits on its own thread, retrying with backoff, and answers
-//! EINTR when the kernel sends INTERRUPT for it (a fatal signal to the caller does).
+//! make its caller unkillable: it joins the mount's wait list, served by one thread that
+//! retries a waiter (never blocking: F_OFD_SETLK, LOCK_NB) when a lock on its inode is
+//! released through us, and otherwise after a back-off for holders on the host, and answers
+//! EINTR when the kernel sends INTERRUPT for it (a fatal signal to the caller does). At most
+//! `WAITERS_MAX` requests wait at once; more are refused with ENOLCK.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use lanefs_fuse::abi;
 use lanefs_fuse::{Reply, Request};
@@ -26,40 +32,166 @@ use super::handle::OpenFile;
 use super::sys::{self, SysResult};
 
 const SHARDS: usize = 16;
-/// A waiting lock retries after this long at first, doubling up to the maximum.
-const WAIT_FIRST: Duration = Duration::from_micros(500);
-const WAIT_MAX: Duration = Duration::from_millis(20);
-/// A waiting thread only retries a syscall and answers: a small stack is plenty.
+/// A waiting lock is retried at once when a lock on its inode is released through us; for a
+/// holder on the host (which tells us nothing) it is retried after this long at first,
+/// doubling up to the maximum.
+const WAIT_FIRST: Duration = Duration::from_millis(1);
+const WAIT_MAX: Duration = Duration::from_millis(100);
+/// At most this many lock requests wait at once per mount; more are answered ENOLCK.
+pub const WAITERS_MAX: usize = 1024;
+/// The waiting thread only retries non-blocking syscalls and answers: a small stack is plenty.
 const WAIT_THREAD_STACK_BYTES: usize = 64 * 1024;
-/// Interrupts remembered for requests not yet registered as waiting (INTERRUPT may overtake
-/// its request on another queue).
-const EARLY_INTERRUPTS_MAX: usize = 64;
+/// Interrupts remembered for requests not on the wait list (INTERRUPT may overtake its
+/// request on another queue, or arrive while the thread retries it), the oldest forgotten
+/// first: room for every waiter being killed at once, and some.
+const INTERRUPTS_MAX: usize = WAITERS_MAX + 64;
 /// The kernel's OFFSET_MAX: a lock to the end of the file.
 const OFFSET_MAX: u64 = i64::MAX as u64;
 
-/// The host fd carrying one lock owner's POSIX locks on one inode, and the process that
-/// last locked through it (reported by GETLK: OFD locks have no owning process).
+/// The host fd carrying one lock owner's POSIX locks on one inode, its access mode, and the
+/// process that last locked through it (reported by GETLK: OFD locks have no owning process).
 struct OwnerLocks {
     fd: Arc<OwnedFd>,
+    access: i32,
     pid: u32,
 }
 
 type OwnerFds = HashMap<(u64, u64), OwnerLocks>;
 
-/// Requests waiting for a lock, by unique, each with the flag its INTERRUPT sets.
+/// (nodeid, lock owner) → the host fd carrying that owner's POSIX locks on the inode, sharded
+/// by nodeid; shared with the waiting thread. Lock order: a leaf.
+type Owners = Arc<[Mutex<OwnerFds>]>;
+
+/// One try at a lock that never blocks: Ok, or EAGAIN/EACCES while someone else holds it.
+type Attempt = Box<dyn FnMut() -> SysResult<()> + Send>;
+
+/// A lock request waiting for its lock.
+struct Waiter {
+    unique: u64,
+    nodeid: u64,
+    reply: Reply,
+    attempt: Attempt,
+    /// When to retry if nothing is released through us before (a host-side holder).
+    next_try: Instant,
+    delay: Duration,
+}
+
 #[derive(Default)]
-struct Waiters {
-    waiting: HashMap<u64, Arc<AtomicBool>>,
-    early: VecDeque<u64>,
+struct WaitList {
+    waiting: Vec<Waiter>,
+    /// Inodes on which a lock was released through us since the thread last looked.
+    released: Vec<u64>,
+    /// INTERRUPTs not yet matched with a waiter (the oldest dropped beyond INTERRUPTS_MAX).
+    interrupts: VecDeque<u64>,
+    thread_started: bool,
+}
+
+struct Waits {
+    /// Lock order: a leaf. Only blocking lock requests, INTERRUPTs and, while some request
+    /// waits, lock releases take it.
+    list: Mutex<WaitList>,
+    wake: Condvar,
+    /// Requests waiting (on the list or being retried): a release through us takes the
+    /// mutex only when this is not zero.
+    count: AtomicUsize,
 }
 
 pub struct LockTable {
-    /// (nodeid, lock owner) → the host fd carrying that owner's POSIX locks on the inode,
-    /// sharded by nodeid. Lock order: a leaf.
-    owners: Box<[Mutex<OwnerFds>]>,
-    /// Only blocking lock requests and INTERRUPTs take it (never an ordinary request).
-    /// Lock order: a leaf.
-    waiters: Arc<Mutex<Waiters>>,
+    owners: Owners,
+    waits: Arc<Waits>,
+}
+
+fn shard(owners: &[Mutex<OwnerFds>], nodeid: u64) -> MutexGuard<'_, OwnerFds> {
+    owners[nodeid as usize % SHARDS]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether an fd opened with `access` may carry a lock of `typ` (as fcntl(2) checks).
+fn access_allows(access: i32, typ: i32) -> bool {
+    match typ {
+        libc::F_RDLCK => access != libc::O_WRONLY,
+        libc::F_WRLCK => access != libc::O_RDONLY,
+        _ => true,
+    }
+}
+
+/// The owner's fd for a lock of `typ` through `file`, opened if it has none yet with that
+/// open's own access mode. When the owner's fd cannot carry `typ` (it first locked through
+/// a read-only open, now through a writable one, or the reverse), it moves to a read-write
+/// fd, its locks with it. Records `pid` as the process locking through it.
+fn owner_fd_for(
+    owners: &[Mutex<OwnerFds>],
+    file: &OpenFile,
+    owner: u64,
+    pid: u32,
+    typ: i32,
+) -> SysResult<Arc<OwnedFd>> {
+    let nodeid = file.inode.nodeid;
+    {
+        let mut shard = shard(owners, nodeid);
+        if let Some(known) = shard.get_mut(&(nodeid, owner)) {
+            known.pid = pid;
+            if access_allows(known.access, typ) {
+                return Ok(known.fd.clone());
+            }
+            let wider = sys::reopen(&file.fd, libc::O_RDWR)?;
+            move_locks(&known.fd, &wider);
+            known.fd = Arc::new(wider);
+            known.access = libc::O_RDWR;
+            return Ok(known.fd.clone());
+        }
+    }
+    let access = file.flags & libc::O_ACCMODE;
+    let fd = Arc::new(sys::reopen(&file.fd, access)?);
+    Ok(shard(owners, nodeid)
+        .entry((nodeid, owner))
+        .or_insert(OwnerLocks { fd, access, pid })
+        .fd
+        .clone())
+}
+
+/// Moves the OFD locks held through `from` to `to` (listed in /proc/self/fdinfo). Read locks
+/// are taken on `to` before `from` lets go; a write lock can only be let go first, so another
+/// process may take the range in between, which the owner then no longer holds (logged).
+fn move_locks(from: &OwnedFd, to: &OwnedFd) {
+    let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", from.as_raw_fd()))
+    else {
+        return;
+    };
+    for line in info.lines().filter(|l| l.starts_with("lock:")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let typ = if words.contains(&"WRITE") {
+            libc::F_WRLCK
+        } else {
+            libc::F_RDLCK
+        };
+        let (Some(start), Some(end)) = (
+            words
+                .get(words.len().saturating_sub(2))
+                .and_then(|w| w.parse::<i64>().ok()),
+            words.last().map(|w| w.parse::<i64>().ok()),
+        ) else {
+            continue;
+        };
+        let range = |l_type: i32| libc::flock {
+            l_type: l_type as i16,
+            l_whence: libc::SEEK_SET as i16,
+            l_start: start,
+            // "EOF": to the end of the file.
+            l_len: end.map_or(0, |end| end - start + 1),
+            l_pid: 0,
+        };
+        if typ == libc::F_WRLCK {
+            let _ = sys::fcntl_lock(from, libc::F_OFD_SETLK, &mut range(libc::F_UNLCK));
+        }
+        if let Err(e) = sys::fcntl_lock(to, libc::F_OFD_SETLK, &mut range(typ)) {
+            tracing::warn!(
+                errno = e,
+                "a lock owner's range was lost moving it to a read-write fd"
+            );
+        }
+    }
 }
 
 /// A FUSE lock range (inclusive end, OFFSET_MAX for "to the end") as fcntl's.
@@ -96,43 +228,22 @@ impl LockTable {
     pub fn new() -> LockTable {
         LockTable {
             owners: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            waiters: Arc::default(),
+            waits: Arc::new(Waits {
+                list: Mutex::default(),
+                wake: Condvar::new(),
+                count: AtomicUsize::new(0),
+            }),
         }
     }
 
-    fn shard(&self, nodeid: u64) -> std::sync::MutexGuard<'_, OwnerFds> {
-        self.owners[nodeid as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    fn shard(&self, nodeid: u64) -> MutexGuard<'_, OwnerFds> {
+        shard(&self.owners, nodeid)
     }
 
     fn owner_fd(&self, nodeid: u64, owner: u64) -> Option<Arc<OwnedFd>> {
         self.shard(nodeid)
             .get(&(nodeid, owner))
             .map(|o| o.fd.clone())
-    }
-
-    /// The owner's fd, opened from `file` if it has none yet: read-write when the host
-    /// allows, so one fd serves the owner's read and write locks. Records `pid` as the
-    /// process locking through it.
-    fn owner_fd_or_open(&self, file: &OpenFile, owner: u64, pid: u32) -> SysResult<Arc<OwnedFd>> {
-        let nodeid = file.inode.nodeid;
-        {
-            let mut shard = self.shard(nodeid);
-            if let Some(known) = shard.get_mut(&(nodeid, owner)) {
-                known.pid = pid;
-                return Ok(known.fd.clone());
-            }
-        }
-        let fd = sys::reopen(&file.fd, libc::O_RDWR)
-            .or_else(|_| sys::reopen(&file.fd, file.flags & libc::O_ACCMODE))?;
-        let fd = Arc::new(fd);
-        Ok(self
-            .shard(nodeid)
-            .entry((nodeid, owner))
-            .or_insert(OwnerLocks { fd, pid })
-            .fd
-            .clone())
     }
 
     /// The process holding `lock` (a conflict GETLK found), among the other owners of the
@@ -169,86 +280,163 @@ impl LockTable {
     /// The owner closed the file: its POSIX locks on the inode go (close(2) semantics).
     pub fn release_owner(&self, nodeid: u64, owner: u64) {
         let fd = self.shard(nodeid).remove(&(nodeid, owner));
-        drop(fd);
+        if fd.is_some() {
+            drop(fd);
+            self.released(nodeid);
+        }
     }
 
     /// The last open of the inode closed: every owner's locks on it go.
     pub fn release_inode(&self, nodeid: u64) {
-        let mut shard = self.shard(nodeid);
-        if !shard.is_empty() {
-            shard.retain(|(id, _), _| *id != nodeid);
+        {
+            let mut shard = self.shard(nodeid);
+            if !shard.is_empty() {
+                shard.retain(|(id, _), _| *id != nodeid);
+            }
         }
+        self.released(nodeid);
+    }
+
+    /// How many lock requests wait (`lanefs stats`).
+    pub fn waiting(&self) -> u64 {
+        self.waits.count.load(Ordering::Relaxed) as u64
+    }
+
+    /// A lock on `nodeid` may have been released through us: its waiters try again now.
+    /// One atomic load when nothing waits.
+    pub fn released(&self, nodeid: u64) {
+        if self.waits.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut list = self.waits.lock();
+        if !list.released.contains(&nodeid) {
+            list.released.push(nodeid);
+        }
+        drop(list);
+        self.waits.wake.notify_one();
     }
 
     pub fn interrupt(&self, unique: u64) {
-        let mut w = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
-        match w.waiting.get(&unique) {
-            Some(flag) => flag.store(true, Ordering::Relaxed),
-            None => {
-                if w.early.len() == EARLY_INTERRUPTS_MAX {
-                    w.early.pop_front();
-                }
-                w.early.push_back(unique);
-            }
+        let mut list = self.waits.lock();
+        if let Some(pos) = list.waiting.iter().position(|w| w.unique == unique) {
+            let waiter = list.waiting.swap_remove(pos);
+            self.waits.count.fetch_sub(1, Ordering::AcqRel);
+            drop(list);
+            return waiter.reply.error(libc::EINTR);
         }
+        if list.interrupts.len() == INTERRUPTS_MAX {
+            list.interrupts.pop_front();
+        }
+        list.interrupts.push_back(unique);
+        drop(list);
+        self.waits.wake.notify_one();
     }
 
-    /// Retries `attempt` on a thread of its own until it stops saying "would block", or the
-    /// request is interrupted (EINTR); then answers.
-    fn wait_on_thread(
-        &self,
-        unique: u64,
-        reply: Reply,
-        mut attempt: impl FnMut() -> SysResult<()> + Send + 'static,
-    ) {
-        let flag = Arc::new(AtomicBool::new(false));
-        {
-            let mut w = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(pos) = w.early.iter().position(|u| *u == unique) {
-                w.early.remove(pos);
-                drop(w);
-                return reply.error(libc::EINTR);
-            }
-            w.waiting.insert(unique, flag.clone());
+    /// Puts a request whose lock is held elsewhere on the wait list (ENOLCK when it is
+    /// full, EINTR when its INTERRUPT came first); the waiting thread answers it.
+    fn wait(&self, unique: u64, nodeid: u64, reply: Reply, attempt: Attempt) {
+        let mut list = self.waits.lock();
+        if let Some(pos) = list.interrupts.iter().position(|u| *u == unique) {
+            list.interrupts.remove(pos);
+            drop(list);
+            return reply.error(libc::EINTR);
         }
-        let waiters = self.waiters.clone();
-        let unregister = move || {
-            waiters
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .waiting
-                .remove(&unique);
-        };
-        let spawned = std::thread::Builder::new()
-            .name("lanefs-lock-wait".into())
-            .stack_size(WAIT_THREAD_STACK_BYTES)
-            .spawn({
-                let unregister = unregister.clone();
-                move || {
-                    let mut delay = WAIT_FIRST;
-                    let result = loop {
-                        if flag.load(Ordering::Relaxed) {
-                            break Err(libc::EINTR);
+        // The count, not the list: waiters being retried are off the list for a moment.
+        if self.waits.count.load(Ordering::Acquire) >= WAITERS_MAX {
+            drop(list);
+            return reply.error(libc::ENOLCK);
+        }
+        if !list.thread_started {
+            let waits = self.waits.clone();
+            let spawned = std::thread::Builder::new()
+                .name("lanefs-lock-wait".into())
+                .stack_size(WAIT_THREAD_STACK_BYTES)
+                .spawn(move || waits.serve());
+            if let Err(e) = spawned {
+                drop(list);
+                tracing::warn!("cannot start the lock-wait thread: {e}");
+                return reply.error(libc::ENOLCK);
+            }
+            list.thread_started = true;
+        }
+        self.waits.count.fetch_add(1, Ordering::AcqRel);
+        // Tried again at once: a lock released between the caller's try and now told no one.
+        list.waiting.push(Waiter {
+            unique,
+            nodeid,
+            reply,
+            attempt,
+            next_try: Instant::now(),
+            delay: WAIT_FIRST,
+        });
+        drop(list);
+        self.waits.wake.notify_one();
+    }
+}
+
+impl Waits {
+    fn lock(&self) -> MutexGuard<'_, WaitList> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The waiting thread: retries the waiters that are due (their inode saw a release, their
+    /// back-off ran out) and answers those that got their lock, failed, or were interrupted.
+    fn serve(&self) {
+        let mut list = self.lock();
+        loop {
+            let now = Instant::now();
+            let released = std::mem::take(&mut list.released);
+            let mut due = Vec::new();
+            for waiter in std::mem::take(&mut list.waiting) {
+                let interrupted = list.interrupts.iter().position(|u| *u == waiter.unique);
+                if let Some(pos) = interrupted {
+                    list.interrupts.remove(pos);
+                    self.count.fetch_sub(1, Ordering::AcqRel);
+                    waiter.reply.error(libc::EINTR);
+                } else if waiter.next_try <= now || released.contains(&waiter.nodeid) {
+                    due.push(waiter);
+                } else {
+                    list.waiting.push(waiter);
+                }
+            }
+            drop(list);
+            let mut still = Vec::new();
+            for mut waiter in due {
+                match (waiter.attempt)() {
+                    Err(libc::EAGAIN | libc::EACCES) => {
+                        waiter.next_try = now + waiter.delay;
+                        waiter.delay = (waiter.delay * 2).min(WAIT_MAX);
+                        still.push(waiter);
+                    }
+                    result => {
+                        self.count.fetch_sub(1, Ordering::AcqRel);
+                        match result {
+                            Ok(()) => waiter.reply.ok(),
+                            Err(e) => waiter.reply.error(e),
                         }
-                        match attempt() {
-                            Err(libc::EAGAIN | libc::EACCES) => {
-                                std::thread::sleep(delay);
-                                delay = (delay * 2).min(WAIT_MAX);
-                            }
-                            other => break other,
-                        }
-                    };
-                    unregister();
-                    match result {
-                        Ok(()) => reply.ok(),
-                        Err(e) => reply.error(e),
                     }
                 }
-            });
-        if let Err(e) = spawned {
-            // The closure (and the reply in it) was dropped, which answered EIO.
-            tracing::warn!("cannot start a lock-wait thread: {e}");
-            unregister();
+            }
+            list = self.lock();
+            list.waiting.append(&mut still);
+            let pending_interrupt = list
+                .waiting
+                .iter()
+                .any(|w| list.interrupts.contains(&w.unique));
+            if !list.released.is_empty() || pending_interrupt {
+                continue;
+            }
+            let next = list.waiting.iter().map(|w| w.next_try).min();
+            list = match next {
+                Some(at) => {
+                    let timeout = at.saturating_duration_since(Instant::now());
+                    self.wake
+                        .wait_timeout(list, timeout)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.wake.wait(list).unwrap_or_else(|e| e.into_inner()),
+            };
         }
     }
 }
@@ -280,17 +468,21 @@ impl PassthroughFs {
             Some(file) => file,
             None => return reply.error(libc::EBADF),
         };
+        let nodeid = file.inode.nodeid;
+        let typ = arg.lk.typ as i32;
         if arg.lk_flags & abi::LK_FLOCK != 0 {
-            let operation = match arg.lk.typ as i32 {
+            let operation = match typ {
                 libc::F_RDLCK => libc::LOCK_SH,
                 libc::F_WRLCK => libc::LOCK_EX,
                 _ => libc::LOCK_UN,
             };
             let attempt = move || sys::flock(&file.fd, operation | libc::LOCK_NB);
-            return self.lock_or_wait(req.unique, sleep, reply, attempt);
+            self.lock_or_wait(req.unique, nodeid, sleep, reply, Box::new(attempt));
+            if operation == libc::LOCK_UN {
+                self.locks.released(nodeid);
+            }
+            return;
         }
-        let typ = arg.lk.typ as i32;
-        let nodeid = file.inode.nodeid;
         if typ == libc::F_UNLCK {
             let result = match self.locks.owner_fd(nodeid, arg.owner) {
                 Some(fd) => {
@@ -299,39 +491,37 @@ impl PassthroughFs {
                 }
                 None => Ok(()),
             };
+            self.locks.released(nodeid);
             return match result {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
             };
         }
         // As fcntl(2): a read lock needs a readable open, a write lock a writable one.
-        if (typ == libc::F_RDLCK && !file.readable()) || (typ == libc::F_WRLCK && !file.writable())
-        {
+        if !access_allows(file.flags & libc::O_ACCMODE, typ) {
             return reply.error(libc::EBADF);
         }
-        let fd = match self.locks.owner_fd_or_open(&file, arg.owner, arg.lk.pid) {
-            Ok(fd) => fd,
-            Err(e) => return reply.error(e),
-        };
-        let lk = arg.lk;
+        let (owners, owner, pid, lk) = (self.locks.owners.clone(), arg.owner, arg.lk.pid, arg.lk);
+        // The owner's fd is looked up on every try: it may move to a read-write fd meanwhile.
         let attempt = move || {
-            let mut fl = to_flock(&lk);
-            sys::fcntl_lock(&fd, libc::F_OFD_SETLK, &mut fl)
+            let fd = owner_fd_for(&owners, &file, owner, pid, typ)?;
+            sys::fcntl_lock(&fd, libc::F_OFD_SETLK, &mut to_flock(&lk))
         };
-        self.lock_or_wait(req.unique, sleep, reply, attempt)
+        self.lock_or_wait(req.unique, nodeid, sleep, reply, Box::new(attempt))
     }
 
     fn lock_or_wait(
         &self,
         unique: u64,
+        nodeid: u64,
         sleep: bool,
         reply: Reply,
-        mut attempt: impl FnMut() -> SysResult<()> + Send + 'static,
+        mut attempt: Attempt,
     ) {
         match attempt() {
             Ok(()) => reply.ok(),
             Err(libc::EAGAIN | libc::EACCES) if sleep => {
-                self.locks.wait_on_thread(unique, reply, attempt)
+                self.locks.wait(unique, nodeid, reply, attempt)
             }
             Err(e) => reply.error(e),
         }

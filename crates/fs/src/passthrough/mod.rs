@@ -400,7 +400,9 @@ impl PassthroughFs {
     }
 
     /// The attributes answer for `inode` (uncacheable when [`Self::volatile_attrs`]).
-    fn attr_out(&self, inode: &Inode, st: &libc::stat) -> abi::AttrOut {
+    /// `generation` is the inode's mode generation read before `st` was taken.
+    fn attr_out(&self, inode: &Inode, st: &libc::stat, generation: u64) -> abi::AttrOut {
+        inode.saw_mode(st.st_mode, generation);
         let timeout = if self.volatile_attrs(inode, st) {
             Duration::ZERO
         } else {
@@ -446,11 +448,23 @@ impl PassthroughFs {
         let kind = st.st_mode & libc::S_IFMT;
         let mut mount_id = -1;
         let mut seed = None;
-        let handle = if keep_fd {
+        let mut handle = if keep_fd {
             None
         } else {
             self.handle_for(found.fd(), &mut mount_id)?
         };
+        // Reopening by handle on another mount needs an open fd of that mount, which only a
+        // directory or a regular file can lend without side effects: a device, FIFO or
+        // socket bound there is never opened (a tty would become our controlling terminal, a
+        // FIFO could block) and keeps its O_PATH fd instead.
+        if handle.is_some()
+            && mount_id != parent.mount_id
+            && kind != libc::S_IFDIR
+            && kind != libc::S_IFREG
+        {
+            handle = None;
+            mount_id = -1;
+        }
         let host = match handle {
             Some(handle) => {
                 let mount = if mount_id == parent.mount_id {
@@ -474,6 +488,11 @@ impl PassthroughFs {
         });
         if !new && inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
+        }
+        // A new inode's mode cannot have been changed through us since `st` was taken (for a
+        // known one it might: its next getattr records it).
+        if new {
+            inode.saw_mode(st.st_mode, 0);
         }
         if let Some(fd) = seed
             && matches!(inode.host, HostRef::Handle { .. })
@@ -635,6 +654,11 @@ impl Filesystem for PassthroughFs {
         if self.opts.killpriv_v2 {
             want |= init_flags::HANDLE_KILLPRIV_V2;
         }
+        // Creates carry the caller's supplementary group in the parent's group (see
+        // `creds`); only worth asking for when we act as callers at all.
+        if self.creds.can_switch {
+            want |= init_flags::CREATE_SUPP_GROUP;
+        }
         if self.opts.passthrough && self.creds.can_switch {
             want |= init_flags::PASSTHROUGH;
         }
@@ -666,6 +690,7 @@ impl Filesystem for PassthroughFs {
             ("fd_cache_hits", fds.hits),
             ("fd_cache_misses", fds.misses),
             ("fd_cache_evictions", fds.evictions),
+            ("fd_cache_swept", fds.swept),
             ("backing_ids_live", Counters::get(&c.backing_live)),
             ("backing_ids_opened", Counters::get(&c.backing_opened)),
             (
@@ -673,6 +698,8 @@ impl Filesystem for PassthroughFs {
                 Counters::get(&c.passthrough_declined),
             ),
             ("kill_suidgid", Counters::get(&c.kill_suidgid)),
+            ("set_id_checks", Counters::get(&c.set_id_checks)),
+            ("lock_waiters", self.locks.waiting()),
         ]
         .into_iter()
         .map(|(name, value)| (name.to_owned(), value))

@@ -5,7 +5,9 @@
 //! Architecture invariant: every name handed to the host is one path component checked by
 //! [`component`] and resolved relative to a directory fd with symlinks never followed
 //! (`O_NOFOLLOW`, `AT_SYMLINK_NOFOLLOW`); nothing here resolves a multi-component path except
-//! `/proc/self/fd/N`, which names one of our own fds.
+//! `/proc/self/fd/N`, which names one of our own fds. Every open here adds O_NOCTTY: the
+//! daemon is a session leader, and a tty reachable in SOURCE must never become its controlling
+//! terminal.
 
 use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -115,7 +117,7 @@ pub fn open_by_handle(mount: &OwnedFd, handle: &FileHandle, flags: i32) -> SysRe
         libc::open_by_handle_at(
             mount.as_raw_fd(),
             (&raw mut buf).cast::<libc::file_handle>(),
-            flags | libc::O_CLOEXEC,
+            flags | libc::O_CLOEXEC | libc::O_NOCTTY,
         )
     })
 }
@@ -127,7 +129,7 @@ pub fn openat(dir: &OwnedFd, name: &CStr, flags: i32, mode: u32) -> SysResult<Ow
         libc::openat(
             dir.as_raw_fd(),
             name.as_ptr(),
-            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NOCTTY,
             mode as libc::c_uint,
         )
     })
@@ -182,7 +184,7 @@ pub fn set_tree_atime(tree: &OwnedFd, atime: u64) -> SysResult<()> {
 pub fn reopen(fd: &OwnedFd, flags: i32) -> SysResult<OwnedFd> {
     let path = proc_path(fd.as_raw_fd());
     // The magic link must be followed; it leads to our own fd's object, nowhere else.
-    let flags = (flags & !libc::O_NOFOLLOW) | libc::O_CLOEXEC;
+    let flags = (flags & !libc::O_NOFOLLOW) | libc::O_CLOEXEC | libc::O_NOCTTY;
     // SAFETY: path is NUL-terminated.
     owned(unsafe { libc::open(path.as_ptr(), flags) })
 }
@@ -731,6 +733,8 @@ struct CapHeader {
 
 const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 const CAP_FSETID: u32 = 4;
+const CAP_SETGID: u32 = 6;
+const CAP_SETUID: u32 = 7;
 
 /// The calling thread's capability sets (v3: two 32-bit words each).
 fn capget() -> SysResult<(CapHeader, [CapData; 2])> {
@@ -765,6 +769,9 @@ pub fn set_effective_caps(effective: u64) -> SysResult<()> {
 
 /// The capability bit that lets a writer keep set-user-id bits.
 pub const CAP_FSETID_BIT: u64 = 1 << CAP_FSETID;
+/// The capability bits that let the daemon take on a caller's fsuid, fsgid and groups.
+pub const CAP_SETGID_BIT: u64 = 1 << CAP_SETGID;
+pub const CAP_SETUID_BIT: u64 = 1 << CAP_SETUID;
 
 /// setfsuid/setfsgid of the calling thread only (the kernel's credentials are per thread and
 /// glibc does not broadcast these two). Returns the previous value.
@@ -776,6 +783,36 @@ pub fn set_fsuid(uid: u32) -> u32 {
 pub fn set_fsgid(gid: u32) -> u32 {
     // SAFETY: no memory effects.
     unsafe { libc::setfsgid(gid) as u32 }
+}
+
+/// The calling thread's fsuid: setfsuid(-1) changes nothing and returns it. (setfsuid reports
+/// the previous id whether or not it changed it, so a switch is checked by asking again.)
+pub fn fsuid_now() -> u32 {
+    set_fsuid(u32::MAX)
+}
+
+/// The calling thread's fsgid (see [`fsuid_now`]).
+pub fn fsgid_now() -> u32 {
+    set_fsgid(u32::MAX)
+}
+
+/// Sets the calling thread's supplementary groups: the raw syscall, which changes this thread
+/// only (glibc's setgroups changes every thread of the process). Needs CAP_SETGID.
+pub fn set_thread_groups(groups: &[u32]) -> SysResult<()> {
+    // SAFETY: groups points to groups.len() gid_t values, which the kernel only reads.
+    let ret = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if ret < 0 { Err(errno()) } else { Ok(()) }
+}
+
+/// The calling thread's supplementary groups.
+pub fn groups() -> SysResult<Vec<u32>> {
+    // SAFETY: a zero size only asks for the count.
+    let count = check(unsafe { libc::getgroups(0, std::ptr::null_mut()) })?;
+    let mut groups = vec![0; count as usize];
+    // SAFETY: groups has room for `count` gid_t values.
+    let got = check(unsafe { libc::getgroups(count, groups.as_mut_ptr()) })?;
+    groups.truncate(got as usize);
+    Ok(groups)
 }
 
 pub fn syncfs(fd: &OwnedFd) -> SysResult<()> {
