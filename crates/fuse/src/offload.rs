@@ -27,8 +27,9 @@ use crate::topology::{self, Topology};
 /// different files, a copy and a readdirplus), few enough to cost little when idle.
 pub const THREADS_PER_NODE: usize = 4;
 /// Jobs waiting per NUMA node beyond the running ones; a job that finds the queue full runs
-/// on its submitter instead.
-pub const QUEUE_PER_NODE: usize = 256;
+/// on its submitter instead. Small: each waiting job holds a parked request (over io_uring,
+/// a ring entry), and these must stay well below a ring's spare entries.
+pub const QUEUE_PER_NODE: usize = 64;
 /// Stack of a pool thread: jobs keep their buffers on the heap.
 const STACK_BYTES: usize = 256 << 10;
 /// Inline runs (queue full) between two log lines.

@@ -37,8 +37,15 @@ const SHARDS: usize = 16;
 /// doubling up to the maximum.
 const WAIT_FIRST: Duration = Duration::from_millis(1);
 const WAIT_MAX: Duration = Duration::from_millis(100);
-/// At most this many lock requests wait at once per mount; more are answered ENOLCK.
-pub const WAITERS_MAX: usize = 1024;
+/// At most this many lock requests wait at once per mount; more are answered ENOLCK. Over
+/// io_uring each keeps its ring entry while it waits, so with everything else that can park
+/// at once (the offload pool's jobs) it stays below what one CPU's ring may add as spares:
+/// waiters, all from one CPU, can never stop that CPU's queue.
+pub const WAITERS_MAX: usize = 256;
+const _: () = assert!(
+    WAITERS_MAX + lanefs_fuse::offload::THREADS_PER_NODE + lanefs_fuse::offload::QUEUE_PER_NODE
+        <= lanefs_fuse::uring::MAX_RING_ENTRIES - lanefs_fuse::uring::MAX_QUEUE_DEPTH
+);
 /// The waiting thread only retries non-blocking syscalls and answers: a small stack is plenty.
 const WAIT_THREAD_STACK_BYTES: usize = 64 * 1024;
 /// Interrupts remembered for requests not on the wait list (INTERRUPT may overtake its
