@@ -173,6 +173,9 @@ impl PassthroughFs {
             if let Some(b) = &mut state.backing {
                 b.opens += 1;
                 b.writers += u32::from(writable);
+                inode
+                    .passthrough_writers
+                    .store(b.writers, Ordering::Relaxed);
                 out.backing_id = b.id;
                 out.open_flags = fopen::PASSTHROUGH;
                 if served_by_us || (writable && b.keeps_set_id != privileged) {
@@ -192,6 +195,9 @@ impl PassthroughFs {
                     writers: u32::from(writable),
                     keeps_set_id: privileged,
                 });
+                inode
+                    .passthrough_writers
+                    .store(u32::from(writable), Ordering::Relaxed);
                 out.backing_id = id;
                 out.open_flags = fopen::PASSTHROUGH;
                 passthrough = true;
@@ -289,6 +295,9 @@ impl PassthroughFs {
             {
                 b.opens -= 1;
                 b.writers = b.writers.saturating_sub(u32::from(file.writable()));
+                file.inode
+                    .passthrough_writers
+                    .store(b.writers, Ordering::Relaxed);
                 if b.opens == 0 {
                     let id = b.id;
                     state.backing = None;

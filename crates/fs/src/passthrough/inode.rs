@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use super::gate::WriteGate;
@@ -102,9 +102,12 @@ pub struct Inode {
     /// The kernel's lookup count; changed only under the inode's `by_key` shard lock.
     lookups: AtomicU64,
     pub gate: WriteGate,
-    /// Lock order: after nothing; taken on open and release only, never with another
-    /// inode's.
+    /// Lock order: after nothing; taken on open and release (and by getattr of a set-ID file
+    /// with passthrough opens), never with another inode's.
     open_state: Mutex<OpenState>,
+    /// `Backing::writers` as one word, stored under `open_state` whenever it changes, so that
+    /// every getattr can ask "open for writing through passthrough?" without the lock.
+    pub passthrough_writers: AtomicU32,
     /// Symlinks only. Lock order: a leaf.
     link_name: Mutex<Option<LinkName>>,
     /// Until when (nanoseconds on the file system's clock, `PassthroughFs::now_ns`) the
@@ -154,6 +157,7 @@ impl Inode {
             gate: WriteGate::new(size),
             open_state: Mutex::new(OpenState::default()),
             link_name: Mutex::new(None),
+            passthrough_writers: AtomicU32::new(0),
             caps_absent_until: AtomicU64::new(0),
             caps_changes: AtomicU64::new(0),
             set_id_seen: AtomicU64::new(0),

@@ -391,12 +391,13 @@ impl PassthroughFs {
     /// kernel passthrough: a write through a shared mapping of it dirties the host file
     /// directly, whose mtime and ctime move at the write fault (and msync goes to the host
     /// file too), so only a fresh GETATTR shows them, as a native stat would.
+    /// The common case costs one atomic load (getattr must not wait on an open's lock).
     fn volatile_attrs(&self, inode: &Inode, st: &libc::stat) -> bool {
+        if inode.passthrough_writers.load(Ordering::Relaxed) > 0 {
+            return true;
+        }
         let set_id = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0;
-        inode
-            .open_state()
-            .backing
-            .is_some_and(|b| b.writers > 0 || (set_id && !b.keeps_set_id))
+        set_id && inode.open_state().backing.is_some_and(|b| !b.keeps_set_id)
     }
 
     /// The attributes answer for `inode` (uncacheable when [`Self::volatile_attrs`]).
