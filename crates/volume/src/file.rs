@@ -1,0 +1,576 @@
+//! One open file's data: its size (an atomic), its write gate, the chunk buffers written and
+//! not yet flushed, and what the store holds (inline bytes or the chunk map). Flushing turns
+//! dirty chunks into new immutable blocks and commits them as one metadata change.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use bytes::Bytes;
+
+use crate::blocks::{BlockStore, checksum};
+use crate::meta::{self, ChunkRec, DataUpdate, Errno, FileRec, MetaStore};
+
+/// A file is cut into chunks of this size; each chunk's content is one block (see
+/// ARCHITECTURE.md, "Data", for why 1 MiB).
+pub const CHUNK_BYTES: u64 = 1 << 20;
+/// Files up to this size with no chunks keep their bytes in the metadata.
+pub const INLINE_MAX_BYTES: u64 = 64 << 10;
+/// A file whose unflushed writes pass this is flushed by the write that passed it.
+pub const FILE_DIRTY_MAX_BYTES: u64 = 64 << 20;
+/// Blocks kept in memory after a read, at most (the local block cache).
+pub const BLOCK_CACHE_BYTES: usize = 256 << 20;
+const CACHE_SHARDS: usize = 16;
+/// Block ids are the session id above this many bits and a per-session counter below.
+pub const BLOCK_ID_SESSION_SHIFT: u32 = 40;
+
+struct CacheShard {
+    blocks: HashMap<u64, Bytes>,
+    /// Insertion order, for eviction (first in, first out).
+    order: VecDeque<u64>,
+    bytes: usize,
+}
+
+/// The data path shared by all files: the block store, the block cache, block ids.
+pub struct DataPath {
+    pub blocks: Arc<dyn BlockStore>,
+    /// Recently read blocks, by id. Each mutex protects one shard; held for a map
+    /// operation only (never across I/O). Leaf locks.
+    cache: Vec<Mutex<CacheShard>>,
+    next_block: AtomicU64,
+}
+
+impl DataPath {
+    pub fn new(blocks: Arc<dyn BlockStore>, session: u64) -> DataPath {
+        DataPath {
+            blocks,
+            cache: (0..CACHE_SHARDS)
+                .map(|_| {
+                    Mutex::new(CacheShard {
+                        blocks: HashMap::new(),
+                        order: VecDeque::new(),
+                        bytes: 0,
+                    })
+                })
+                .collect(),
+            next_block: AtomicU64::new(session << BLOCK_ID_SESSION_SHIFT),
+        }
+    }
+
+    fn new_block_id(&self) -> u64 {
+        self.next_block.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn shard(&self, block: u64) -> std::sync::MutexGuard<'_, CacheShard> {
+        self.cache[(block as usize) % CACHE_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A chunk's block, checked against its checksum.
+    fn read_block(&self, ino: u64, chunk: &ChunkRec) -> Result<Bytes, Errno> {
+        if let Some(b) = self.shard(chunk.block).blocks.get(&chunk.block) {
+            return Ok(b.clone());
+        }
+        let data = match self.blocks.get(chunk.block) {
+            Ok(data) => data,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::error!(
+                    "volume: block {:016x} of inode {ino} (chunk {}) is missing from the block store",
+                    chunk.block,
+                    chunk.idx
+                );
+                return Err(libc::EIO);
+            }
+            Err(e) => {
+                tracing::error!(
+                    "volume: reading block {:016x} of inode {ino}: {e}",
+                    chunk.block
+                );
+                return Err(libc::EIO);
+            }
+        };
+        if checksum(&data) != chunk.crc {
+            tracing::error!(
+                "volume: block {:016x} of inode {ino} (chunk {}) fails its checksum",
+                chunk.block,
+                chunk.idx
+            );
+            return Err(libc::EIO);
+        }
+        let mut shard = self.shard(chunk.block);
+        let limit = BLOCK_CACHE_BYTES / CACHE_SHARDS;
+        while shard.bytes + data.len() > limit {
+            let Some(old) = shard.order.pop_front() else {
+                break;
+            };
+            if let Some(b) = shard.blocks.remove(&old) {
+                shard.bytes -= b.len();
+            }
+        }
+        if shard.blocks.insert(chunk.block, data.clone()).is_none() {
+            shard.bytes += data.len();
+            shard.order.push_back(chunk.block);
+        }
+        Ok(data)
+    }
+
+    fn forget_cached(&self, block: u64) {
+        let mut shard = self.shard(block);
+        if let Some(b) = shard.blocks.remove(&block) {
+            shard.bytes -= b.len();
+            shard.order.retain(|id| *id != block);
+        }
+    }
+}
+
+/// What the store holds for a file.
+#[derive(Default)]
+struct Committed {
+    inline: Option<Bytes>,
+    chunks: BTreeMap<u64, ChunkRec>,
+}
+
+type ChunkBuf = Arc<Mutex<Vec<u8>>>;
+
+pub struct FileState {
+    pub ino: u64,
+    /// The file's size, written data included. Read without any lock (getattr, lseek).
+    size: AtomicU64,
+    /// mtime set by writes not yet flushed (0: none).
+    dirty_mtime_ns: AtomicI64,
+    /// The write gate (seed 000): shared by writes ending within the size, exclusive for
+    /// extending writes, truncate and flush. Protects the set of dirty chunks against a
+    /// flush taking them away mid-write. Before `dirty` and a chunk buffer; never held with
+    /// another file's gate.
+    gate: RwLock<()>,
+    /// Opens of the inode on this mount; changed only under the open table's shard lock.
+    pub opens: AtomicU32,
+    /// Lost its last name while open: freed at the last release.
+    pub orphaned: AtomicBool,
+    /// The load from the store, done by the first open.
+    loaded: OnceLock<Result<(), Errno>>,
+    /// Chunk index → buffer of written, unflushed bytes (past its end: zeros). The mutex
+    /// protects the map and is held only to find or insert a buffer; a buffer's own mutex is
+    /// held while bytes are copied in or out. Order: gate → dirty → buffer.
+    dirty: Mutex<BTreeMap<u64, ChunkBuf>>,
+    dirty_bytes: AtomicU64,
+    /// What the store holds. Written only under the gate held exclusive (after a commit);
+    /// read by reads and lseek. Leaf lock, never held across I/O.
+    committed: RwLock<Committed>,
+}
+
+fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+fn write_lock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+fn lock<T>(l: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FileState {
+    pub fn new(ino: u64) -> FileState {
+        FileState {
+            ino,
+            size: AtomicU64::new(0),
+            dirty_mtime_ns: AtomicI64::new(0),
+            gate: RwLock::new(()),
+            opens: AtomicU32::new(0),
+            orphaned: AtomicBool::new(false),
+            loaded: OnceLock::new(),
+            dirty: Mutex::new(BTreeMap::new()),
+            dirty_bytes: AtomicU64::new(0),
+            committed: RwLock::new(Committed::default()),
+        }
+    }
+
+    /// Loads the file from the store once (the first open); later calls return its outcome.
+    pub fn load(&self, fetch: impl FnOnce() -> Result<FileRec, Errno>) -> Result<(), Errno> {
+        *self.loaded.get_or_init(|| {
+            let rec = fetch()?;
+            self.size.store(rec.attr.size, Ordering::Relaxed);
+            let mut c = write_lock(&self.committed);
+            c.inline = rec.inline.map(Bytes::from);
+            c.chunks = rec.chunks.into_iter().map(|c| (c.idx, c)).collect();
+            Ok(())
+        })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// The mtime of writes not yet flushed, if any.
+    pub fn dirty_mtime(&self) -> Option<i64> {
+        match self.dirty_mtime_ns.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
+    /// The bytes the store holds for a chunk (empty: a hole).
+    fn base(&self, dp: &DataPath, idx: u64) -> Result<Vec<u8>, Errno> {
+        let chunk = {
+            let c = read_lock(&self.committed);
+            if idx == 0
+                && let Some(inline) = &c.inline
+            {
+                return Ok(inline.to_vec());
+            }
+            c.chunks.get(&idx).copied()
+        };
+        match chunk {
+            Some(chunk) => {
+                let block = dp.read_block(self.ino, &chunk)?;
+                Ok(block[..(chunk.len as usize).min(block.len())].to_vec())
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn chunk_buf(&self, dp: &DataPath, idx: u64, whole: bool) -> Result<ChunkBuf, Errno> {
+        if let Some(buf) = lock(&self.dirty).get(&idx) {
+            return Ok(buf.clone());
+        }
+        // Read the chunk's current bytes outside the map's lock (it may be a block fetch).
+        let base = if whole {
+            Vec::new()
+        } else {
+            self.base(dp, idx)?
+        };
+        let mut dirty = lock(&self.dirty);
+        let buf = dirty
+            .entry(idx)
+            .or_insert_with(|| Arc::new(Mutex::new(base)));
+        Ok(buf.clone())
+    }
+
+    /// Writes `data` at `offset`. Returns true when the file's unflushed bytes passed
+    /// [`FILE_DIRTY_MAX_BYTES`] (the caller flushes).
+    pub fn write(
+        &self,
+        dp: &DataPath,
+        offset: u64,
+        data: &[u8],
+        parallel: bool,
+        now_ns: i64,
+    ) -> Result<bool, Errno> {
+        let end = offset.checked_add(data.len() as u64).ok_or(libc::EFBIG)?;
+        let _gate = if parallel && end <= self.size() {
+            let shared = read_lock(&self.gate);
+            if end <= self.size() {
+                Gate::Shared(shared)
+            } else {
+                drop(shared);
+                Gate::Exclusive(write_lock(&self.gate))
+            }
+        } else {
+            Gate::Exclusive(write_lock(&self.gate))
+        };
+        let mut pos = offset;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let idx = pos / CHUNK_BYTES;
+            let within = (pos % CHUNK_BYTES) as usize;
+            let n = rest.len().min(CHUNK_BYTES as usize - within);
+            let whole = within == 0 && n == CHUNK_BYTES as usize;
+            let buf = self.chunk_buf(dp, idx, whole)?;
+            let mut buf = lock(&buf);
+            if buf.len() < within + n {
+                buf.resize(within + n, 0);
+            }
+            buf[within..within + n].copy_from_slice(&rest[..n]);
+            pos += n as u64;
+            rest = &rest[n..];
+        }
+        self.size.fetch_max(end, Ordering::Relaxed);
+        self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
+        let dirty = self
+            .dirty_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(dirty + data.len() as u64 > FILE_DIRTY_MAX_BYTES)
+    }
+
+    /// Up to `len` bytes at `offset` (fewer at the end of the file).
+    pub fn read(&self, dp: &DataPath, offset: u64, len: u32) -> Result<Vec<u8>, Errno> {
+        let size = self.size();
+        if offset >= size {
+            return Ok(Vec::new());
+        }
+        let end = size.min(offset.saturating_add(len as u64));
+        let mut out = vec![0u8; (end - offset) as usize];
+        let mut pos = offset;
+        while pos < end {
+            let idx = pos / CHUNK_BYTES;
+            let within = (pos % CHUNK_BYTES) as usize;
+            let n = ((end - pos) as usize).min(CHUNK_BYTES as usize - within);
+            let dst = &mut out[(pos - offset) as usize..(pos - offset) as usize + n];
+            let dirty = lock(&self.dirty).get(&idx).cloned();
+            if let Some(buf) = dirty {
+                copy_part(dst, &lock(&buf), within);
+            } else {
+                let (inline, chunk) = {
+                    let c = read_lock(&self.committed);
+                    let inline = if idx == 0 { c.inline.clone() } else { None };
+                    (inline, c.chunks.get(&idx).copied())
+                };
+                if let Some(inline) = inline {
+                    copy_part(dst, &inline, within);
+                } else if let Some(chunk) = chunk {
+                    let block = dp.read_block(self.ino, &chunk)?;
+                    let valid = (chunk.len as usize).min(block.len());
+                    copy_part(dst, &block[..valid], within);
+                }
+            }
+            pos += n as u64;
+        }
+        Ok(out)
+    }
+
+    /// Commits the unflushed writes: new blocks for dirty chunks (or the inline bytes), then
+    /// one metadata change. With `sync`, blocks and metadata are durable when it returns.
+    /// Returns the blocks the change released (to delete from the block store).
+    pub fn flush(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        sync: bool,
+    ) -> Result<Vec<u64>, Errno> {
+        let _gate = write_lock(&self.gate);
+        let dirty: Vec<(u64, ChunkBuf)> = lock(&self.dirty)
+            .iter()
+            .map(|(i, b)| (*i, b.clone()))
+            .collect();
+        let Some(mtime) = self.dirty_mtime() else {
+            return Ok(Vec::new());
+        };
+        let size = self.size();
+        let (inline, committed_chunks): (Option<Bytes>, Vec<u64>) = {
+            let c = read_lock(&self.committed);
+            (c.inline.clone(), c.chunks.keys().copied().collect())
+        };
+        let mut update = DataUpdate {
+            ino: self.ino,
+            size,
+            mtime_ns: mtime,
+            ctime_ns: mtime,
+            ..Default::default()
+        };
+        let mut uploaded = Vec::new();
+        if committed_chunks.is_empty() && size <= INLINE_MAX_BYTES {
+            let mut content = match dirty.iter().find(|(i, _)| *i == 0) {
+                Some((_, buf)) => lock(buf).clone(),
+                None => inline.map(|b| b.to_vec()).unwrap_or_default(),
+            };
+            content.truncate(size as usize);
+            update.inline = Some(content);
+        } else {
+            let mut pieces: Vec<(u64, Vec<u8>)> =
+                dirty.iter().map(|(i, b)| (*i, lock(b).clone())).collect();
+            if let Some(inline) = inline
+                && !dirty.iter().any(|(i, _)| *i == 0)
+            {
+                pieces.push((0, inline.to_vec()));
+            }
+            let mut puts = Vec::new();
+            for (idx, mut bytes) in pieces {
+                let start = idx * CHUNK_BYTES;
+                if start >= size {
+                    continue;
+                }
+                bytes.truncate((size - start).min(CHUNK_BYTES) as usize);
+                if bytes.iter().all(|b| *b == 0) {
+                    if committed_chunks.contains(&idx) {
+                        update.holes.push(idx);
+                    }
+                    continue;
+                }
+                let block = dp.new_block_id();
+                update.set.push(ChunkRec {
+                    idx,
+                    block,
+                    len: bytes.len() as u64,
+                    crc: checksum(&bytes),
+                });
+                puts.push((block, Bytes::from(bytes)));
+                uploaded.push(block);
+            }
+            if let Err(e) = dp.blocks.put(puts) {
+                tracing::error!("volume: writing blocks of inode {}: {e}", self.ino);
+                self.discard(dp, &uploaded);
+                return Err(e.raw_os_error().unwrap_or(libc::EIO));
+            }
+            if sync && let Err(e) = dp.blocks.sync(&uploaded) {
+                tracing::error!("volume: syncing blocks of inode {}: {e}", self.ino);
+                return Err(e.raw_os_error().unwrap_or(libc::EIO));
+            }
+        }
+        let applied = update.clone();
+        let released = match meta::wait(|done| store.update_data(update, sync, done)) {
+            Ok(released) => released,
+            Err(e) => {
+                self.discard(dp, &uploaded);
+                return Err(e);
+            }
+        };
+        {
+            let mut c = write_lock(&self.committed);
+            c.inline = applied.inline.map(Bytes::from);
+            for idx in &applied.holes {
+                c.chunks.remove(idx);
+            }
+            for chunk in applied.set {
+                c.chunks.insert(chunk.idx, chunk);
+            }
+        }
+        lock(&self.dirty).clear();
+        self.dirty_bytes.store(0, Ordering::Relaxed);
+        self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+        for b in &released {
+            dp.forget_cached(*b);
+        }
+        Ok(released)
+    }
+
+    /// Blocks written for a change that did not commit: nothing refers to them.
+    fn discard(&self, dp: &DataPath, blocks: &[u64]) {
+        for b in blocks {
+            if let Err(e) = dp.blocks.delete(*b) {
+                tracing::warn!("volume: removing unused block {b:016x}: {e} (fsck will)");
+            }
+        }
+    }
+
+    /// Sets the size; bytes past it are gone (a later extension reads zeros).
+    pub fn truncate(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        size: u64,
+        now_ns: i64,
+    ) -> Result<Vec<u64>, Errno> {
+        let _gate = write_lock(&self.gate);
+        let rem = size % CHUNK_BYTES;
+        let keep = size.div_ceil(CHUNK_BYTES);
+        {
+            let mut dirty = lock(&self.dirty);
+            dirty.retain(|idx, _| *idx < keep);
+            if rem != 0
+                && let Some(buf) = dirty.get(&(size / CHUNK_BYTES))
+            {
+                lock(buf).truncate(rem as usize);
+            }
+        }
+        let (inline, trim) = {
+            let c = read_lock(&self.committed);
+            let inline = c
+                .inline
+                .as_ref()
+                .map(|b| b[..(b.len() as u64).min(size) as usize].to_vec());
+            let trim = c
+                .chunks
+                .get(&(size / CHUNK_BYTES))
+                .filter(|c| rem != 0 && c.len > rem)
+                .map(|c| (c.idx, rem));
+            (inline, trim)
+        };
+        let update = DataUpdate {
+            ino: self.ino,
+            size,
+            mtime_ns: now_ns,
+            ctime_ns: now_ns,
+            inline,
+            drop_from: Some(keep),
+            trim,
+            ..Default::default()
+        };
+        let applied = update.clone();
+        let released = meta::wait(|done| store.update_data(update, false, done))?;
+        {
+            let mut c = write_lock(&self.committed);
+            c.inline = applied.inline.map(Bytes::from);
+            c.chunks.retain(|idx, _| *idx < keep);
+            if let Some((idx, len)) = applied.trim
+                && let Some(chunk) = c.chunks.get_mut(&idx)
+            {
+                chunk.len = len;
+            }
+        }
+        self.size.store(size, Ordering::Relaxed);
+        for b in &released {
+            dp.forget_cached(*b);
+        }
+        Ok(released)
+    }
+
+    /// Where data is: sorted, merged [start, end) ranges (chunk granularity, inline bytes).
+    fn data_ranges(&self) -> Vec<(u64, u64)> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        {
+            let c = read_lock(&self.committed);
+            if let Some(inline) = &c.inline {
+                ranges.push((0, inline.len() as u64));
+            }
+            for chunk in c.chunks.values() {
+                let start = chunk.idx * CHUNK_BYTES;
+                ranges.push((start, start + chunk.len));
+            }
+        }
+        for (idx, buf) in lock(&self.dirty).iter() {
+            let start = idx * CHUNK_BYTES;
+            ranges.push((start, start + lock(buf).len() as u64));
+        }
+        ranges.retain(|(s, e)| e > s);
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (s, e) in ranges {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        merged
+    }
+
+    /// SEEK_DATA / SEEK_HOLE from `offset`; never waits on the write gate.
+    pub fn seek(&self, offset: u64, whence: i32) -> Result<u64, Errno> {
+        let size = self.size();
+        if offset >= size {
+            return Err(libc::ENXIO);
+        }
+        let ranges = self.data_ranges();
+        match whence {
+            libc::SEEK_DATA => ranges
+                .iter()
+                .find(|(_, e)| *e > offset)
+                .map(|(s, _)| (*s).max(offset))
+                .filter(|p| *p < size)
+                .ok_or(libc::ENXIO),
+            libc::SEEK_HOLE => {
+                let mut pos = offset;
+                for (s, e) in &ranges {
+                    if *s <= pos && pos < *e {
+                        pos = *e;
+                    }
+                }
+                Ok(pos.min(size))
+            }
+            _ => Err(libc::EINVAL),
+        }
+    }
+}
+
+enum Gate<'a> {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] std::sync::RwLockWriteGuard<'a, ()>),
+}
+
+/// Copies `src[within..]` into `dst` as far as it goes; the rest of `dst` stays zero.
+fn copy_part(dst: &mut [u8], src: &[u8], within: usize) {
+    if within < src.len() {
+        let n = dst.len().min(src.len() - within);
+        dst[..n].copy_from_slice(&src[within..within + n]);
+    }
+}
