@@ -18,6 +18,11 @@ pub const CHUNK_BYTES: u64 = 1 << 20;
 pub const INLINE_MAX_BYTES: u64 = 64 << 10;
 /// A file whose unflushed writes pass this is flushed by the write that passed it.
 pub const FILE_DIRTY_MAX_BYTES: u64 = 64 << 20;
+/// The largest file (16 TiB, as ext4's): 16 M chunk rows. Writes and truncates past it get
+/// EFBIG.
+pub const MAX_FILE_BYTES: u64 = 16 << 40;
+/// Holes in unflushed data are found at this granularity (SEEK_HOLE / SEEK_DATA).
+const HOLE_GRAIN_BYTES: usize = 4096;
 /// Blocks kept in memory after a read, at most (the local block cache).
 pub const BLOCK_CACHE_BYTES: usize = 256 << 20;
 const CACHE_SHARDS: usize = 16;
@@ -258,6 +263,9 @@ impl FileState {
         now_ns: i64,
     ) -> Result<bool, Errno> {
         let end = offset.checked_add(data.len() as u64).ok_or(libc::EFBIG)?;
+        if end > MAX_FILE_BYTES {
+            return Err(libc::EFBIG);
+        }
         let _gate = if parallel && end <= self.size() {
             let shared = read_lock(&self.gate);
             if end <= self.size() {
@@ -443,6 +451,40 @@ impl FileState {
         }
     }
 
+    /// fallocate: `zero` writes zeros over [offset, offset+len) (within the size when
+    /// `keep_size`); without `keep_size` the size grows to cover the range. Nothing is
+    /// preallocated: blocks are written at flush, and all-zero chunks become holes.
+    pub fn fallocate(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        offset: u64,
+        len: u64,
+        zero: bool,
+        keep_size: bool,
+        now_ns: i64,
+    ) -> Result<(), Errno> {
+        let end = offset.checked_add(len).ok_or(libc::EFBIG)?;
+        if end > MAX_FILE_BYTES {
+            return Err(libc::EFBIG);
+        }
+        let size = self.size();
+        if zero {
+            let zero_end = if keep_size { end.min(size) } else { end };
+            let mut pos = offset;
+            while pos < zero_end {
+                let n = (zero_end - pos).min(CHUNK_BYTES - pos % CHUNK_BYTES);
+                self.write(dp, pos, &vec![0u8; n as usize], false, now_ns)?;
+                pos += n;
+            }
+        }
+        if !keep_size && end > self.size() {
+            // Growing by truncate keeps the new range a hole.
+            self.truncate(dp, store, end, now_ns)?;
+        }
+        Ok(())
+    }
+
     /// Sets the size; bytes past it are gone (a later extension reads zeros).
     pub fn truncate(
         &self,
@@ -505,22 +547,31 @@ impl FileState {
         Ok(released)
     }
 
-    /// Where data is: sorted, merged [start, end) ranges (chunk granularity, inline bytes).
+    /// Where data is: sorted, merged [start, end) ranges. A stored chunk is data up to its
+    /// length; in bytes we hold (inline, unflushed) zero pages count as holes.
     fn data_ranges(&self) -> Vec<(u64, u64)> {
         let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let dirty: Vec<(u64, ChunkBuf)> = lock(&self.dirty)
+            .iter()
+            .map(|(i, b)| (*i, b.clone()))
+            .collect();
         {
             let c = read_lock(&self.committed);
-            if let Some(inline) = &c.inline {
-                ranges.push((0, inline.len() as u64));
+            if let Some(inline) = &c.inline
+                && !dirty.iter().any(|(i, _)| *i == 0)
+            {
+                nonzero_pages(inline, 0, &mut ranges);
             }
             for chunk in c.chunks.values() {
+                if dirty.iter().any(|(i, _)| *i == chunk.idx) {
+                    continue;
+                }
                 let start = chunk.idx * CHUNK_BYTES;
                 ranges.push((start, start + chunk.len));
             }
         }
-        for (idx, buf) in lock(&self.dirty).iter() {
-            let start = idx * CHUNK_BYTES;
-            ranges.push((start, start + lock(buf).len() as u64));
+        for (idx, buf) in dirty {
+            nonzero_pages(&lock(&buf), idx * CHUNK_BYTES, &mut ranges);
         }
         ranges.retain(|(s, e)| e > s);
         ranges.sort_unstable();
@@ -565,6 +616,16 @@ impl FileState {
 enum Gate<'a> {
     Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>),
     Exclusive(#[allow(dead_code)] std::sync::RwLockWriteGuard<'a, ()>),
+}
+
+/// Adds the ranges of `bytes` (at file offset `base`) that are not all-zero pages.
+fn nonzero_pages(bytes: &[u8], base: u64, ranges: &mut Vec<(u64, u64)>) {
+    for (i, page) in bytes.chunks(HOLE_GRAIN_BYTES).enumerate() {
+        if page.iter().any(|b| *b != 0) {
+            let start = base + (i * HOLE_GRAIN_BYTES) as u64;
+            ranges.push((start, start + page.len() as u64));
+        }
+    }
 }
 
 /// Copies `src[within..]` into `dst` as far as it goes; the rest of `dst` stays zero.

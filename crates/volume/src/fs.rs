@@ -223,41 +223,15 @@ impl VolumeFs {
     }
 
     fn attr(&self, rec: &InodeRec) -> abi::Attr {
-        let (mut size, mut mtime, mut ctime) = (rec.size, rec.mtime_ns, rec.ctime_ns);
+        let mut rec = rec.clone();
         if let Some(state) = self.open.get(rec.ino) {
-            size = state.size();
+            rec.size = state.size();
             if let Some(t) = state.dirty_mtime() {
-                mtime = t;
-                ctime = t;
+                rec.mtime_ns = t;
+                rec.ctime_ns = t;
             }
         }
-        let split = |t: i64| {
-            (
-                t.div_euclid(1_000_000_000) as u64,
-                t.rem_euclid(1_000_000_000) as u32,
-            )
-        };
-        let (atime, atimensec) = split(rec.atime_ns);
-        let (mtime, mtimensec) = split(mtime);
-        let (ctime, ctimensec) = split(ctime);
-        abi::Attr {
-            ino: rec.ino,
-            size,
-            blocks: size.div_ceil(512),
-            atime,
-            mtime,
-            ctime,
-            atimensec,
-            mtimensec,
-            ctimensec,
-            mode: rec.mode,
-            nlink: rec.nlink,
-            uid: rec.uid,
-            gid: rec.gid,
-            rdev: rec.rdev,
-            blksize: 4096,
-            ..Default::default()
-        }
+        to_attr(&rec)
     }
 
     fn entry_out(&self, rec: &InodeRec) -> abi::EntryOut {
@@ -442,15 +416,6 @@ impl EntryTemplate {
     fn fill(&self, rec: &InodeRec) -> abi::EntryOut {
         let (ev, evn) = split_duration(self.entry_timeout);
         let (av, avn) = split_duration(self.attr_timeout);
-        let split = |t: i64| {
-            (
-                t.div_euclid(1_000_000_000) as u64,
-                t.rem_euclid(1_000_000_000) as u32,
-            )
-        };
-        let (atime, atimensec) = split(rec.atime_ns);
-        let (mtime, mtimensec) = split(rec.mtime_ns);
-        let (ctime, ctimensec) = split(rec.ctime_ns);
         abi::EntryOut {
             nodeid: rec.ino,
             generation: 0,
@@ -458,25 +423,47 @@ impl EntryTemplate {
             entry_valid_nsec: evn,
             attr_valid: av,
             attr_valid_nsec: avn,
-            attr: abi::Attr {
-                ino: rec.ino,
-                size: rec.size,
-                blocks: rec.size.div_ceil(512),
-                atime,
-                mtime,
-                ctime,
-                atimensec,
-                mtimensec,
-                ctimensec,
-                mode: rec.mode,
-                nlink: rec.nlink,
-                uid: rec.uid,
-                gid: rec.gid,
-                rdev: rec.rdev,
-                blksize: 4096,
-                ..Default::default()
-            },
+            attr: to_attr(rec),
         }
+    }
+}
+
+/// Directories report this size (as ext4's one block), so that SEEK_DATA on one finds data.
+const DIR_SIZE_BYTES: u64 = 4096;
+
+/// The kernel's view of an inode record.
+fn to_attr(rec: &InodeRec) -> abi::Attr {
+    let split = |t: i64| {
+        (
+            t.div_euclid(1_000_000_000) as u64,
+            t.rem_euclid(1_000_000_000) as u32,
+        )
+    };
+    let (atime, atimensec) = split(rec.atime_ns);
+    let (mtime, mtimensec) = split(rec.mtime_ns);
+    let (ctime, ctimensec) = split(rec.ctime_ns);
+    let size = if rec.is_dir() {
+        DIR_SIZE_BYTES
+    } else {
+        rec.size
+    };
+    abi::Attr {
+        ino: rec.ino,
+        size,
+        blocks: size.div_ceil(512),
+        atime,
+        mtime,
+        ctime,
+        atimensec,
+        mtimensec,
+        ctimensec,
+        mode: rec.mode,
+        nlink: rec.nlink,
+        uid: rec.uid,
+        gid: rec.gid,
+        rdev: rec.rdev,
+        blksize: 4096,
+        ..Default::default()
     }
 }
 
@@ -596,6 +583,9 @@ impl Filesystem for VolumeFs {
                 Ok(rec) if !rec.is_reg() => return reply.error(libc::EINVAL),
                 Ok(_) => {}
                 Err(e) => return reply.error(e),
+            }
+            if arg.size > crate::file::MAX_FILE_BYTES {
+                return reply.error(libc::EFBIG);
             }
             if let Err(e) = self.truncate(req, ino, arg.size) {
                 return reply.error(e);
@@ -1034,22 +1024,28 @@ impl Filesystem for VolumeFs {
             }
         };
         const BSIZE: u64 = 4096;
+        // Without a capacity, the data directory's file system's figures (blocks and inodes).
+        let host = host_statvfs(&self.data_dir).unwrap_or_default();
         let (blocks, free) = match self.options.capacity {
             Some(capacity) => {
                 let blocks = capacity / BSIZE;
                 (blocks, blocks.saturating_sub(usage.bytes.div_ceil(BSIZE)))
             }
-            None => match nix_statvfs(&self.data_dir) {
-                Some((total, avail)) => (total / BSIZE, avail / BSIZE),
-                None => (0, 0),
-            },
+            None => (host.total_bytes / BSIZE, host.avail_bytes / BSIZE),
+        };
+        let (files, ffree) = match host.files {
+            0 => (
+                usage.inodes + FILES_FREE_WITHOUT_LIMIT,
+                FILES_FREE_WITHOUT_LIMIT,
+            ),
+            n => (n, host.files_free),
         };
         reply.statfs(&abi::Kstatfs {
             blocks,
             bfree: free,
             bavail: free,
-            files: usage.inodes + (1 << 32),
-            ffree: 1 << 32,
+            files,
+            ffree,
             bsize: BSIZE as u32,
             frsize: BSIZE as u32,
             namelen: NAME_MAX as u32,
@@ -1072,6 +1068,12 @@ impl Filesystem for VolumeFs {
         }
         if value.len() > XATTR_VALUE_MAX {
             return reply.error(libc::E2BIG);
+        }
+        if !XATTR_NAMESPACES
+            .iter()
+            .any(|ns| name.as_bytes().starts_with(ns))
+        {
+            return reply.error(libc::EOPNOTSUPP);
         }
         self.store.setxattr(
             ino,
@@ -1125,6 +1127,64 @@ impl Filesystem for VolumeFs {
         )
     }
 
+    fn fallocate(&self, _req: &Request, ino: u64, arg: &abi::FallocateIn, reply: Reply) {
+        let Some(state) = self.open.get(ino) else {
+            return reply.error(libc::EBADF);
+        };
+        let mode = arg.mode as i32;
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let zero = match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => false,
+            libc::FALLOC_FL_PUNCH_HOLE if keep_size => true,
+            libc::FALLOC_FL_ZERO_RANGE => true,
+            _ => return reply.error(libc::EOPNOTSUPP),
+        };
+        match state.fallocate(
+            &self.data,
+            &*self.store,
+            arg.offset,
+            arg.length,
+            zero,
+            keep_size,
+            now_ns(),
+        ) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn tmpfile(&self, req: &Request, parent: u64, arg: &abi::CreateIn, reply: Reply) {
+        let node = match self.make_node(
+            req,
+            parent,
+            OsStr::new(""),
+            libc::S_IFREG | (arg.mode & 0o7777),
+            0,
+            None,
+        ) {
+            Ok(node) => node,
+            Err(e) => return reply.error(e),
+        };
+        let rec = match wait(|done| self.store.create(node, done)) {
+            Ok(rec) => rec,
+            Err(e) => return reply.error(e),
+        };
+        match self.open_state(req, rec.ino) {
+            Ok(state) => {
+                state.orphaned.store(true, Ordering::Relaxed);
+                reply.create(
+                    &self.entry_out(&rec),
+                    &abi::OpenOut {
+                        fh: 0,
+                        open_flags: self.open_flags(arg.flags),
+                        backing_id: 0,
+                    },
+                )
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn lseek(&self, _req: &Request, ino: u64, arg: &abi::LseekIn, reply: Reply) {
         let Some(state) = self.open.get(ino) else {
             return reply.error(libc::EBADF);
@@ -1158,13 +1218,34 @@ fn send_reap(tx: &Option<Sender<Vec<u64>>>, blocks: Vec<u64>) {
     }
 }
 
-/// (total, available) bytes of the file system holding `path`.
-fn nix_statvfs(path: &std::path::Path) -> Option<(u64, u64)> {
+/// What statfs says when the data directory's file system has no inode limit.
+const FILES_FREE_WITHOUT_LIMIT: u64 = 1 << 32;
+
+#[derive(Default)]
+struct HostStatfs {
+    total_bytes: u64,
+    avail_bytes: u64,
+    files: u64,
+    files_free: u64,
+}
+
+/// statvfs of the file system holding `path`.
+fn host_statvfs(path: &std::path::Path) -> Option<HostStatfs> {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data, for which all zeros is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a NUL-terminated path and `st` a valid statvfs to fill.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    Some((st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize))
+    Some(HostStatfs {
+        total_bytes: st.f_blocks * st.f_frsize,
+        avail_bytes: st.f_bavail * st.f_frsize,
+        files: st.f_files,
+        files_free: st.f_ffree,
+    })
 }
+
+/// Namespaces of xattrs the volume stores (POSIX ACLs, `system.*`, need FUSE_POSIX_ACL, which
+/// the volume does not negotiate yet).
+const XATTR_NAMESPACES: &[&[u8]] = &[b"user.", b"trusted.", b"security."];

@@ -50,6 +50,7 @@ impl InodeRec {
 #[derive(Debug, Clone)]
 pub struct NewNode {
     pub parent: u64,
+    /// Empty for an O_TMPFILE (no name, link count 0, an orphan until linked).
     pub name: Vec<u8>,
     /// With type bits.
     pub mode: u32,

@@ -736,15 +736,30 @@ impl MetaStore for SqliteStore {
             move |w| {
                 let dir = node.mode & libc::S_IFMT == libc::S_IFDIR;
                 let ino = w.alloc_ino();
-                w.insert_entry(node.parent, &node.name, ino, node.mode)?;
-                w.touch_dir(node.parent, node.now_ns, dir as i64)?;
+                // No name: an O_TMPFILE, an orphan from birth (a later link names it).
+                let unnamed = node.name.is_empty();
+                if unnamed {
+                    w.conn
+                        .prepare_cached("INSERT INTO orphans (ino, session) VALUES (?, ?)")
+                        .and_then(|mut s| s.execute(params![ino as i64, w.session as i64]))
+                        .map_err(db)?;
+                } else {
+                    w.insert_entry(node.parent, &node.name, ino, node.mode)?;
+                    w.touch_dir(node.parent, node.now_ns, dir as i64)?;
+                }
                 let attr = InodeRec {
                     ino,
                     mode: node.mode,
                     uid: node.uid,
                     gid: node.gid,
                     rdev: node.rdev,
-                    nlink: if dir { 2 } else { 1 },
+                    nlink: if unnamed {
+                        0
+                    } else if dir {
+                        2
+                    } else {
+                        1
+                    },
                     size: node.target.as_ref().map_or(0, |t| t.len() as u64),
                     atime_ns: node.now_ns,
                     mtime_ns: node.now_ns,
