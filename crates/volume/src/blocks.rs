@@ -13,6 +13,8 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
+use crate::file::BLOCK_ID_SESSION_SHIFT;
+
 /// Threads of the runtime that drives the object store's requests.
 pub const IO_THREADS: usize = 2;
 /// The object holding the id of the volume a data directory belongs to.
@@ -25,16 +27,27 @@ pub trait BlockStore: Send + Sync + 'static {
     /// A block's bytes; NotFound when it is missing.
     fn get(&self, id: u64) -> io::Result<Bytes>;
     fn delete(&self, id: u64) -> io::Result<()>;
-    /// Every block id in the store.
-    fn list(&self) -> io::Result<Vec<u64>>;
+    /// Every block id in the store, or only those a session wrote.
+    fn list(&self, session: Option<u64>) -> io::Result<Vec<u64>>;
     /// Makes the blocks durable (fsync), for fsync of a file.
     fn sync(&self, ids: &[u64]) -> io::Result<()>;
     fn get_volume_id(&self) -> io::Result<Option<String>>;
     fn put_volume_id(&self, id: &str) -> io::Result<()>;
 }
 
+/// A block's key: `blocks/SESSION/XX/ID`. The session that wrote it (the id's high bits)
+/// comes first, so one listing finds what a crashed session may have left behind; the
+/// low byte spreads a session's blocks over 256 directories.
 fn key(id: u64) -> ObjectPath {
-    ObjectPath::from(format!("{BLOCKS_PREFIX}/{:02x}/{id:016x}", id & 0xff))
+    ObjectPath::from(format!(
+        "{}/{:02x}/{id:016x}",
+        session_prefix(id >> BLOCK_ID_SESSION_SHIFT),
+        id & 0xff
+    ))
+}
+
+fn session_prefix(session: u64) -> String {
+    format!("{BLOCKS_PREFIX}/{session:06x}")
 }
 
 /// The block id in a key made by [`key`].
@@ -115,9 +128,12 @@ impl BlockStore for ObjectBlockStore {
         }
     }
 
-    fn list(&self) -> io::Result<Vec<u64>> {
+    fn list(&self, session: Option<u64>) -> io::Result<Vec<u64>> {
         self.runtime.block_on(async {
-            let prefix = ObjectPath::from(BLOCKS_PREFIX);
+            let prefix = ObjectPath::from(match session {
+                Some(s) => session_prefix(s),
+                None => BLOCKS_PREFIX.to_owned(),
+            });
             let mut stream = self.store.list(Some(&prefix));
             let mut ids = Vec::new();
             while let Some(meta) = stream.next().await {

@@ -184,6 +184,7 @@ impl VolumeFs {
             Ok(_) => {}
             Err(e) => tracing::warn!("volume: listing blocks to delete: {}", errno_name(e)),
         }
+        recover_crashed_blocks(&*store, &data);
         let (beat_tx, beat_rx) = channel::<()>();
         let heartbeat = {
             let store = store.clone();
@@ -469,6 +470,47 @@ fn to_attr(rec: &InodeRec) -> abi::Attr {
 
 fn split_duration(d: Duration) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
+}
+
+/// Deletes the blocks that sessions which ended without unmounting (kill -9, a crash) wrote
+/// but never committed: a block is stored before the change that refers to it.
+fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
+    for session in store.crashed_sessions() {
+        let lo = session << crate::file::BLOCK_ID_SESSION_SHIFT;
+        let hi = (session + 1) << crate::file::BLOCK_ID_SESSION_SHIFT;
+        let (stored, used) = match (
+            data.blocks.list(Some(session)),
+            store.blocks_between(lo, hi),
+        ) {
+            (Ok(stored), Ok(used)) => (stored, used),
+            (Err(e), _) => {
+                tracing::warn!(
+                    "volume: listing the blocks of ended session {session}: {e} (fsck will)"
+                );
+                continue;
+            }
+            (_, Err(e)) => {
+                tracing::warn!(
+                    "volume: blocks of ended session {session}: {} (fsck will)",
+                    errno_name(e)
+                );
+                continue;
+            }
+        };
+        let used: std::collections::HashSet<u64> = used.into_iter().collect();
+        let unused: Vec<u64> = stored.into_iter().filter(|b| !used.contains(b)).collect();
+        if !unused.is_empty() {
+            tracing::info!(
+                "volume: deleting {} blocks that ended session {session} wrote but never committed",
+                unused.len()
+            );
+        }
+        for b in unused {
+            if let Err(e) = data.blocks.delete(b) {
+                tracing::warn!("volume: deleting block {b:016x}: {e} (fsck will)");
+            }
+        }
+    }
 }
 
 /// The reaper: deletes released blocks from the block store, then forgets their gc rows.

@@ -260,7 +260,7 @@ fn check_all(
 
     progress("fsck: blocks");
     let stored: HashSet<u64> = blocks
-        .list()
+        .list(None)
         .map_err(|e| format!("fsck: listing the data directory: {e}"))?
         .into_iter()
         .collect();

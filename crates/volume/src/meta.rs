@@ -194,6 +194,10 @@ pub trait MetaStore: Send + Sync + 'static {
     fn sync(&self, done: Done<()>);
     /// The blocks were deleted from the block store: forget them.
     fn forget_blocks(&self, blocks: Vec<u64>, done: Done<()>);
+    /// Blocks in [lo, hi) that chunks refer to (what a crashed session's writes left in use).
+    fn blocks_between(&self, lo: u64, hi: u64) -> Result<Vec<u64>, Errno>;
+    /// Sessions that ended without unmounting (found when this one started).
+    fn crashed_sessions(&self) -> Vec<u64>;
     /// Blocks waiting for deletion (released by a commit, not yet deleted from the store).
     fn pending_gc(&self) -> Result<Vec<u64>, Errno>;
     /// The session's heartbeat.

@@ -31,6 +31,7 @@ CREATE TABLE xattrs (
 CREATE TABLE chunks (
     ino BIGINT NOT NULL, idx BIGINT NOT NULL, block BIGINT NOT NULL, len BIGINT NOT NULL,
     crc BIGINT NOT NULL, PRIMARY KEY (ino, idx));
+CREATE INDEX chunks_by_block ON chunks (block);
 CREATE TABLE gc_blocks (block BIGINT PRIMARY KEY, since_ns BIGINT NOT NULL);
 CREATE TABLE orphans (ino BIGINT PRIMARY KEY, session BIGINT NOT NULL);
 CREATE TABLE changes (

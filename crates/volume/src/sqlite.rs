@@ -417,6 +417,8 @@ pub struct SqliteStore {
     /// The writer thread, joined by `close`. Taken once.
     writer: Mutex<Option<JoinHandle<()>>>,
     pub session: u64,
+    /// Sessions whose rows this one found (they ended without unmounting).
+    crashed: Vec<u64>,
 }
 
 impl SqliteStore {
@@ -445,6 +447,12 @@ impl SqliteStore {
             next_ino: 0,
             end_ino: 0,
         };
+        let crashed: Vec<u64> = w
+            .conn
+            .prepare("SELECT id FROM sessions WHERE id <> ?")?
+            .query_map([session], |r| r.get::<_, i64>(0))?
+            .map(|id| id.map(|id| id as u64))
+            .collect::<rusqlite::Result<_>>()?;
         let dead: Vec<i64> = w
             .conn
             .prepare("SELECT ino FROM orphans WHERE session <> ?")?
@@ -479,6 +487,7 @@ impl SqliteStore {
             jobs,
             writer: Mutex::new(Some(writer)),
             session: session as u64,
+            crashed,
         })
     }
 
@@ -1093,6 +1102,22 @@ impl MetaStore for SqliteStore {
             },
             done,
         )
+    }
+
+    fn blocks_between(&self, lo: u64, hi: u64) -> Result<Vec<u64>, Errno> {
+        let conn = self.reader(0);
+        conn.prepare_cached("SELECT block FROM chunks WHERE block >= ? AND block < ?")
+            .and_then(|mut s| {
+                s.query_map(params![lo as i64, hi as i64], |r| {
+                    r.get::<_, i64>(0).map(|b| b as u64)
+                })?
+                .collect()
+            })
+            .map_err(db)
+    }
+
+    fn crashed_sessions(&self) -> Vec<u64> {
+        self.crashed.clone()
     }
 
     fn pending_gc(&self) -> Result<Vec<u64>, Errno> {
