@@ -458,12 +458,15 @@ impl FileState {
         &self,
         dp: &DataPath,
         store: &dyn MetaStore,
-        offset: u64,
-        len: u64,
-        zero: bool,
-        keep_size: bool,
+        range: Fallocate,
         now_ns: i64,
     ) -> Result<(), Errno> {
+        let Fallocate {
+            offset,
+            len,
+            zero,
+            keep_size,
+        } = range;
         let end = offset.checked_add(len).ok_or(libc::EFBIG)?;
         if end > MAX_FILE_BYTES {
             return Err(libc::EFBIG);
@@ -611,6 +614,17 @@ impl FileState {
             _ => Err(libc::EINVAL),
         }
     }
+}
+
+/// What a fallocate asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Fallocate {
+    pub offset: u64,
+    pub len: u64,
+    /// Zero the range (PUNCH_HOLE, ZERO_RANGE).
+    pub zero: bool,
+    /// Leave the size as it is (KEEP_SIZE).
+    pub keep_size: bool,
 }
 
 enum Gate<'a> {

@@ -135,8 +135,13 @@ impl DirHandles {
     }
 }
 
-/// statfs's cached usage: (when, figures).
-type UsageCache = Mutex<Option<(std::time::Instant, Usage)>>;
+/// To the reaper thread.
+enum ReapMsg {
+    /// Blocks released by a commit: delete them from the block store.
+    Blocks(Vec<u64>),
+    /// Unmounting: finish what is queued and end.
+    Stop,
+}
 
 pub struct VolumeFs {
     store: Arc<dyn MetaStore>,
@@ -146,12 +151,18 @@ pub struct VolumeFs {
     options: VolumeOptions,
     /// The data directory, for statfs's capacity.
     data_dir: std::path::PathBuf,
-    /// Blocks released by commits, to delete from the block store (the reaper thread).
-    reaper: Mutex<Option<(Sender<Vec<u64>>, JoinHandle<()>)>>,
-    /// Stops the heartbeat thread when dropped.
-    heartbeat: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
-    /// Taken by statfs only (not a request path any other operation shares).
-    usage: UsageCache,
+    /// Blocks released by commits, to the reaper thread (`Sender` is Sync: no lock).
+    reaper: Sender<ReapMsg>,
+    /// A message (or its end) stops the heartbeat thread.
+    heartbeat_stop: Sender<()>,
+    /// The reaper and heartbeat threads, joined at unmount. Taken by `destroy` only.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// statfs's usage figures, refreshed at most every USAGE_REFRESH (racing refreshes are
+    /// harmless): when (ms after `started`), inodes, bytes.
+    usage_at_ms: AtomicU64,
+    usage_inodes: AtomicU64,
+    usage_bytes: AtomicU64,
+    started: std::time::Instant,
     /// Flushes that failed and were reported: counted for `lanefs stats`.
     flush_errors: AtomicU64,
 }
@@ -167,28 +178,33 @@ impl VolumeFs {
         data_dir: std::path::PathBuf,
         options: VolumeOptions,
     ) -> VolumeFs {
-        let (reap_tx, reap_rx) = channel::<Vec<u64>>();
-        let reaper = {
+        let mut threads = Vec::new();
+        let (reap_tx, reap_rx) = channel::<ReapMsg>();
+        {
             let store = store.clone();
             let data = data.clone();
-            std::thread::Builder::new()
+            match std::thread::Builder::new()
                 .name("lanefs-reaper".into())
                 .spawn(move || reap(store, data, reap_rx))
-                .ok()
-                .map(|h| (reap_tx.clone(), h))
-        };
+            {
+                Ok(handle) => threads.push(handle),
+                Err(e) => {
+                    tracing::warn!("volume: no reaper thread ({e}): released blocks stay until gc")
+                }
+            }
+        }
         match store.pending_gc() {
             Ok(left) if !left.is_empty() => {
-                let _ = reap_tx.send(left);
+                let _ = reap_tx.send(ReapMsg::Blocks(left));
             }
             Ok(_) => {}
             Err(e) => tracing::warn!("volume: listing blocks to delete: {}", errno_name(e)),
         }
         recover_crashed_blocks(&*store, &data);
         let (beat_tx, beat_rx) = channel::<()>();
-        let heartbeat = {
+        {
             let store = store.clone();
-            std::thread::Builder::new()
+            match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
                 .spawn(move || {
                     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
@@ -196,10 +212,11 @@ impl VolumeFs {
                     {
                         store.heartbeat(now_ns(), Box::new(|_| {}));
                     }
-                })
-                .ok()
-                .map(|h| (beat_tx, h))
-        };
+                }) {
+                Ok(handle) => threads.push(handle),
+                Err(e) => tracing::warn!("volume: no heartbeat thread ({e})"),
+            }
+        }
         VolumeFs {
             store,
             data,
@@ -216,9 +233,13 @@ impl VolumeFs {
             },
             options,
             data_dir,
-            reaper: Mutex::new(reaper),
-            heartbeat: Mutex::new(heartbeat),
-            usage: Mutex::new(None),
+            reaper: reap_tx,
+            heartbeat_stop: beat_tx,
+            threads: Mutex::new(threads),
+            usage_at_ms: AtomicU64::new(u64::MAX),
+            usage_inodes: AtomicU64::new(0),
+            usage_bytes: AtomicU64::new(0),
+            started: std::time::Instant::now(),
             flush_errors: AtomicU64::new(0),
         }
     }
@@ -269,9 +290,7 @@ impl VolumeFs {
         if blocks.is_empty() {
             return;
         }
-        if let Some((tx, _)) = &*self.reaper.lock().unwrap_or_else(|e| e.into_inner()) {
-            let _ = tx.send(blocks);
-        }
+        let _ = self.reaper.send(ReapMsg::Blocks(blocks));
     }
 
     /// A new inode named `name` in `parent`, owned by the caller (set-group-ID directories
@@ -313,7 +332,7 @@ impl VolumeFs {
         })
     }
 
-    fn reply_new_entry(self: &Self, node: Result<NewNode, Errno>, reply: Reply) {
+    fn reply_new_entry(&self, node: Result<NewNode, Errno>, reply: Reply) {
         let node = match node {
             Ok(node) => node,
             Err(e) => return reply.error(e),
@@ -514,10 +533,19 @@ fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
 }
 
 /// The reaper: deletes released blocks from the block store, then forgets their gc rows.
-fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<Vec<u64>>) {
-    while let Ok(mut blocks) = rx.recv() {
-        while let Ok(more) = rx.try_recv() {
-            blocks.extend(more);
+fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
+    let mut stopping = false;
+    while !stopping {
+        let mut blocks = Vec::new();
+        let Ok(first) = rx.recv() else { break };
+        for msg in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match msg {
+                ReapMsg::Blocks(b) => blocks.extend(b),
+                ReapMsg::Stop => stopping = true,
+            }
+        }
+        if blocks.is_empty() {
+            continue;
         }
         let mut gone = Vec::with_capacity(blocks.len());
         for b in blocks {
@@ -567,17 +595,10 @@ impl Filesystem for VolumeFs {
                 );
             }
         }
-        if let Some((stop, handle)) = self
-            .heartbeat
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            drop(stop);
-            let _ = handle.join();
-        }
-        if let Some((tx, handle)) = self.reaper.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            drop(tx);
+        let _ = self.heartbeat_stop.send(());
+        let _ = self.reaper.send(ReapMsg::Stop);
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for handle in threads {
             let _ = handle.join();
         }
         self.store.close();
@@ -749,7 +770,7 @@ impl Filesystem for VolumeFs {
     }
 
     fn unlink(&self, _req: &Request, parent: u64, name: &OsStr, reply: Reply) {
-        let fs_reaper = self.reaper_sender();
+        let fs_reaper = self.reaper.clone();
         self.store.remove(
             parent,
             name.as_bytes().to_vec(),
@@ -796,7 +817,7 @@ impl Filesystem for VolumeFs {
         if newname.len() > NAME_MAX {
             return reply.error(libc::ENAMETOOLONG);
         }
-        let fs_reaper = self.reaper_sender();
+        let fs_reaper = self.reaper.clone();
         self.store.rename(
             parent,
             name.as_bytes().to_vec(),
@@ -1054,16 +1075,18 @@ impl Filesystem for VolumeFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: u64, reply: Reply) {
-        let usage = {
-            let mut cached = self.usage.lock().unwrap_or_else(|e| e.into_inner());
-            match &*cached {
-                Some((at, usage)) if at.elapsed() < USAGE_REFRESH => usage.clone(),
-                _ => {
-                    let usage = self.store.usage().unwrap_or_default();
-                    *cached = Some((std::time::Instant::now(), usage.clone()));
-                    usage
-                }
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let at = self.usage_at_ms.load(Ordering::Relaxed);
+        if at == u64::MAX || now_ms.saturating_sub(at) >= USAGE_REFRESH.as_millis() as u64 {
+            if let Ok(usage) = self.store.usage() {
+                self.usage_inodes.store(usage.inodes, Ordering::Relaxed);
+                self.usage_bytes.store(usage.bytes, Ordering::Relaxed);
             }
+            self.usage_at_ms.store(now_ms, Ordering::Relaxed);
+        }
+        let usage = Usage {
+            inodes: self.usage_inodes.load(Ordering::Relaxed),
+            bytes: self.usage_bytes.load(Ordering::Relaxed),
         };
         const BSIZE: u64 = 4096;
         // Without a capacity, the data directory's file system's figures (blocks and inodes).
@@ -1181,15 +1204,13 @@ impl Filesystem for VolumeFs {
             libc::FALLOC_FL_ZERO_RANGE => true,
             _ => return reply.error(libc::EOPNOTSUPP),
         };
-        match state.fallocate(
-            &self.data,
-            &*self.store,
-            arg.offset,
-            arg.length,
+        let range = crate::file::Fallocate {
+            offset: arg.offset,
+            len: arg.length,
             zero,
             keep_size,
-            now_ns(),
-        ) {
+        };
+        match state.fallocate(&self.data, &*self.store, range, now_ns()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -1242,21 +1263,9 @@ impl Filesystem for VolumeFs {
     }
 }
 
-impl VolumeFs {
-    fn reaper_sender(&self) -> Option<Sender<Vec<u64>>> {
-        self.reaper
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|(tx, _)| tx.clone())
-    }
-}
-
-fn send_reap(tx: &Option<Sender<Vec<u64>>>, blocks: Vec<u64>) {
-    if !blocks.is_empty()
-        && let Some(tx) = tx
-    {
-        let _ = tx.send(blocks);
+fn send_reap(tx: &Sender<ReapMsg>, blocks: Vec<u64>) {
+    if !blocks.is_empty() {
+        let _ = tx.send(ReapMsg::Blocks(blocks));
     }
 }
 
