@@ -576,3 +576,69 @@ fn mount_8_form_mounts_a_volume_with_a_capacity() {
     run_ok(Command::new(common::lanefs()).arg("umount").arg(&mnt));
     volume.assert_clean();
 }
+
+#[test]
+fn a_full_data_directory_gives_enospc_at_fsync_and_loses_nothing_acknowledged() {
+    let tmpfs = common::Tmpfs::new("3M");
+    let dir = TempDir::new("vol-full");
+    let db = dir.path().join("vol.db");
+    let data = tmpfs.path.join("data");
+    let out = lanefs(&[
+        "format",
+        db.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let m = common::Mount::start(db.to_str().unwrap(), &[]);
+    let mut kept = std::fs::File::create(m.path("kept")).unwrap();
+    kept.write_all(&content(1, MIB)).unwrap();
+    kept.sync_all().unwrap();
+    drop(kept);
+    let mut big = std::fs::File::create(m.path("big")).unwrap();
+    big.write_all(&content(2, 4 * MIB)).unwrap();
+    let err = big.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    drop(big);
+    std::fs::remove_file(m.path("big")).unwrap();
+    assert_eq!(std::fs::read(m.path("kept")).unwrap(), content(1, MIB));
+    // Room again: writes work.
+    let mut again = std::fs::File::create(m.path("again")).unwrap();
+    again.write_all(&content(3, MIB)).unwrap();
+    again.sync_all().unwrap();
+    drop(again);
+    m.unmount();
+    let out = lanefs(&["fsck", db.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_busy_database_is_waited_for_with_a_log_line() {
+    let volume = Volume::format("busy");
+    let log = volume.dir.path().join("daemon.log");
+    let m = volume.mount(&["--log", log.to_str().unwrap()]);
+    // Another process's write transaction holds SQLite's write lock for a while.
+    let holder = rusqlite::Connection::open(&volume.db).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let creator = {
+        let path = m.path("made-while-busy");
+        std::thread::spawn(move || std::fs::write(path, b"x"))
+    };
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        !creator.is_finished(),
+        "the create did not wait for the lock"
+    );
+    holder.execute_batch("COMMIT").unwrap();
+    creator.join().unwrap().unwrap();
+    assert_eq!(std::fs::read(m.path("made-while-busy")).unwrap(), b"x");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("the database is busy"), "{logged}");
+    m.unmount();
+    volume.assert_clean();
+}
