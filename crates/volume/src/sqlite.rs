@@ -26,6 +26,11 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_millis(100);
 /// Our wait between BUSY retries grows by this much each time (50 tries: ~6 s in all).
 pub const BUSY_BACKOFF_STEP: Duration = Duration::from_millis(5);
 
+/// How often the checkpointer folds the WAL into the database. The writer never checkpoints
+/// (`wal_autocheckpoint=0`): a checkpoint fsyncs the database file, which would stall every
+/// change queued behind it; in its own thread and connection it runs beside the commits.
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
+
 const ATTR_COLUMNS: &str = "i.ino, i.mode, i.uid, i.gid, i.rdev, i.nlink, i.size, i.atime_ns, i.mtime_ns, i.ctime_ns, i.parent";
 
 /// Opens a connection with the volume's settings: WAL, synchronous=NORMAL (see
@@ -408,6 +413,9 @@ enum Msg {
     Close,
 }
 
+/// A background thread and the sender whose message (or end) stops it.
+type Stoppable = (Sender<()>, JoinHandle<()>);
+
 pub struct SqliteStore {
     /// Read connections. Each mutex protects one connection (rusqlite's are not Sync); a
     /// queue takes its own (`queue % READ_CONNECTIONS`) or any idle one. Leaf locks.
@@ -416,6 +424,8 @@ pub struct SqliteStore {
     jobs: Sender<Msg>,
     /// The writer thread, joined by `close`. Taken once.
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Stops and joins the checkpointer; taken once, by `close`.
+    checkpointer: Mutex<Option<Stoppable>>,
     pub session: u64,
     /// Sessions whose rows this one found (they ended without unmounting).
     crashed: Vec<u64>,
@@ -477,6 +487,21 @@ impl SqliteStore {
         for _ in 0..READ_CONNECTIONS {
             readers.push(Mutex::new(connect(path, false)?));
         }
+        w.conn.execute_batch("PRAGMA wal_autocheckpoint=0")?;
+        let checkpoints = connect(path, true)?;
+        let (stop_checkpoints, stop_rx) = channel::<()>();
+        let checkpointer = std::thread::Builder::new()
+            .name("lanefs-checkpoint".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stop_rx.recv_timeout(CHECKPOINT_INTERVAL)
+                {
+                    if let Err(e) = checkpoints.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
+                        tracing::warn!("volume: checkpoint: {e}");
+                    }
+                }
+            })
+            .map_err(|_| rusqlite::Error::InvalidQuery)?;
         let (jobs, rx) = channel();
         let writer = std::thread::Builder::new()
             .name("lanefs-commit".into())
@@ -486,6 +511,7 @@ impl SqliteStore {
             readers,
             jobs,
             writer: Mutex::new(Some(writer)),
+            checkpointer: Mutex::new(Some((stop_checkpoints, checkpointer))),
             session: session as u64,
             crashed,
         })
@@ -1148,6 +1174,15 @@ impl MetaStore for SqliteStore {
     }
 
     fn close(&self) {
+        let checkpointer = self
+            .checkpointer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((stop, handle)) = checkpointer {
+            let _ = stop.send(());
+            let _ = handle.join();
+        }
         let _ = self.jobs.send(Msg::Close);
         let handle = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(handle) = handle {
