@@ -209,6 +209,9 @@ fn kill_9_in_the_middle_of_writes_keeps_every_fsynced_file() {
         )));
         writer.join().unwrap();
         drop(m);
+        let status =
+            String::from_utf8_lossy(&lanefs(&["status", volume.source()]).stdout).into_owned();
+        assert!(status.contains("ended without unmounting"), "{status}");
         let acked = acked.lock().unwrap().clone();
         eprintln!(
             "round {round}: {} files fsynced before the kill",

@@ -14,7 +14,7 @@ use crate::file::{CHUNK_BYTES, DataPath, INLINE_MAX_BYTES};
 use crate::fs::{VolumeFs, VolumeOptions};
 use crate::meta::{InodeRec, ROOT_INO};
 use crate::now_ns;
-use crate::schema::{self, FORMAT_VERSION, setting};
+use crate::schema::{FORMAT_VERSION, setting};
 use crate::sqlite::{self, SqliteStore};
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
@@ -286,6 +286,9 @@ fn hostname() -> String {
 
 /// `lanefs status`: the volume, its sessions, its usage (works while mounted).
 pub fn status(db: &Path) -> Result<String, String> {
+    // Whether a mount holds the volume (taken and let go before SQLite opens the file: closing
+    // another fd of the database would drop SQLite's own locks on it).
+    let mounted = db.exists() && looks_like_volume(db) && VolumeLock::take(db).is_err();
     let (conn, settings) = check(db, false)?;
     let q = |sql: &str| -> Result<i64, String> {
         conn.query_row(sql, [], |r| r.get(0))
@@ -322,12 +325,17 @@ pub fn status(db: &Path) -> Result<String, String> {
     let sessions: Vec<String> = stmt
         .query_map([], |r| {
             Ok(format!(
-                "  session {} on {} pid {} at {} (heartbeat {} s ago)",
+                "  session {} on {} pid {} at {} (heartbeat {} s ago{})",
                 r.get::<_, i64>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, i64>(2)?,
                 r.get::<_, String>(3)?,
-                (now_ns() - r.get::<_, i64>(4)?) / 1_000_000_000
+                (now_ns() - r.get::<_, i64>(4)?) / 1_000_000_000,
+                if mounted {
+                    ""
+                } else {
+                    "; ended without unmounting: the next mount cleans up after it"
+                }
             ))
         })
         .and_then(|rows| rows.collect())
@@ -339,6 +347,5 @@ pub fn status(db: &Path) -> Result<String, String> {
         out += &s;
         out.push('\n');
     }
-    let _ = schema::STEPS;
     Ok(out)
 }
