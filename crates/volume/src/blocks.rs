@@ -150,12 +150,17 @@ impl BlockStore for ObjectBlockStore {
         let Some(root) = &self.local_root else {
             return Ok(());
         };
+        let mut dirs = std::collections::BTreeSet::new();
         for id in ids {
             let path = root.join(key(*id).as_ref());
             std::fs::File::open(&path)?.sync_all()?;
             if let Some(dir) = path.parent() {
-                std::fs::File::open(dir)?.sync_all()?;
+                dirs.insert(dir.to_owned());
             }
+        }
+        // Each directory once: its entries for all the blocks above.
+        for dir in dirs {
+            std::fs::File::open(dir)?.sync_all()?;
         }
         Ok(())
     }
