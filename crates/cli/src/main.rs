@@ -52,6 +52,8 @@ enum Command {
     Fsck(volume_cmd::FsckArgs),
     /// Show a volume: its settings, sessions (mounts) and usage. Works while it is mounted.
     Status { volume: PathBuf },
+    /// Delete the blocks no file refers to from a volume that is not mounted.
+    Gc { volume: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
             Command::Format(format_args) => volume_cmd::format(format_args),
             Command::Fsck(fsck_args) => volume_cmd::fsck(fsck_args),
             Command::Status { volume } => volume_cmd::status(&volume),
+            Command::Gc { volume } => volume_cmd::gc(&volume),
         },
     };
     match result {

@@ -1,4 +1,4 @@
-//! `lanefs format`, `lanefs fsck` and `lanefs status`: the volume's own subcommands.
+//! `lanefs format`, `fsck`, `gc` and `status`: the volume's own subcommands.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -55,5 +55,11 @@ pub fn status(volume: &Path) -> io::Result<()> {
         "{}",
         lanefs_volume::volume::status(volume).map_err(io::Error::other)?
     );
+    Ok(())
+}
+
+pub fn gc(volume: &Path) -> io::Result<()> {
+    let deleted = lanefs_volume::fsck::gc(volume).map_err(io::Error::other)?;
+    println!("deleted {deleted} unreferenced blocks");
     Ok(())
 }

@@ -645,3 +645,26 @@ fn a_busy_database_is_waited_for_with_a_log_line() {
     m.unmount();
     volume.assert_clean();
 }
+
+#[test]
+fn gc_deletes_blocks_no_file_refers_to() {
+    let volume = Volume::format("gc");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("kept"), content(5, 2 * MIB)).unwrap();
+    m.unmount();
+    let stray = block_path(&volume.data, 0x0abc);
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    std::fs::write(&stray, b"left by a crash").unwrap();
+    let out = lanefs(&["gc", volume.source()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "deleted 1 unreferenced blocks"
+    );
+    assert!(!stray.exists());
+    assert_eq!(block_files(&volume.data).len(), 2);
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    assert_eq!(std::fs::read(m.path("kept")).unwrap(), content(5, 2 * MIB));
+    m.unmount();
+}

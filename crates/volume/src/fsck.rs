@@ -312,3 +312,27 @@ fn check_all(
     }
     Ok(unreferenced)
 }
+
+/// `lanefs gc`: deletes the blocks no file refers to (released ones whose deletion a crash
+/// interrupted, and strays) from a volume that is not mounted. Returns how many it deleted.
+pub fn gc(db: &Path) -> Result<usize, String> {
+    let _lock = VolumeLock::take(db)?;
+    let (conn, settings) = volume::check(db, true)?;
+    let blocks = volume::open_blocks(db, &settings)?;
+    let stored = blocks
+        .list(None)
+        .map_err(|e| format!("gc: listing the data directory: {e}"))?;
+    let referenced: HashSet<u64> = ids(&conn, "SELECT block FROM chunks")?
+        .into_iter()
+        .map(|b| b as u64)
+        .collect();
+    let mut deleted = 0;
+    for b in stored.into_iter().filter(|b| !referenced.contains(b)) {
+        blocks
+            .delete(b)
+            .map_err(|e| format!("gc: deleting block {b:016x}: {e}"))?;
+        deleted += 1;
+    }
+    conn.execute("DELETE FROM gc_blocks", []).map_err(sql)?;
+    Ok(deleted)
+}
