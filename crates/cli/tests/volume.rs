@@ -668,3 +668,47 @@ fn gc_deletes_blocks_no_file_refers_to() {
     assert_eq!(std::fs::read(m.path("kept")).unwrap(), content(5, 2 * MIB));
     m.unmount();
 }
+
+#[test]
+fn a_full_metadata_disk_gives_enospc_and_the_volume_goes_on_after() {
+    let tmpfs = common::Tmpfs::new("1M");
+    let dir = TempDir::new("vol-dbfull");
+    let db = tmpfs.path.join("vol.db");
+    let data = dir.path().join("data");
+    let out = lanefs(&[
+        "format",
+        db.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let m = common::Mount::start(db.to_str().unwrap(), &[]);
+    // Long names fill the metadata quickly.
+    let name = |i: usize| format!("{i:06}-{}", "n".repeat(200));
+    let mut made = 0;
+    let err = loop {
+        match std::fs::File::create(m.path(&name(made))) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made < 100_000, "the metadata never filled 1 MiB");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    run_ok(
+        Command::new("mount")
+            .args(["-o", "remount,size=64M"])
+            .arg(&tmpfs.path),
+    );
+    std::fs::File::create(m.path("after")).unwrap();
+    for i in 0..made {
+        assert!(m.path(&name(i)).exists(), "file {i} of {made} is gone");
+    }
+    m.unmount();
+    let out = lanefs(&["fsck", db.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+}

@@ -137,10 +137,18 @@ fn attr_from_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<InodeRec>
     })
 }
 
-/// An SQL error inside an operation: logged once, EIO to the caller.
+/// An SQL error inside an operation: logged once; ENOSPC when the database's disk is full,
+/// else EIO, to the caller.
 fn db(e: rusqlite::Error) -> Errno {
     tracing::error!("volume metadata: {e}");
-    libc::EIO
+    errno_of(&e)
+}
+
+fn errno_of(e: &rusqlite::Error) -> Errno {
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::DiskFull => libc::ENOSPC,
+        _ => libc::EIO,
+    }
 }
 
 fn is_constraint(e: &rusqlite::Error) -> bool {
@@ -363,8 +371,8 @@ pub fn kind_of(mode: u32) -> i64 {
 trait Job: Send {
     /// Runs inside the batch's transaction (in a savepoint of its own).
     fn apply(&mut self, w: &mut Writer);
-    /// After the commit (`committed`) or its failure: answers.
-    fn finish(self: Box<Self>, committed: bool);
+    /// After the commit (`Ok`) or its failure (the errno): answers.
+    fn finish(self: Box<Self>, committed: Result<(), Errno>);
     fn sync(&self) -> bool;
 }
 
@@ -393,11 +401,12 @@ impl<T: Send, F: FnOnce(&mut Writer) -> Result<T, Errno> + Send> Job for Change<
         });
     }
 
-    fn finish(self: Box<Self>, committed: bool) {
-        let result = match self.result {
-            Some(Ok(v)) if committed => Ok(v),
-            Some(Ok(_)) | None => Err(libc::EIO),
-            Some(Err(e)) => Err(e),
+    fn finish(self: Box<Self>, committed: Result<(), Errno>) {
+        let result = match (self.result, committed) {
+            (Some(Ok(v)), Ok(())) => Ok(v),
+            (Some(Ok(_)), Err(e)) => Err(e),
+            (None, _) => Err(libc::EIO),
+            (Some(Err(e)), _) => Err(e),
         };
         (self.done)(result)
     }
@@ -543,7 +552,7 @@ impl SqliteStore {
         });
         if let Err(std::sync::mpsc::SendError(Msg::Job(job))) = self.jobs.send(Msg::Job(job)) {
             // The writer is gone (unmounted): nothing can be committed.
-            job.finish(false);
+            job.finish(Err(libc::EIO));
         }
     }
 }
@@ -571,7 +580,7 @@ fn run_writer(mut w: Writer, rx: Receiver<Msg>) {
     }
     // Unmounted: answer what is left, end the session.
     while let Ok(Msg::Job(job)) = rx.try_recv() {
-        job.finish(false);
+        job.finish(Err(libc::EIO));
     }
     let session = w.session as i64;
     let end = w.conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| {
@@ -613,43 +622,38 @@ fn commit_batch(w: &mut Writer, mut batch: Vec<Box<dyn Job>>) {
     if sync && let Err(e) = w.conn.execute_batch("PRAGMA synchronous=FULL") {
         tracing::error!("volume: PRAGMA synchronous=FULL: {e}");
         for job in batch {
-            job.finish(false);
+            job.finish(Err(libc::EIO));
         }
         return;
     }
     let committed = match begin(w) {
         Err(e) => {
             tracing::error!("volume: cannot start a transaction: {e}");
-            false
+            Err(errno_of(&e))
         }
         Ok(()) => {
-            let ready = match w.refill(batch.len() as u64) {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::error!("volume: taking inode numbers: {e}");
-                    false
-                }
-            };
-            if ready {
+            let ready = w.refill(batch.len() as u64).map_err(|e| {
+                tracing::error!("volume: taking inode numbers: {e}");
+                errno_of(&e)
+            });
+            if ready.is_ok() {
                 for job in batch.iter_mut() {
                     job.apply(w);
                 }
             }
-            match ready.then(|| w.conn.execute_batch("COMMIT")) {
-                Some(Ok(())) => true,
-                Some(Err(e)) => {
+            let done = ready.and_then(|()| {
+                w.conn.execute_batch("COMMIT").map_err(|e| {
                     tracing::error!("volume: commit of {} changes failed: {e}", batch.len());
-                    let _ = w.conn.execute_batch("ROLLBACK");
-                    false
-                }
-                None => {
-                    let _ = w.conn.execute_batch("ROLLBACK");
-                    false
-                }
+                    errno_of(&e)
+                })
+            });
+            if done.is_err() {
+                let _ = w.conn.execute_batch("ROLLBACK");
             }
+            done
         }
     };
-    if !committed {
+    if committed.is_err() {
         // The range taken in this transaction (if any) was rolled back with it.
         w.next_ino = 0;
         w.end_ino = 0;
