@@ -27,6 +27,8 @@ pub trait BlockStore: Send + Sync + 'static {
     /// A block's bytes; NotFound when it is missing.
     fn get(&self, id: u64) -> io::Result<Bytes>;
     fn delete(&self, id: u64) -> io::Result<()>;
+    /// Fetches a block in the background and hands it to `done` (read-ahead).
+    fn prefetch(&self, id: u64, done: Box<dyn FnOnce(io::Result<Bytes>) + Send>);
     /// Every block id in the store, or only those a session wrote.
     fn list(&self, session: Option<u64>) -> io::Result<Vec<u64>>;
     /// Makes the blocks durable (fsync), for fsync of a file.
@@ -126,6 +128,14 @@ impl BlockStore for ObjectBlockStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             other => other,
         }
+    }
+
+    fn prefetch(&self, id: u64, done: Box<dyn FnOnce(io::Result<Bytes>) + Send>) {
+        let store = self.store.clone();
+        self.runtime.spawn(async move {
+            let result = async { store.get(&key(id)).await?.bytes().await }.await;
+            done(result.map_err(io_error));
+        });
     }
 
     fn list(&self, session: Option<u64>) -> io::Result<Vec<u64>> {

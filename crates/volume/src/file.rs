@@ -25,6 +25,8 @@ pub const MAX_FILE_BYTES: u64 = 16 << 40;
 const HOLE_GRAIN_BYTES: usize = 4096;
 /// Blocks kept in memory after a read, at most (the local block cache).
 pub const BLOCK_CACHE_BYTES: usize = 256 << 20;
+/// Chunks fetched ahead of a sequential reader (4 MiB: four parallel gets in flight).
+pub const READ_AHEAD_CHUNKS: u64 = 4;
 const CACHE_SHARDS: usize = 16;
 /// Block ids are the session id above this many bits and a per-session counter below.
 pub const BLOCK_ID_SESSION_SHIFT: u32 = 40;
@@ -36,20 +38,17 @@ struct CacheShard {
     bytes: usize,
 }
 
-/// The data path shared by all files: the block store, the block cache, block ids.
-pub struct DataPath {
-    pub blocks: Arc<dyn BlockStore>,
-    /// Recently read blocks, by id. Each mutex protects one shard; held for a map
-    /// operation only (never across I/O). Leaf locks.
-    cache: Vec<Mutex<CacheShard>>,
-    next_block: AtomicU64,
+/// Recently read blocks, by id, at most BLOCK_CACHE_BYTES (first in, first out).
+pub struct BlockCache {
+    /// Each mutex protects one shard; held for a map operation only (never across I/O).
+    /// Leaf locks.
+    shards: Vec<Mutex<CacheShard>>,
 }
 
-impl DataPath {
-    pub fn new(blocks: Arc<dyn BlockStore>, session: u64) -> DataPath {
-        DataPath {
-            blocks,
-            cache: (0..CACHE_SHARDS)
+impl BlockCache {
+    fn new() -> BlockCache {
+        BlockCache {
+            shards: (0..CACHE_SHARDS)
                 .map(|_| {
                     Mutex::new(CacheShard {
                         blocks: HashMap::new(),
@@ -58,6 +57,56 @@ impl DataPath {
                     })
                 })
                 .collect(),
+        }
+    }
+
+    fn shard(&self, block: u64) -> std::sync::MutexGuard<'_, CacheShard> {
+        lock(&self.shards[(block as usize) % CACHE_SHARDS])
+    }
+
+    fn get(&self, block: u64) -> Option<Bytes> {
+        self.shard(block).blocks.get(&block).cloned()
+    }
+
+    fn insert(&self, block: u64, data: Bytes) {
+        let mut shard = self.shard(block);
+        let limit = BLOCK_CACHE_BYTES / CACHE_SHARDS;
+        while shard.bytes + data.len() > limit {
+            let Some(old) = shard.order.pop_front() else {
+                break;
+            };
+            if let Some(b) = shard.blocks.remove(&old) {
+                shard.bytes -= b.len();
+            }
+        }
+        let len = data.len();
+        if shard.blocks.insert(block, data).is_none() {
+            shard.bytes += len;
+            shard.order.push_back(block);
+        }
+    }
+
+    fn forget(&self, block: u64) {
+        let mut shard = self.shard(block);
+        if let Some(b) = shard.blocks.remove(&block) {
+            shard.bytes -= b.len();
+            shard.order.retain(|id| *id != block);
+        }
+    }
+}
+
+/// The data path shared by all files: the block store, the block cache, block ids.
+pub struct DataPath {
+    pub blocks: Arc<dyn BlockStore>,
+    cache: Arc<BlockCache>,
+    next_block: AtomicU64,
+}
+
+impl DataPath {
+    pub fn new(blocks: Arc<dyn BlockStore>, session: u64) -> DataPath {
+        DataPath {
+            blocks,
+            cache: Arc::new(BlockCache::new()),
             next_block: AtomicU64::new(session << BLOCK_ID_SESSION_SHIFT),
         }
     }
@@ -66,16 +115,10 @@ impl DataPath {
         self.next_block.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn shard(&self, block: u64) -> std::sync::MutexGuard<'_, CacheShard> {
-        self.cache[(block as usize) % CACHE_SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A chunk's block, checked against its checksum.
     fn read_block(&self, ino: u64, chunk: &ChunkRec) -> Result<Bytes, Errno> {
-        if let Some(b) = self.shard(chunk.block).blocks.get(&chunk.block) {
-            return Ok(b.clone());
+        if let Some(b) = self.cache.get(chunk.block) {
+            return Ok(b);
         }
         let data = match self.blocks.get(chunk.block) {
             Ok(data) => data,
@@ -103,29 +146,33 @@ impl DataPath {
             );
             return Err(libc::EIO);
         }
-        let mut shard = self.shard(chunk.block);
-        let limit = BLOCK_CACHE_BYTES / CACHE_SHARDS;
-        while shard.bytes + data.len() > limit {
-            let Some(old) = shard.order.pop_front() else {
-                break;
-            };
-            if let Some(b) = shard.blocks.remove(&old) {
-                shard.bytes -= b.len();
-            }
-        }
-        if shard.blocks.insert(chunk.block, data.clone()).is_none() {
-            shard.bytes += data.len();
-            shard.order.push_back(chunk.block);
-        }
+        self.cache.insert(chunk.block, data.clone());
         Ok(data)
     }
 
-    fn forget_cached(&self, block: u64) {
-        let mut shard = self.shard(block);
-        if let Some(b) = shard.blocks.remove(&block) {
-            shard.bytes -= b.len();
-            shard.order.retain(|id| *id != block);
+    /// Starts fetching blocks into the cache in the background (read-ahead). A block that
+    /// fails its checksum is not cached: the read that needs it fetches it again and reports.
+    fn prefetch(&self, chunks: Vec<ChunkRec>) {
+        for chunk in chunks {
+            if self.cache.get(chunk.block).is_some() {
+                continue;
+            }
+            let cache = self.cache.clone();
+            self.blocks.prefetch(
+                chunk.block,
+                Box::new(move |data| {
+                    if let Ok(data) = data
+                        && checksum(&data) == chunk.crc
+                    {
+                        cache.insert(chunk.block, data);
+                    }
+                }),
+            );
         }
+    }
+
+    fn forget_cached(&self, block: u64) {
+        self.cache.forget(block);
     }
 }
 
@@ -160,6 +207,8 @@ pub struct FileState {
     /// held while bytes are copied in or out. Order: gate → dirty → buffer.
     dirty: Mutex<BTreeMap<u64, ChunkBuf>>,
     dirty_bytes: AtomicU64,
+    /// Where the last read ended: a read starting there is sequential and reads ahead.
+    last_read_end: AtomicU64,
     /// What the store holds. Written only under the gate held exclusive (after a commit);
     /// read by reads and lseek. Leaf lock, never held across I/O.
     committed: RwLock<Committed>,
@@ -187,6 +236,7 @@ impl FileState {
             loaded: OnceLock::new(),
             dirty: Mutex::new(BTreeMap::new()),
             dirty_bytes: AtomicU64::new(0),
+            last_read_end: AtomicU64::new(0),
             committed: RwLock::new(Committed::default()),
         }
     }
@@ -308,6 +358,9 @@ impl FileState {
             return Ok(Vec::new());
         }
         let end = size.min(offset.saturating_add(len as u64));
+        if self.last_read_end.swap(end, Ordering::Relaxed) == offset {
+            self.read_ahead(dp, end);
+        }
         let mut out = vec![0u8; (end - offset) as usize];
         let mut pos = offset;
         while pos < end {
@@ -335,6 +388,28 @@ impl FileState {
             pos += n as u64;
         }
         Ok(out)
+    }
+
+    /// Prefetches the stored chunks after `from` that are not being rewritten.
+    fn read_ahead(&self, dp: &DataPath, from: u64) {
+        let first = from / CHUNK_BYTES;
+        let wanted: Vec<ChunkRec> = {
+            let c = read_lock(&self.committed);
+            c.chunks
+                .range(first..first + READ_AHEAD_CHUNKS)
+                .map(|(_, chunk)| *chunk)
+                .collect()
+        };
+        if wanted.is_empty() {
+            return;
+        }
+        let dirty = lock(&self.dirty);
+        let wanted = wanted
+            .into_iter()
+            .filter(|c| !dirty.contains_key(&c.idx))
+            .collect();
+        drop(dirty);
+        dp.prefetch(wanted);
     }
 
     /// Commits the unflushed writes: new blocks for dirty chunks (or the inline bytes), then
