@@ -667,7 +667,7 @@ impl Filesystem for VolumeFs {
             Ok(rec) => rec,
             Err(e) => return reply.error(e),
         };
-        let mut change = AttrChange {
+        let change = AttrChange {
             mode: mode_valid.then_some((old.mode & libc::S_IFMT) | (arg.mode & 0o7777)),
             uid: (valid & fattr::UID != 0).then_some(arg.uid),
             gid: (valid & fattr::GID != 0).then_some(arg.gid),
@@ -693,12 +693,8 @@ impl Filesystem for VolumeFs {
                 now
             },
         };
-        if change.uid.is_some() || change.gid.is_some() {
-            // chown by the kernel's rules (default_permissions) already checked; a change of
-            // owner or group of a non-directory also drops set-user-ID, and set-group-ID when
-            // group execute is set (the kernel sends that as a MODE change of its own).
-            change.mode = change.mode.or(Some(old.mode));
-        }
+        // A chown was checked by the kernel (default_permissions), which also sends the
+        // set-ID bits it drops as a MODE change in the same request: nothing more to do here.
         if let Some(state) = self.open.get(ino)
             && change.mtime_ns.is_some()
         {
