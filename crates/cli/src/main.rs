@@ -54,6 +54,11 @@ enum Command {
     Status { volume: PathBuf },
     /// Delete the blocks no file refers to from a volume that is not mounted.
     Gc { volume: PathBuf },
+    /// Write a volume's metadata (not mounted) as JSON to stdout: `lanefs dump vol.db > vol.json`.
+    Dump { volume: PathBuf },
+    /// Make a new volume file from a dump on stdin: `lanefs load new.db < vol.json`. It uses the
+    /// dumped volume's data directory.
+    Load { volume: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -70,6 +75,8 @@ fn main() -> ExitCode {
             Command::Fsck(fsck_args) => volume_cmd::fsck(fsck_args),
             Command::Status { volume } => volume_cmd::status(&volume),
             Command::Gc { volume } => volume_cmd::gc(&volume),
+            Command::Dump { volume } => volume_cmd::dump(&volume),
+            Command::Load { volume } => volume_cmd::load(&volume),
         },
     };
     match result {

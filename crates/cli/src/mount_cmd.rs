@@ -135,7 +135,8 @@ struct FstabForm {
 pub fn fstab_form(argv: &[String]) -> Option<MountArgs> {
     let first = argv.get(1)?;
     let subcommands = [
-        "mount", "umount", "stats", "bench", "format", "fsck", "gc", "status", "help",
+        "mount", "umount", "stats", "bench", "format", "fsck", "gc", "status", "dump", "load",
+        "help",
     ];
     if first.starts_with('-') || subcommands.contains(&first.as_str()) || argv.len() < 3 {
         return None;

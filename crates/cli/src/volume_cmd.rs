@@ -1,4 +1,4 @@
-//! `lanefs format`, `fsck`, `gc` and `status`: the volume's own subcommands.
+//! `lanefs format`, `fsck`, `gc`, `status`, `dump` and `load`: the volume's own subcommands.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -61,5 +61,20 @@ pub fn status(volume: &Path) -> io::Result<()> {
 pub fn gc(volume: &Path) -> io::Result<()> {
     let deleted = lanefs_volume::fsck::gc(volume).map_err(io::Error::other)?;
     println!("deleted {deleted} unreferenced blocks");
+    Ok(())
+}
+
+pub fn dump(volume: &Path) -> io::Result<()> {
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    lanefs_volume::dump::dump(volume, &mut out).map_err(io::Error::other)?;
+    io::Write::flush(&mut out)
+}
+
+pub fn load(volume: &Path) -> io::Result<()> {
+    let stdin = io::stdin();
+    let mut input = io::BufReader::new(stdin.lock());
+    lanefs_volume::dump::load(volume, &mut input).map_err(io::Error::other)?;
+    println!("loaded {}", volume.display());
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! directory now, S3 next). See ARCHITECTURE.md, "Volume".
 
 pub mod blocks;
+pub mod dump;
 pub mod file;
 pub mod fs;
 pub mod fsck;

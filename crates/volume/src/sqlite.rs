@@ -54,6 +54,22 @@ pub fn connect(path: &Path, write: bool) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// Creates every table of the newest schema in an empty database (inside the caller's
+/// transaction), recording each step.
+pub fn create_schema(conn: &Connection, now_ns: i64) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, applied_ns BIGINT NOT NULL)",
+    )?;
+    for (i, step) in schema::STEPS.iter().enumerate() {
+        conn.execute_batch(&schema::step_for(step, "BLOB"))?;
+        conn.execute(
+            "INSERT INTO schema_migrations (version, applied_ns) VALUES (?, ?)",
+            params![i as i64 + 1, now_ns],
+        )?;
+    }
+    Ok(())
+}
+
 /// Creates the schema and the root directory in an empty database.
 pub fn initialize(
     conn: &Connection,
@@ -62,16 +78,7 @@ pub fn initialize(
 ) -> rusqlite::Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
-        conn.execute_batch(
-            "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, applied_ns BIGINT NOT NULL)",
-        )?;
-        for (i, step) in schema::STEPS.iter().enumerate() {
-            conn.execute_batch(&schema::step_for(step, "BLOB"))?;
-            conn.execute(
-                "INSERT INTO schema_migrations (version, applied_ns) VALUES (?, ?)",
-                params![i as i64 + 1, root.ctime_ns],
-            )?;
-        }
+        create_schema(conn, root.ctime_ns)?;
         for (name, value) in settings {
             conn.execute(
                 "INSERT INTO settings (name, value) VALUES (?, ?)",
