@@ -293,8 +293,8 @@ impl VolumeFs {
         let _ = self.reaper.send(ReapMsg::Blocks(blocks));
     }
 
-    /// A new inode named `name` in `parent`, owned by the caller (set-group-ID directories
-    /// hand down their group, and to subdirectories the bit itself).
+    /// A new inode named `name` in `parent`, owned by the caller (the store applies a
+    /// set-group-ID parent's group inside the create's transaction).
     fn make_node(
         &self,
         req: &Request,
@@ -307,25 +307,12 @@ impl VolumeFs {
         if name.len() > NAME_MAX {
             return Err(libc::ENAMETOOLONG);
         }
-        let dir = self.store.getattr(req.queue, parent)?;
-        if !dir.is_dir() {
-            return Err(libc::ENOTDIR);
-        }
-        let mut mode = mode;
-        let gid = if dir.mode & libc::S_ISGID != 0 {
-            if mode & libc::S_IFMT == libc::S_IFDIR {
-                mode |= libc::S_ISGID;
-            }
-            dir.gid
-        } else {
-            req.gid
-        };
         Ok(NewNode {
             parent,
             name: name.as_bytes().to_vec(),
             mode,
             uid: req.uid,
-            gid,
+            gid: req.gid,
             rdev,
             target,
             now_ns: now_ns(),

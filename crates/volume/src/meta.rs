@@ -55,6 +55,8 @@ pub struct NewNode {
     /// With type bits.
     pub mode: u32,
     pub uid: u32,
+    /// The caller's group; a set-group-ID parent's group (and, for a directory, the bit)
+    /// replaces it when the store creates the inode.
     pub gid: u32,
     pub rdev: u32,
     /// A symlink's target.

@@ -229,6 +229,28 @@ impl Writer {
         if n == 0 { Err(libc::ENOENT) } else { Ok(()) }
     }
 
+    /// As `touch_dir`, returning the directory's (mode, gid) in the same statement.
+    fn touch_dir_returning(
+        &self,
+        dir: u64,
+        now_ns: i64,
+        nlink_delta: i64,
+    ) -> Result<(u32, u32), Errno> {
+        self.conn
+            .prepare_cached(
+                "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0
+                 RETURNING mode, gid",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![now_ns, now_ns, nlink_delta, dir as i64], |r| {
+                    Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u32))
+                })
+                .optional()
+            })
+            .map_err(db)?
+            .ok_or(libc::ENOENT)
+    }
+
     /// (ino, mode, nlink) of the entry.
     fn entry(&self, parent: u64, name: &[u8]) -> Result<Option<(u64, u32, u32)>, Errno> {
         self.conn
@@ -784,20 +806,33 @@ impl MetaStore for SqliteStore {
                 let ino = w.alloc_ino();
                 // No name: an O_TMPFILE, an orphan from birth (a later link names it).
                 let unnamed = node.name.is_empty();
-                if unnamed {
+                let (parent_mode, parent_gid) = if unnamed {
                     w.conn
                         .prepare_cached("INSERT INTO orphans (ino, session) VALUES (?, ?)")
                         .and_then(|mut s| s.execute(params![ino as i64, w.session as i64]))
                         .map_err(db)?;
+                    let parent = w.attr(node.parent)?;
+                    (parent.mode, parent.gid)
                 } else {
                     w.insert_entry(node.parent, &node.name, ino, node.mode)?;
-                    w.touch_dir(node.parent, node.now_ns, dir as i64)?;
+                    w.touch_dir_returning(node.parent, node.now_ns, dir as i64)?
+                };
+                if parent_mode & libc::S_IFMT != libc::S_IFDIR {
+                    return Err(libc::ENOTDIR);
+                }
+                // A set-group-ID directory hands down its group, and to directories the bit.
+                let (mut mode, mut gid) = (node.mode, node.gid);
+                if parent_mode & libc::S_ISGID != 0 {
+                    gid = parent_gid;
+                    if dir {
+                        mode |= libc::S_ISGID;
+                    }
                 }
                 let attr = InodeRec {
                     ino,
-                    mode: node.mode,
+                    mode,
                     uid: node.uid,
-                    gid: node.gid,
+                    gid,
                     rdev: node.rdev,
                     nlink: if unnamed {
                         0
