@@ -724,3 +724,206 @@ fn copy_part(dst: &mut [u8], src: &[u8], within: usize) {
         dst[..n].copy_from_slice(&src[within..within + n]);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::{InodeRec, NewNode, ROOT_INO, wait};
+    use crate::volume;
+
+    /// A formatted volume in a temp dir, opened as a mount would (real SQLite, real blocks).
+    struct Fixture {
+        dir: std::path::PathBuf,
+        store: Arc<crate::sqlite::SqliteStore>,
+        data: DataPath,
+    }
+
+    impl Fixture {
+        fn new(tag: &str) -> Fixture {
+            let dir =
+                std::env::temp_dir().join(format!("lanefs-unit-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let db = dir.join("v.db");
+            volume::format(&db, &dir.join("data"), false).unwrap();
+            let (_, settings) = volume::check(&db, true).unwrap();
+            let blocks = volume::open_blocks(&db, &settings).unwrap();
+            let store =
+                Arc::new(crate::sqlite::SqliteStore::open(&db, "test", "/none", 1).unwrap());
+            let data = DataPath::new(blocks, store.session);
+            Fixture { dir, store, data }
+        }
+
+        fn new_file(&self, name: &str) -> FileState {
+            let rec: InodeRec = wait(|done| {
+                self.store.create(
+                    NewNode {
+                        parent: ROOT_INO,
+                        name: name.as_bytes().to_vec(),
+                        mode: libc::S_IFREG | 0o644,
+                        uid: 0,
+                        gid: 0,
+                        rdev: 0,
+                        target: None,
+                        now_ns: 1,
+                    },
+                    done,
+                )
+            })
+            .unwrap();
+            let state = FileState::new(rec.ino);
+            state.load(|| self.store.load_file(0, rec.ino)).unwrap();
+            state
+        }
+
+        /// The file as a fresh open would see it.
+        fn reopen(&self, ino: u64) -> FileState {
+            let state = FileState::new(ino);
+            state.load(|| self.store.load_file(0, ino)).unwrap();
+            state
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            self.store.close();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn writes_across_chunks_read_back_before_and_after_flush() {
+        let f = Fixture::new("chunks");
+        let file = f.new_file("a");
+        let data = pattern(3 * CHUNK_BYTES as usize + 100, 1);
+        file.write(&f.data, 10, &data, true, 5).unwrap();
+        let expect = |state: &FileState| {
+            let got = state.read(&f.data, 0, data.len() as u32 + 50).unwrap();
+            assert_eq!(got.len(), data.len() + 10);
+            assert!(got[..10].iter().all(|b| *b == 0));
+            assert!(got[10..] == data[..]);
+        };
+        expect(&file);
+        file.flush(&f.data, &*f.store, false).unwrap();
+        expect(&file);
+        expect(&f.reopen(file.ino));
+        // A small overwrite in the middle rewrites one chunk and releases its old block.
+        file.write(&f.data, CHUNK_BYTES + 7, b"xyz", true, 6)
+            .unwrap();
+        let released = file.flush(&f.data, &*f.store, false).unwrap();
+        assert_eq!(released.len(), 1);
+        let got = f
+            .reopen(file.ino)
+            .read(&f.data, CHUNK_BYTES + 7, 3)
+            .unwrap();
+        assert_eq!(got, b"xyz");
+    }
+
+    #[test]
+    fn small_files_stay_inline_and_grow_into_blocks() {
+        let f = Fixture::new("inline");
+        let file = f.new_file("s");
+        file.write(&f.data, 0, b"hello", true, 1).unwrap();
+        file.flush(&f.data, &*f.store, false).unwrap();
+        let rec = f.store.load_file(0, file.ino).unwrap();
+        assert_eq!(rec.inline.as_deref(), Some(&b"hello"[..]));
+        assert!(rec.chunks.is_empty());
+        file.write(&f.data, INLINE_MAX_BYTES, b"!", true, 2)
+            .unwrap();
+        file.flush(&f.data, &*f.store, false).unwrap();
+        let rec = f.store.load_file(0, file.ino).unwrap();
+        assert_eq!(rec.inline, None);
+        assert_eq!(rec.chunks.len(), 1);
+        let back = f.reopen(file.ino).read(&f.data, 0, 8).unwrap();
+        assert_eq!(&back[..5], b"hello");
+        assert_eq!(&back[5..], &[0, 0, 0]);
+    }
+
+    #[test]
+    fn truncate_drops_and_zeroes_what_lies_past_the_new_size() {
+        let f = Fixture::new("truncate");
+        let file = f.new_file("t");
+        file.write(&f.data, 0, &pattern(2 * CHUNK_BYTES as usize, 3), true, 1)
+            .unwrap();
+        file.flush(&f.data, &*f.store, false).unwrap();
+        file.truncate(&f.data, &*f.store, 100, 2).unwrap();
+        file.truncate(&f.data, &*f.store, 2 * CHUNK_BYTES, 3)
+            .unwrap();
+        let again = f.reopen(file.ino);
+        assert_eq!(again.size(), 2 * CHUNK_BYTES);
+        let got = again.read(&f.data, 0, 2 * CHUNK_BYTES as u32).unwrap();
+        assert!(got[..100] == pattern(100, 3)[..]);
+        assert!(
+            got[100..].iter().all(|b| *b == 0),
+            "bytes past a truncate came back"
+        );
+        assert_eq!(again.seek(100, libc::SEEK_HOLE), Ok(100));
+        assert_eq!(again.seek(100, libc::SEEK_DATA), Err(libc::ENXIO));
+    }
+
+    #[test]
+    fn concurrent_creates_share_commits_and_get_unique_inodes() {
+        let f = Fixture::new("group");
+        let store = f.store.clone();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    (0..200)
+                        .map(|i| {
+                            wait(|done| {
+                                store.create(
+                                    NewNode {
+                                        parent: ROOT_INO,
+                                        name: format!("t{t}-{i}").into_bytes(),
+                                        mode: libc::S_IFREG | 0o600,
+                                        uid: 0,
+                                        gid: 0,
+                                        rdev: 0,
+                                        target: None,
+                                        now_ns: 1,
+                                    },
+                                    done,
+                                )
+                            })
+                            .unwrap()
+                            .ino
+                        })
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 1600);
+        assert_eq!(f.store.readdir(0, ROOT_INO).unwrap().len(), 1600);
+        // A name taken is EEXIST and changes nothing.
+        let again = wait(|done| {
+            f.store.create(
+                NewNode {
+                    parent: ROOT_INO,
+                    name: b"t0-0".to_vec(),
+                    mode: libc::S_IFREG | 0o600,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    target: None,
+                    now_ns: 1,
+                },
+                done,
+            )
+        });
+        assert_eq!(again.unwrap_err(), libc::EEXIST);
+        assert_eq!(f.store.readdir(0, ROOT_INO).unwrap().len(), 1600);
+    }
+}
