@@ -576,7 +576,17 @@ fn mount_8_form_mounts_a_volume_with_a_capacity() {
         (1u64 << 30).to_string(),
         "{df}"
     );
-    run_ok(Command::new(common::lanefs()).arg("umount").arg(&mnt));
+    // Another test of this process that forks may hold our fds for a moment: busy, retry
+    // (as the harness's Mount::unmount does).
+    let unmounted = wait_until(Duration::from_secs(5), || {
+        Command::new(common::lanefs())
+            .arg("umount")
+            .arg(&mnt)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert!(unmounted, "lanefs umount {} kept failing", mnt.display());
+    assert!(wait_until(Duration::from_secs(10), || volume.fsck(false).0));
     volume.assert_clean();
 }
 
