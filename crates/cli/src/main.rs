@@ -4,6 +4,7 @@ mod bench;
 mod mount_cmd;
 mod options;
 mod stats_cmd;
+mod volume_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,7 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Mount a file system: `null:` (the overhead probe) or a host directory (passthrough).
+    /// Mount a file system: `null:` (the overhead probe), a host directory (passthrough), or a
+    /// volume made by `lanefs format`.
     Mount(mount_cmd::MountArgs),
     /// Unmount a lanefs mount; its daemon then exits.
     Umount {
@@ -42,6 +44,21 @@ enum Command {
     },
     /// Benchmark lanefs against native file systems and existing FUSE servers (the seeds).
     Bench(bench::BenchArgs),
+    /// Make a new volume: metadata in an SQLite file, data in a directory.
+    /// Example: `lanefs format ./vol.db --data ./vol-data`, then `lanefs mount ./vol.db /mnt/vol`.
+    Format(volume_cmd::FormatArgs),
+    /// Check a volume that is not mounted (and repair it with --repair).
+    /// Example: `lanefs fsck ./vol.db --repair`.
+    Fsck(volume_cmd::FsckArgs),
+    /// Show a volume: its settings, sessions (mounts) and usage. Works while it is mounted.
+    Status { volume: PathBuf },
+    /// Delete the blocks no file refers to from a volume that is not mounted.
+    Gc { volume: PathBuf },
+    /// Write a volume's metadata (not mounted) as JSON to stdout: `lanefs dump vol.db > vol.json`.
+    Dump { volume: PathBuf },
+    /// Make a new volume file from a dump on stdin: `lanefs load new.db < vol.json`. It uses the
+    /// dumped volume's data directory.
+    Load { volume: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -54,6 +71,12 @@ fn main() -> ExitCode {
             Command::Umount { mountpoint, lazy } => mount_cmd::umount(&mountpoint, lazy),
             Command::Stats { mountpoint, json } => stats_cmd::run(&mountpoint, json),
             Command::Bench(bench_args) => bench::run(bench_args),
+            Command::Format(format_args) => volume_cmd::format(format_args),
+            Command::Fsck(fsck_args) => volume_cmd::fsck(fsck_args),
+            Command::Status { volume } => volume_cmd::status(&volume),
+            Command::Gc { volume } => volume_cmd::gc(&volume),
+            Command::Dump { volume } => volume_cmd::dump(&volume),
+            Command::Load { volume } => volume_cmd::load(&volume),
         },
     };
     match result {

@@ -12,6 +12,8 @@ use lanefs_fs::passthrough::{Atime, AtimeRule, PassthroughFs, PassthroughOptions
 use lanefs_fuse::mount::{self, MountSpec};
 use lanefs_fuse::session::{self, MAX_MAX_WRITE, Mounted};
 use lanefs_fuse::{Filesystem, Labels, SessionOptions};
+use lanefs_volume::fs::{VolumeFs, VolumeOptions};
+use lanefs_volume::volume::VolumeLock;
 
 use crate::options;
 
@@ -20,7 +22,8 @@ const DAEMON_CHILD_ENV: &str = "LANEFS_DAEMON_CHILD";
 
 #[derive(Args, Debug)]
 pub struct MountArgs {
-    /// `null:` for the null file system, or a host directory to pass through.
+    /// `null:` for the null file system, a host directory to pass through, or a volume
+    /// (a file made by `lanefs format`).
     pub source: String,
     /// An existing empty directory to mount on (not already a FUSE mount).
     pub mountpoint: PathBuf,
@@ -109,6 +112,9 @@ pub struct MountArgs {
     /// Passthrough: keep an O_PATH fd per known inode instead of its file handle.
     #[arg(long)]
     pub no_file_handles: bool,
+    /// Volume: the size statfs (df) reports [default: the data directory's file system's].
+    #[arg(long, value_parser = options::parse_size)]
+    pub capacity: Option<u64>,
     /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -147,7 +153,10 @@ struct FstabForm {
 /// Recognises `lanefs SOURCE MOUNTPOINT -o ...`, the form mount.fuse3 runs; it daemonizes.
 pub fn fstab_form(argv: &[String]) -> Option<MountArgs> {
     let first = argv.get(1)?;
-    let subcommands = ["mount", "umount", "stats", "bench", "help"];
+    let subcommands = [
+        "mount", "umount", "stats", "bench", "format", "fsck", "gc", "status", "dump", "load",
+        "help",
+    ];
     if first.starts_with('-') || subcommands.contains(&first.as_str()) || argv.len() < 3 {
         return None;
     }
@@ -208,11 +217,7 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
     let spec = mount_spec(&args, &mountpoint);
     // Opened before the daemon leaves its working directory, so a relative SOURCE works, and
     // before mounting, so a bad SOURCE is refused with nothing mounted.
-    let passthrough = if source == "null:" {
-        None
-    } else {
-        Some(PassthroughFs::new(passthrough_options(&args))?)
-    };
+    let source_fs = open_source(&args, &mountpoint)?;
     if child {
         // Do not keep the caller's working directory (and its file system) busy.
         std::env::set_current_dir("/")?;
@@ -231,8 +236,8 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
             println!("{}", mounted.line);
         }
     };
-    match passthrough {
-        Some(fs) => {
+    match source_fs {
+        SourceFs::Passthrough(fs) => {
             let remounted = fs.clone();
             let ready = move |mounted: &Mounted| {
                 ready(mounted);
@@ -240,7 +245,14 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
             };
             serve(fs, &spec, &session_options, &source, "passthrough", ready)
         }
-        None => {
+        SourceFs::Volume(volume) => {
+            let VolumeMount { fs, lock } = *volume;
+            let result = serve(fs, &spec, &session_options, &source, "volume", ready);
+            // Held until the file system is gone (its session ended by destroy).
+            drop(lock);
+            result
+        }
+        SourceFs::Null => {
             let fs = NullFs::new(NullOptions {
                 size: args.size.unwrap_or(NullOptions::default().size),
                 parallel_writes: !args.no_parallel_writes,
@@ -253,6 +265,54 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
             serve(fs, &spec, &session_options, &source, "null", ready)
         }
     }
+}
+
+/// The file system a SOURCE names.
+enum SourceFs {
+    Null,
+    Passthrough(PassthroughFs),
+    Volume(Box<VolumeMount>),
+}
+
+/// `null:` → null; a regular file → a volume (an SQLite file made by `lanefs format`), or a
+/// sentence saying what was expected; anything else → the passthrough, which explains
+/// itself when SOURCE is not a directory.
+fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
+    let source = &args.source;
+    if source == "null:" {
+        return Ok(SourceFs::Null);
+    }
+    if Path::new(source).is_file() {
+        if !lanefs_volume::volume::looks_like_volume(Path::new(source)) {
+            return Err(invalid(format!(
+                "{source} is a file but not a lanefs volume; SOURCE must be a directory (passthrough), `null:`, or a volume made by `lanefs format`"
+            )));
+        }
+        let mut options = VolumeOptions {
+            capacity: args.capacity,
+            parallel_writes: !args.no_parallel_writes,
+            ..VolumeOptions::default()
+        };
+        if let Some(secs) = args.attr_timeout {
+            options.attr_timeout = std::time::Duration::from_secs_f64(secs);
+        }
+        if let Some(secs) = args.entry_timeout {
+            options.entry_timeout = std::time::Duration::from_secs_f64(secs);
+        }
+        let opened = lanefs_volume::volume::open_for_mount(Path::new(source), mountpoint, options)
+            .map_err(io::Error::other)?;
+        return Ok(SourceFs::Volume(Box::new(VolumeMount {
+            fs: opened.fs,
+            lock: opened.lock,
+        })));
+    }
+    PassthroughFs::new(passthrough_options(args)).map(SourceFs::Passthrough)
+}
+
+/// A volume and the lock that keeps other processes off it while it is mounted.
+struct VolumeMount {
+    fs: VolumeFs,
+    lock: VolumeLock,
 }
 
 fn serve<F: Filesystem>(
@@ -383,7 +443,8 @@ fn mount_spec(args: &MountArgs, mountpoint: &Path) -> MountSpec {
         mountpoint: mountpoint.to_owned(),
         fsname: args.fsname.clone().unwrap_or_else(|| args.source.clone()),
         allow_other: args.allow_other || root,
-        default_permissions: args.default_permissions || root,
+        // The volume leaves permission checks to the kernel (modes, owners, groups).
+        default_permissions: args.default_permissions || root || is_volume_source(&args.source),
         flags: options::mount_flags(args),
     }
 }
@@ -419,6 +480,10 @@ fn remount(args: &MountArgs) -> io::Result<()> {
         tracing::warn!("{limit}");
     }
     mount::remount(&mountpoint, flags)
+}
+
+fn is_volume_source(source: &str) -> bool {
+    Path::new(source).is_file() && lanefs_volume::volume::looks_like_volume(Path::new(source))
 }
 
 fn invalid(msg: impl Into<String>) -> io::Error {

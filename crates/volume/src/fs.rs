@@ -1,0 +1,1285 @@
+//! `VolumeFs`: the volume as a FUSE file system. Requests become MetaStore reads (on the
+//! calling queue's thread) and changes (answered by the store's committer after the commit),
+//! and file data goes through each open inode's [`FileState`].
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use lanefs_fuse::abi::{self, fattr, fopen, init_flags};
+use lanefs_fuse::{DirBuffer, DirEntry, Filesystem, InitRequest, Reply, Request};
+
+use crate::file::{DataPath, FileState};
+use crate::meta::*;
+use crate::now_ns;
+
+/// Shards of the open-file and directory-handle tables.
+const OPEN_SHARDS: usize = 64;
+/// How often the session's heartbeat row is refreshed.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+/// statfs's usage figures are recomputed at most this often.
+const USAGE_REFRESH: Duration = Duration::from_secs(1);
+/// Longest name (bytes), as statfs reports.
+const NAME_MAX: usize = 255;
+/// Largest xattr value (bytes), as Linux's own limit.
+const XATTR_VALUE_MAX: usize = 64 << 10;
+
+/// Mount options of the volume.
+#[derive(Debug, Clone)]
+pub struct VolumeOptions {
+    pub attr_timeout: Duration,
+    pub entry_timeout: Duration,
+    /// statfs's size; None: the data directory's file system's.
+    pub capacity: Option<u64>,
+    /// Answer O_DIRECT opens with FOPEN_PARALLEL_DIRECT_WRITES (seed 000's switch).
+    pub parallel_writes: bool,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> Self {
+        VolumeOptions {
+            attr_timeout: Duration::from_secs(1),
+            entry_timeout: Duration::from_secs(1),
+            capacity: None,
+            parallel_writes: true,
+        }
+    }
+}
+
+/// Open inodes: ino → state. Each mutex protects one shard's map and the `opens` counts of
+/// its states; held for a map operation only. Leaf locks (the store's committer takes one
+/// inside `is_open`, holding nothing else of ours).
+struct OpenTable {
+    shards: Vec<Mutex<HashMap<u64, Arc<FileState>>>>,
+}
+
+impl OpenTable {
+    fn shard(&self, ino: u64) -> MutexGuard<'_, HashMap<u64, Arc<FileState>>> {
+        self.shards[(ino as usize) % OPEN_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, ino: u64) -> Option<Arc<FileState>> {
+        self.shard(ino).get(&ino).cloned()
+    }
+
+    /// Counts an open (registered before the inode is read, so that an unlink racing with
+    /// the open finds it and keeps the inode as an orphan).
+    fn open(&self, ino: u64) -> Arc<FileState> {
+        let mut shard = self.shard(ino);
+        let state = shard
+            .entry(ino)
+            .or_insert_with(|| Arc::new(FileState::new(ino)))
+            .clone();
+        state.opens.fetch_add(1, Ordering::Relaxed);
+        state
+    }
+
+    /// Uncounts an open; the state when it was the last.
+    fn release(&self, ino: u64) -> Option<Arc<FileState>> {
+        let mut shard = self.shard(ino);
+        let state = shard.get(&ino)?.clone();
+        if state.opens.fetch_sub(1, Ordering::Relaxed) == 1 {
+            shard.remove(&ino);
+            return Some(state);
+        }
+        None
+    }
+
+    /// For the store: is `ino` open? If so it is marked orphaned (it just lost its last name).
+    fn mark_orphan_if_open(&self, ino: u64) -> bool {
+        match self.shard(ino).get(&ino) {
+            Some(state) => {
+                state.orphaned.store(true, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn all(&self) -> Vec<Arc<FileState>> {
+        self.shards
+            .iter()
+            .flat_map(|s| {
+                s.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .values()
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
+
+/// An open directory: its listing, taken at the first READDIR (offset 0) so that entries
+/// removed or added during a listing (rm -rf) neither skip nor repeat others.
+type DirSnapshot = Arc<Mutex<Option<Vec<(u64, u32, Vec<u8>, Option<InodeRec>)>>>>;
+
+struct DirHandles {
+    /// fh → snapshot. Each mutex protects one shard's map; leaf locks.
+    shards: Vec<Mutex<HashMap<u64, DirSnapshot>>>,
+    next: AtomicU64,
+}
+
+impl DirHandles {
+    fn shard(&self, fh: u64) -> MutexGuard<'_, HashMap<u64, DirSnapshot>> {
+        self.shards[(fh as usize) % OPEN_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// To the reaper thread.
+enum ReapMsg {
+    /// Blocks released by a commit: delete them from the block store.
+    Blocks(Vec<u64>),
+    /// Unmounting: finish what is queued and end.
+    Stop,
+}
+
+pub struct VolumeFs {
+    store: Arc<dyn MetaStore>,
+    data: Arc<DataPath>,
+    open: Arc<OpenTable>,
+    dirs: DirHandles,
+    options: VolumeOptions,
+    /// The data directory, for statfs's capacity.
+    data_dir: std::path::PathBuf,
+    /// Blocks released by commits, to the reaper thread (`Sender` is Sync: no lock).
+    reaper: Sender<ReapMsg>,
+    /// A message (or its end) stops the heartbeat thread.
+    heartbeat_stop: Sender<()>,
+    /// The reaper and heartbeat threads, joined at unmount. Taken by `destroy` only.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// statfs's usage figures, refreshed at most every USAGE_REFRESH (racing refreshes are
+    /// harmless): when (ms after `started`), inodes, bytes.
+    usage_at_ms: AtomicU64,
+    usage_inodes: AtomicU64,
+    usage_bytes: AtomicU64,
+    started: std::time::Instant,
+    /// Flushes that failed and were reported: counted for `lanefs stats`.
+    flush_errors: AtomicU64,
+}
+
+fn errno_name(e: Errno) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e)
+}
+
+impl VolumeFs {
+    pub fn new(
+        store: Arc<dyn MetaStore>,
+        data: Arc<DataPath>,
+        data_dir: std::path::PathBuf,
+        options: VolumeOptions,
+    ) -> VolumeFs {
+        let mut threads = Vec::new();
+        let (reap_tx, reap_rx) = channel::<ReapMsg>();
+        {
+            let store = store.clone();
+            let data = data.clone();
+            match std::thread::Builder::new()
+                .name("lanefs-reaper".into())
+                .spawn(move || reap(store, data, reap_rx))
+            {
+                Ok(handle) => threads.push(handle),
+                Err(e) => {
+                    tracing::warn!("volume: no reaper thread ({e}): released blocks stay until gc")
+                }
+            }
+        }
+        match store.pending_gc() {
+            Ok(left) if !left.is_empty() => {
+                let _ = reap_tx.send(ReapMsg::Blocks(left));
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("volume: listing blocks to delete: {}", errno_name(e)),
+        }
+        recover_crashed_blocks(&*store, &data);
+        let (beat_tx, beat_rx) = channel::<()>();
+        {
+            let store = store.clone();
+            match std::thread::Builder::new()
+                .name("lanefs-heartbeat".into())
+                .spawn(move || {
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        beat_rx.recv_timeout(HEARTBEAT_INTERVAL)
+                    {
+                        store.heartbeat(now_ns(), Box::new(|_| {}));
+                    }
+                }) {
+                Ok(handle) => threads.push(handle),
+                Err(e) => tracing::warn!("volume: no heartbeat thread ({e})"),
+            }
+        }
+        VolumeFs {
+            store,
+            data,
+            open: Arc::new(OpenTable {
+                shards: (0..OPEN_SHARDS)
+                    .map(|_| Mutex::new(HashMap::new()))
+                    .collect(),
+            }),
+            dirs: DirHandles {
+                shards: (0..OPEN_SHARDS)
+                    .map(|_| Mutex::new(HashMap::new()))
+                    .collect(),
+                next: AtomicU64::new(1),
+            },
+            options,
+            data_dir,
+            reaper: reap_tx,
+            heartbeat_stop: beat_tx,
+            threads: Mutex::new(threads),
+            usage_at_ms: AtomicU64::new(u64::MAX),
+            usage_inodes: AtomicU64::new(0),
+            usage_bytes: AtomicU64::new(0),
+            started: std::time::Instant::now(),
+            flush_errors: AtomicU64::new(0),
+        }
+    }
+
+    fn attr(&self, rec: &InodeRec) -> abi::Attr {
+        let mut rec = rec.clone();
+        if let Some(state) = self.open.get(rec.ino) {
+            rec.size = state.size();
+            if let Some(t) = state.dirty_mtime() {
+                rec.mtime_ns = t;
+                rec.ctime_ns = t;
+            }
+        }
+        to_attr(&rec)
+    }
+
+    fn entry_out(&self, rec: &InodeRec) -> abi::EntryOut {
+        let (ev, evn) = split_duration(self.options.entry_timeout);
+        let (av, avn) = split_duration(self.options.attr_timeout);
+        abi::EntryOut {
+            nodeid: rec.ino,
+            generation: 0,
+            entry_valid: ev,
+            entry_valid_nsec: evn,
+            attr_valid: av,
+            attr_valid_nsec: avn,
+            attr: self.attr(rec),
+        }
+    }
+
+    fn attr_out(&self, rec: &InodeRec) -> abi::AttrOut {
+        let (av, avn) = split_duration(self.options.attr_timeout);
+        abi::AttrOut {
+            attr_valid: av,
+            attr_valid_nsec: avn,
+            attr: self.attr(rec),
+            ..Default::default()
+        }
+    }
+
+    fn is_open(&self) -> IsOpen {
+        let open = self.open.clone();
+        Box::new(move |ino| open.mark_orphan_if_open(ino))
+    }
+
+    /// Deletes released blocks in the background.
+    fn reap(&self, blocks: Vec<u64>) {
+        if blocks.is_empty() {
+            return;
+        }
+        let _ = self.reaper.send(ReapMsg::Blocks(blocks));
+    }
+
+    /// A new inode named `name` in `parent`, owned by the caller (the store applies a
+    /// set-group-ID parent's group inside the create's transaction).
+    fn make_node(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+        target: Option<Vec<u8>>,
+    ) -> Result<NewNode, Errno> {
+        if name.len() > NAME_MAX {
+            return Err(libc::ENAMETOOLONG);
+        }
+        Ok(NewNode {
+            parent,
+            name: name.as_bytes().to_vec(),
+            mode,
+            uid: req.uid,
+            gid: req.gid,
+            rdev,
+            target,
+            now_ns: now_ns(),
+        })
+    }
+
+    fn reply_new_entry(&self, node: Result<NewNode, Errno>, reply: Reply) {
+        let node = match node {
+            Ok(node) => node,
+            Err(e) => return reply.error(e),
+        };
+        let out = self.entry_template();
+        self.store.create(
+            node,
+            Box::new(move |r| match r {
+                Ok(rec) => reply.entry(&out.fill(&rec)),
+                Err(e) => reply.error(e),
+            }),
+        )
+    }
+
+    /// What a completion running on the committer needs to build answers.
+    fn entry_template(&self) -> EntryTemplate {
+        EntryTemplate {
+            entry_timeout: self.options.entry_timeout,
+            attr_timeout: self.options.attr_timeout,
+        }
+    }
+
+    fn flush_state(&self, state: &FileState, sync: bool) -> Result<(), Errno> {
+        match state.flush(&self.data, &*self.store, sync) {
+            Ok(released) => {
+                self.reap(released);
+                Ok(())
+            }
+            Err(e) => {
+                self.flush_errors.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// The last release of an inode: flush, and free it if it lost its last name.
+    fn last_release(&self, state: Arc<FileState>) {
+        if let Err(e) = self.flush_state(&state, false) {
+            tracing::error!(
+                "volume: flushing inode {} at its last close: {}",
+                state.ino,
+                errno_name(e)
+            );
+        }
+        if state.orphaned.load(Ordering::Relaxed) {
+            match wait(|done| self.store.free_orphan(state.ino, done)) {
+                Ok(released) => self.reap(released),
+                Err(e) => tracing::error!(
+                    "volume: freeing unlinked inode {}: {} (fsck will)",
+                    state.ino,
+                    errno_name(e)
+                ),
+            }
+        }
+    }
+
+    fn open_state(&self, req: &Request, ino: u64) -> Result<Arc<FileState>, Errno> {
+        let state = self.open.open(ino);
+        let store = &self.store;
+        match state.load(|| store.load_file(req.queue, ino)) {
+            Ok(()) => Ok(state),
+            Err(e) => {
+                if let Some(last) = self.open.release(ino) {
+                    drop(last);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn open_flags(&self, flags: u32) -> u32 {
+        if flags as i32 & libc::O_DIRECT != 0 {
+            let mut f = fopen::DIRECT_IO;
+            if self.options.parallel_writes {
+                f |= fopen::PARALLEL_DIRECT_WRITES;
+            }
+            f
+        } else {
+            fopen::KEEP_CACHE
+        }
+    }
+
+    fn truncate(&self, req: &Request, ino: u64, size: u64) -> Result<(), Errno> {
+        let state = self.open_state(req, ino)?;
+        let result = state.truncate(&self.data, &*self.store, size, now_ns());
+        if let Some(last) = self.open.release(ino) {
+            self.last_release(last);
+        }
+        self.reap(result?);
+        Ok(())
+    }
+}
+
+/// Builds entry answers on the committer's thread.
+struct EntryTemplate {
+    entry_timeout: Duration,
+    attr_timeout: Duration,
+}
+
+impl EntryTemplate {
+    fn fill(&self, rec: &InodeRec) -> abi::EntryOut {
+        let (ev, evn) = split_duration(self.entry_timeout);
+        let (av, avn) = split_duration(self.attr_timeout);
+        abi::EntryOut {
+            nodeid: rec.ino,
+            generation: 0,
+            entry_valid: ev,
+            entry_valid_nsec: evn,
+            attr_valid: av,
+            attr_valid_nsec: avn,
+            attr: to_attr(rec),
+        }
+    }
+}
+
+/// Directories report this size (as ext4's one block), so that SEEK_DATA on one finds data.
+const DIR_SIZE_BYTES: u64 = 4096;
+
+/// The kernel's view of an inode record.
+fn to_attr(rec: &InodeRec) -> abi::Attr {
+    let split = |t: i64| {
+        (
+            t.div_euclid(1_000_000_000) as u64,
+            t.rem_euclid(1_000_000_000) as u32,
+        )
+    };
+    let (atime, atimensec) = split(rec.atime_ns);
+    let (mtime, mtimensec) = split(rec.mtime_ns);
+    let (ctime, ctimensec) = split(rec.ctime_ns);
+    let size = if rec.is_dir() {
+        DIR_SIZE_BYTES
+    } else {
+        rec.size
+    };
+    abi::Attr {
+        ino: rec.ino,
+        size,
+        blocks: size.div_ceil(512),
+        atime,
+        mtime,
+        ctime,
+        atimensec,
+        mtimensec,
+        ctimensec,
+        mode: rec.mode,
+        nlink: rec.nlink,
+        uid: rec.uid,
+        gid: rec.gid,
+        rdev: rec.rdev,
+        blksize: 4096,
+        ..Default::default()
+    }
+}
+
+fn split_duration(d: Duration) -> (u64, u32) {
+    (d.as_secs(), d.subsec_nanos())
+}
+
+/// Deletes the blocks that sessions which ended without unmounting (kill -9, a crash) wrote
+/// but never committed: a block is stored before the change that refers to it.
+fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
+    for session in store.crashed_sessions() {
+        let lo = session << crate::file::BLOCK_ID_SESSION_SHIFT;
+        let hi = (session + 1) << crate::file::BLOCK_ID_SESSION_SHIFT;
+        let (stored, used) = match (
+            data.blocks.list(Some(session)),
+            store.blocks_between(lo, hi),
+        ) {
+            (Ok(stored), Ok(used)) => (stored, used),
+            (Err(e), _) => {
+                tracing::warn!(
+                    "volume: listing the blocks of ended session {session}: {e} (fsck will)"
+                );
+                continue;
+            }
+            (_, Err(e)) => {
+                tracing::warn!(
+                    "volume: blocks of ended session {session}: {} (fsck will)",
+                    errno_name(e)
+                );
+                continue;
+            }
+        };
+        let used: std::collections::HashSet<u64> = used.into_iter().collect();
+        let unused: Vec<u64> = stored.into_iter().filter(|b| !used.contains(b)).collect();
+        if !unused.is_empty() {
+            tracing::info!(
+                "volume: deleting {} blocks that ended session {session} wrote but never committed",
+                unused.len()
+            );
+        }
+        for b in unused {
+            if let Err(e) = data.blocks.delete(b) {
+                tracing::warn!("volume: deleting block {b:016x}: {e} (fsck will)");
+            }
+        }
+    }
+}
+
+/// The reaper: deletes released blocks from the block store, then forgets their gc rows.
+fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
+    let mut stopping = false;
+    while !stopping {
+        let mut blocks = Vec::new();
+        let Ok(first) = rx.recv() else { break };
+        for msg in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match msg {
+                ReapMsg::Blocks(b) => blocks.extend(b),
+                ReapMsg::Stop => stopping = true,
+            }
+        }
+        if blocks.is_empty() {
+            continue;
+        }
+        let mut gone = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            match data.blocks.delete(b) {
+                Ok(()) => gone.push(b),
+                Err(e) => tracing::warn!("volume: deleting block {b:016x}: {e} (gc will retry)"),
+            }
+        }
+        if let Err(e) = wait(|done| store.forget_blocks(gone, done)) {
+            tracing::warn!("volume: forgetting deleted blocks: {}", errno_name(e));
+        }
+    }
+}
+
+fn time_of(
+    now: i64,
+    valid: u32,
+    now_flag: u32,
+    set_flag: u32,
+    secs: u64,
+    nsecs: u32,
+) -> Option<i64> {
+    if valid & now_flag != 0 {
+        Some(now)
+    } else if valid & set_flag != 0 {
+        Some(secs as i64 * 1_000_000_000 + nsecs as i64)
+    } else {
+        None
+    }
+}
+
+impl Filesystem for VolumeFs {
+    fn init(&self, _offered: u64) -> InitRequest {
+        InitRequest {
+            want: init_flags::DO_READDIRPLUS | init_flags::READDIRPLUS_AUTO,
+            max_stack_depth: 0,
+        }
+    }
+
+    fn destroy(&self) {
+        for state in self.open.all() {
+            if let Err(e) = self.flush_state(&state, false) {
+                tracing::error!(
+                    "volume: flushing inode {} at unmount: {}",
+                    state.ino,
+                    errno_name(e)
+                );
+            }
+        }
+        let _ = self.heartbeat_stop.send(());
+        let _ = self.reaper.send(ReapMsg::Stop);
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for handle in threads {
+            let _ = handle.join();
+        }
+        self.store.close();
+    }
+
+    fn counters(&self) -> Vec<(String, u64)> {
+        vec![(
+            "flush_errors".into(),
+            self.flush_errors.load(Ordering::Relaxed),
+        )]
+    }
+
+    fn lookup(&self, req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+        if name.len() > NAME_MAX {
+            return reply.error(libc::ENAMETOOLONG);
+        }
+        match self.store.lookup(req.queue, parent, name.as_bytes()) {
+            Ok(rec) => reply.entry(&self.entry_out(&rec)),
+            Err(libc::ENOENT) => {
+                // A negative entry the kernel may cache for the entry timeout.
+                let (ev, evn) = split_duration(self.options.entry_timeout);
+                reply.entry(&abi::EntryOut {
+                    entry_valid: ev,
+                    entry_valid_nsec: evn,
+                    ..Default::default()
+                })
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, req: &Request, ino: u64, _fh: Option<u64>, reply: Reply) {
+        match self.store.getattr(req.queue, ino) {
+            Ok(rec) => reply.attr(&self.attr_out(&rec)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(&self, req: &Request, ino: u64, arg: &abi::SetattrIn, reply: Reply) {
+        let now = now_ns();
+        let valid = arg.valid;
+        if valid & fattr::SIZE != 0 {
+            match self.store.getattr(req.queue, ino) {
+                Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
+                Ok(rec) if !rec.is_reg() => return reply.error(libc::EINVAL),
+                Ok(_) => {}
+                Err(e) => return reply.error(e),
+            }
+            if arg.size > crate::file::MAX_FILE_BYTES {
+                return reply.error(libc::EFBIG);
+            }
+            if let Err(e) = self.truncate(req, ino, arg.size) {
+                return reply.error(e);
+            }
+        }
+        let mode_valid = valid & fattr::MODE != 0;
+        let others =
+            fattr::MODE | fattr::UID | fattr::GID | fattr::ATIME | fattr::MTIME | fattr::CTIME;
+        if valid & others == 0 {
+            return match self.store.getattr(req.queue, ino) {
+                Ok(rec) => reply.attr(&self.attr_out(&rec)),
+                Err(e) => reply.error(e),
+            };
+        }
+        let old = match self.store.getattr(req.queue, ino) {
+            Ok(rec) => rec,
+            Err(e) => return reply.error(e),
+        };
+        let change = AttrChange {
+            mode: mode_valid.then_some((old.mode & libc::S_IFMT) | (arg.mode & 0o7777)),
+            uid: (valid & fattr::UID != 0).then_some(arg.uid),
+            gid: (valid & fattr::GID != 0).then_some(arg.gid),
+            atime_ns: time_of(
+                now,
+                valid,
+                fattr::ATIME_NOW,
+                fattr::ATIME,
+                arg.atime,
+                arg.atimensec,
+            ),
+            mtime_ns: time_of(
+                now,
+                valid,
+                fattr::MTIME_NOW,
+                fattr::MTIME,
+                arg.mtime,
+                arg.mtimensec,
+            ),
+            ctime_ns: if valid & fattr::CTIME != 0 {
+                arg.ctime as i64 * 1_000_000_000 + arg.ctimensec as i64
+            } else {
+                now
+            },
+        };
+        // A chown was checked by the kernel (default_permissions), which also sends the
+        // set-ID bits it drops as a MODE change in the same request: nothing more to do here.
+        if let Some(state) = self.open.get(ino)
+            && change.mtime_ns.is_some()
+        {
+            // An explicit mtime wins over the write's (flushed later with the data).
+            if let Err(e) = self.flush_state(&state, false) {
+                return reply.error(e);
+            }
+        }
+        let fs_open = self.open.clone();
+        let tmpl = self.entry_template();
+        self.store.setattr(
+            ino,
+            change,
+            Box::new(move |r| match r {
+                Ok(rec) => {
+                    let mut out = tmpl.fill(&rec);
+                    if let Some(state) = fs_open.get(ino) {
+                        out.attr.size = state.size();
+                    }
+                    reply.attr(&abi::AttrOut {
+                        attr_valid: out.attr_valid,
+                        attr_valid_nsec: out.attr_valid_nsec,
+                        attr: out.attr,
+                        ..Default::default()
+                    })
+                }
+                Err(e) => reply.error(e),
+            }),
+        )
+    }
+
+    fn readlink(&self, req: &Request, ino: u64, reply: Reply) {
+        match self.store.readlink(req.queue, ino) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: u64, name: &OsStr, target: &OsStr, reply: Reply) {
+        if target.len() > libc::PATH_MAX as usize {
+            return reply.error(libc::ENAMETOOLONG);
+        }
+        let node = self.make_node(
+            req,
+            parent,
+            name,
+            libc::S_IFLNK | 0o777,
+            0,
+            Some(target.as_bytes().to_vec()),
+        );
+        self.reply_new_entry(node, reply)
+    }
+
+    fn mknod(&self, req: &Request, parent: u64, name: &OsStr, arg: &abi::MknodIn, reply: Reply) {
+        let node = self.make_node(req, parent, name, arg.mode, arg.rdev, None);
+        self.reply_new_entry(node, reply)
+    }
+
+    fn mkdir(&self, req: &Request, parent: u64, name: &OsStr, arg: &abi::MkdirIn, reply: Reply) {
+        let node = self.make_node(
+            req,
+            parent,
+            name,
+            libc::S_IFDIR | (arg.mode & 0o7777),
+            0,
+            None,
+        );
+        self.reply_new_entry(node, reply)
+    }
+
+    fn unlink(&self, _req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+        let fs_reaper = self.reaper.clone();
+        self.store.remove(
+            parent,
+            name.as_bytes().to_vec(),
+            false,
+            now_ns(),
+            self.is_open(),
+            Box::new(move |r| match r {
+                Ok(removed) => {
+                    reply.ok();
+                    send_reap(&fs_reaper, removed.released);
+                }
+                Err(e) => reply.error(e),
+            }),
+        )
+    }
+
+    fn rmdir(&self, _req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+        self.store.remove(
+            parent,
+            name.as_bytes().to_vec(),
+            true,
+            now_ns(),
+            self.is_open(),
+            Box::new(move |r| match r {
+                Ok(_) => reply.ok(),
+                Err(e) => reply.error(e),
+            }),
+        )
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: Reply,
+    ) {
+        if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+            return reply.error(libc::EINVAL);
+        }
+        if newname.len() > NAME_MAX {
+            return reply.error(libc::ENAMETOOLONG);
+        }
+        let fs_reaper = self.reaper.clone();
+        self.store.rename(
+            parent,
+            name.as_bytes().to_vec(),
+            newparent,
+            newname.as_bytes().to_vec(),
+            flags,
+            now_ns(),
+            self.is_open(),
+            Box::new(move |r| match r {
+                Ok(renamed) => {
+                    reply.ok();
+                    if let Some(replaced) = renamed.replaced {
+                        send_reap(&fs_reaper, replaced.released);
+                    }
+                }
+                Err(e) => reply.error(e),
+            }),
+        )
+    }
+
+    fn link(&self, _req: &Request, ino: u64, newparent: u64, newname: &OsStr, reply: Reply) {
+        if newname.len() > NAME_MAX {
+            return reply.error(libc::ENAMETOOLONG);
+        }
+        let tmpl = self.entry_template();
+        let open = self.open.clone();
+        self.store.link(
+            ino,
+            newparent,
+            newname.as_bytes().to_vec(),
+            now_ns(),
+            Box::new(move |r| match r {
+                Ok(rec) => {
+                    let mut out = tmpl.fill(&rec);
+                    if let Some(state) = open.get(ino) {
+                        // Linked again: no longer to be freed at its last close.
+                        state.orphaned.store(false, Ordering::Relaxed);
+                        out.attr.size = state.size();
+                    }
+                    reply.entry(&out)
+                }
+                Err(e) => reply.error(e),
+            }),
+        )
+    }
+
+    fn open(&self, req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
+        match self.store.getattr(req.queue, ino) {
+            Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
+            Ok(rec) if !rec.is_reg() => return reply.error(libc::EINVAL),
+            Ok(_) => {}
+            Err(e) => return reply.error(e),
+        }
+        match self.open_state(req, ino) {
+            Ok(_) => reply.open(&abi::OpenOut {
+                fh: 0,
+                open_flags: self.open_flags(arg.flags),
+                backing_id: 0,
+            }),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(&self, req: &Request, parent: u64, name: &OsStr, arg: &abi::CreateIn, reply: Reply) {
+        let node = match self.make_node(
+            req,
+            parent,
+            name,
+            libc::S_IFREG | (arg.mode & 0o7777),
+            0,
+            None,
+        ) {
+            Ok(node) => node,
+            Err(e) => return reply.error(e),
+        };
+        let exclusive = arg.flags as i32 & libc::O_EXCL != 0;
+        let created = wait(|done| self.store.create(node, done));
+        let rec = match created {
+            Ok(rec) => rec,
+            // Created by someone else since the kernel's lookup: open it, as open(2) would.
+            Err(libc::EEXIST) if !exclusive => {
+                match self.store.lookup(req.queue, parent, name.as_bytes()) {
+                    Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
+                    Ok(rec) => rec,
+                    Err(e) => return reply.error(e),
+                }
+            }
+            Err(e) => return reply.error(e),
+        };
+        match self.open_state(req, rec.ino) {
+            Ok(_) => reply.create(
+                &self.entry_out(&rec),
+                &abi::OpenOut {
+                    fh: 0,
+                    open_flags: self.open_flags(arg.flags),
+                    backing_id: 0,
+                },
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(&self, _req: &Request, ino: u64, arg: &abi::ReadIn, reply: Reply) {
+        let Some(state) = self.open.get(ino) else {
+            return reply.error(libc::EBADF);
+        };
+        match state.read(&self.data, arg.offset, arg.size) {
+            Ok(bytes) => reply.data(&bytes),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(&self, _req: &Request, ino: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply) {
+        let Some(state) = self.open.get(ino) else {
+            return reply.error(libc::EBADF);
+        };
+        match state.write(
+            &self.data,
+            arg.offset,
+            data,
+            self.options.parallel_writes,
+            now_ns(),
+        ) {
+            Ok(over) => {
+                if over && let Err(e) = self.flush_state(&state, false) {
+                    return reply.error(e);
+                }
+                reply.written(data.len() as u32)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(&self, _req: &Request, ino: u64, _arg: &abi::FlushIn, reply: Reply) {
+        match self.open.get(ino) {
+            Some(state) => match self.flush_state(&state, false) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            },
+            None => reply.ok(),
+        }
+    }
+
+    fn release(&self, _req: &Request, ino: u64, _arg: &abi::ReleaseIn, reply: Reply) {
+        if let Some(last) = self.open.release(ino) {
+            self.last_release(last);
+        }
+        reply.ok()
+    }
+
+    fn fsync(&self, _req: &Request, ino: u64, _arg: &abi::FsyncIn, reply: Reply) {
+        let result = match self.open.get(ino) {
+            Some(state) => self
+                .flush_state(&state, true)
+                .and_then(|()| wait(|done| self.store.sync(done))),
+            None => wait(|done| self.store.sync(done)),
+        };
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, req: &Request, ino: u64, _arg: &abi::OpenIn, reply: Reply) {
+        match self.store.getattr(req.queue, ino) {
+            Ok(rec) if !rec.is_dir() => return reply.error(libc::ENOTDIR),
+            Ok(_) => {}
+            Err(e) => return reply.error(e),
+        }
+        let fh = self.dirs.next.fetch_add(1, Ordering::Relaxed);
+        self.dirs.shard(fh).insert(fh, Arc::new(Mutex::new(None)));
+        reply.open(&abi::OpenOut {
+            fh,
+            ..Default::default()
+        })
+    }
+
+    fn readdir(&self, req: &Request, ino: u64, arg: &abi::ReadIn, plus: bool, reply: Reply) {
+        let Some(snapshot) = self.dirs.shard(arg.fh).get(&arg.fh).cloned() else {
+            return reply.error(libc::EBADF);
+        };
+        let mut listing = snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        if listing.is_none() || arg.offset == 0 {
+            let dir = match self.store.getattr(req.queue, ino) {
+                Ok(rec) => rec,
+                Err(e) => return reply.error(e),
+            };
+            let items = match self.store.readdir(req.queue, ino) {
+                Ok(items) => items,
+                Err(e) => return reply.error(e),
+            };
+            let mut all = Vec::with_capacity(items.len() + 2);
+            all.push((ino, libc::DT_DIR as u32, b".".to_vec(), None));
+            all.push((
+                dir.parent.max(ROOT_INO),
+                libc::DT_DIR as u32,
+                b"..".to_vec(),
+                None,
+            ));
+            for item in items {
+                let typ = (item.attr.mode & libc::S_IFMT) >> 12;
+                all.push((item.attr.ino, typ, item.name, Some(item.attr)));
+            }
+            *listing = Some(all);
+        }
+        let Some(all) = listing.as_ref() else {
+            return reply.error(libc::EIO);
+        };
+        let mut buf = DirBuffer::new(arg.size as usize);
+        for (i, (ino, typ, name, attr)) in all.iter().enumerate().skip(arg.offset as usize) {
+            let entry = DirEntry {
+                ino: *ino,
+                offset: i as u64 + 1,
+                typ: *typ,
+                name,
+            };
+            let fits = if plus {
+                let out = match attr {
+                    Some(rec) => self.entry_out(rec),
+                    None => abi::EntryOut::default(),
+                };
+                buf.push_plus(&entry, &out)
+            } else {
+                buf.push(&entry)
+            };
+            if !fits {
+                break;
+            }
+        }
+        reply.data(buf.as_bytes())
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: u64, arg: &abi::ReleaseIn, reply: Reply) {
+        self.dirs.shard(arg.fh).remove(&arg.fh);
+        reply.ok()
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: u64, _arg: &abi::FsyncIn, reply: Reply) {
+        match wait(|done| self.store.sync(done)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn syncfs(&self, _req: &Request, _ino: u64, reply: Reply) {
+        for state in self.open.all() {
+            if let Err(e) = self.flush_state(&state, true) {
+                return reply.error(e);
+            }
+        }
+        match wait(|done| self.store.sync(done)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: u64, reply: Reply) {
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let at = self.usage_at_ms.load(Ordering::Relaxed);
+        if at == u64::MAX || now_ms.saturating_sub(at) >= USAGE_REFRESH.as_millis() as u64 {
+            if let Ok(usage) = self.store.usage() {
+                self.usage_inodes.store(usage.inodes, Ordering::Relaxed);
+                self.usage_bytes.store(usage.bytes, Ordering::Relaxed);
+            }
+            self.usage_at_ms.store(now_ms, Ordering::Relaxed);
+        }
+        let usage = Usage {
+            inodes: self.usage_inodes.load(Ordering::Relaxed),
+            bytes: self.usage_bytes.load(Ordering::Relaxed),
+        };
+        const BSIZE: u64 = 4096;
+        // Without a capacity, the data directory's file system's figures (blocks and inodes).
+        let host = host_statvfs(&self.data_dir).unwrap_or_default();
+        let (blocks, free) = match self.options.capacity {
+            Some(capacity) => {
+                let blocks = capacity / BSIZE;
+                (blocks, blocks.saturating_sub(usage.bytes.div_ceil(BSIZE)))
+            }
+            None => (host.total_bytes / BSIZE, host.avail_bytes / BSIZE),
+        };
+        let (files, ffree) = match host.files {
+            0 => (
+                usage.inodes + FILES_FREE_WITHOUT_LIMIT,
+                FILES_FREE_WITHOUT_LIMIT,
+            ),
+            n => (n, host.files_free),
+        };
+        reply.statfs(&abi::Kstatfs {
+            blocks,
+            bfree: free,
+            bavail: free,
+            files,
+            ffree,
+            bsize: BSIZE as u32,
+            frsize: BSIZE as u32,
+            namelen: NAME_MAX as u32,
+            ..Default::default()
+        })
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: u32,
+        _setxattr_flags: u32,
+        reply: Reply,
+    ) {
+        if name.len() > NAME_MAX || name.is_empty() {
+            return reply.error(libc::ERANGE);
+        }
+        if value.len() > XATTR_VALUE_MAX {
+            return reply.error(libc::E2BIG);
+        }
+        if !XATTR_NAMESPACES
+            .iter()
+            .any(|ns| name.as_bytes().starts_with(ns))
+        {
+            return reply.error(libc::EOPNOTSUPP);
+        }
+        self.store.setxattr(
+            ino,
+            name.as_bytes().to_vec(),
+            value.to_vec(),
+            flags,
+            Box::new(move |r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }),
+        )
+    }
+
+    fn getxattr(&self, req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {
+        match self.store.getxattr(req.queue, ino, name.as_bytes()) {
+            Ok(value) if size == 0 => reply.xattr_size(value.len() as u32),
+            Ok(value) if value.len() > size as usize => reply.error(libc::ERANGE),
+            Ok(value) => reply.data(&value),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: u64, size: u32, reply: Reply) {
+        match self.store.listxattr(req.queue, ino) {
+            Ok(names) => {
+                let mut list = Vec::new();
+                for n in names {
+                    list.extend_from_slice(&n);
+                    list.push(0);
+                }
+                if size == 0 {
+                    reply.xattr_size(list.len() as u32)
+                } else if list.len() > size as usize {
+                    reply.error(libc::ERANGE)
+                } else {
+                    reply.data(&list)
+                }
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: u64, name: &OsStr, reply: Reply) {
+        self.store.removexattr(
+            ino,
+            name.as_bytes().to_vec(),
+            Box::new(move |r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }),
+        )
+    }
+
+    fn fallocate(&self, _req: &Request, ino: u64, arg: &abi::FallocateIn, reply: Reply) {
+        let Some(state) = self.open.get(ino) else {
+            return reply.error(libc::EBADF);
+        };
+        let mode = arg.mode as i32;
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let zero = match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => false,
+            libc::FALLOC_FL_PUNCH_HOLE if keep_size => true,
+            libc::FALLOC_FL_ZERO_RANGE => true,
+            _ => return reply.error(libc::EOPNOTSUPP),
+        };
+        let range = crate::file::Fallocate {
+            offset: arg.offset,
+            len: arg.length,
+            zero,
+            keep_size,
+        };
+        match state.fallocate(&self.data, &*self.store, range, now_ns()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn tmpfile(&self, req: &Request, parent: u64, arg: &abi::CreateIn, reply: Reply) {
+        let node = match self.make_node(
+            req,
+            parent,
+            OsStr::new(""),
+            libc::S_IFREG | (arg.mode & 0o7777),
+            0,
+            None,
+        ) {
+            Ok(node) => node,
+            Err(e) => return reply.error(e),
+        };
+        let rec = match wait(|done| self.store.create(node, done)) {
+            Ok(rec) => rec,
+            Err(e) => return reply.error(e),
+        };
+        match self.open_state(req, rec.ino) {
+            Ok(state) => {
+                state.orphaned.store(true, Ordering::Relaxed);
+                reply.create(
+                    &self.entry_out(&rec),
+                    &abi::OpenOut {
+                        fh: 0,
+                        open_flags: self.open_flags(arg.flags),
+                        backing_id: 0,
+                    },
+                )
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn lseek(&self, _req: &Request, ino: u64, arg: &abi::LseekIn, reply: Reply) {
+        let Some(state) = self.open.get(ino) else {
+            return reply.error(libc::EBADF);
+        };
+        match arg.whence as i32 {
+            libc::SEEK_DATA | libc::SEEK_HOLE => match state.seek(arg.offset, arg.whence as i32) {
+                Ok(pos) => reply.lseek(pos),
+                Err(e) => reply.error(e),
+            },
+            // The kernel answers SEEK_SET/CUR/END itself; anything else is invalid.
+            _ => reply.error(libc::EINVAL),
+        }
+    }
+}
+
+fn send_reap(tx: &Sender<ReapMsg>, blocks: Vec<u64>) {
+    if !blocks.is_empty() {
+        let _ = tx.send(ReapMsg::Blocks(blocks));
+    }
+}
+
+/// What statfs says when the data directory's file system has no inode limit.
+const FILES_FREE_WITHOUT_LIMIT: u64 = 1 << 32;
+
+#[derive(Default)]
+struct HostStatfs {
+    total_bytes: u64,
+    avail_bytes: u64,
+    files: u64,
+    files_free: u64,
+}
+
+/// statvfs of the file system holding `path`.
+fn host_statvfs(path: &std::path::Path) -> Option<HostStatfs> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data, for which all zeros is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid statvfs to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(HostStatfs {
+        total_bytes: st.f_blocks * st.f_frsize,
+        avail_bytes: st.f_bavail * st.f_frsize,
+        files: st.f_files,
+        files_free: st.f_ffree,
+    })
+}
+
+/// Namespaces of xattrs the volume stores (POSIX ACLs, `system.*`, need FUSE_POSIX_ACL, which
+/// the volume does not negotiate yet).
+const XATTR_NAMESPACES: &[&[u8]] = &[b"user.", b"trusted.", b"security."];

@@ -1,0 +1,218 @@
+//! `MetaStore`: the metadata operations the volume's file system calls. Records in, records
+//! and errnos out; no SQL leaves the store, so PostgreSQL (issue 14) is a second
+//! implementation of this trait, not a change to the file system.
+//!
+//! Reads run on the caller's thread (`queue` picks a connection). Changes are handed to the
+//! store with a completion, [`Done`], which the store calls once, after the transaction that
+//! holds the change committed (`Ok`), or with the errno that stopped it. A completion may run
+//! on another thread (the store's committer); it answers the FUSE request there.
+
+/// An errno.
+pub type Errno = i32;
+
+/// Called once with the outcome of a change, after its transaction committed or failed.
+pub type Done<T> = Box<dyn FnOnce(Result<T, Errno>) + Send>;
+
+/// Whether an inode is open on this mount (an unlinked open inode becomes an orphan).
+pub type IsOpen = Box<dyn Fn(u64) -> bool + Send>;
+
+/// The root directory's inode number (FUSE's root nodeid).
+pub const ROOT_INO: u64 = 1;
+
+/// One inode's attributes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InodeRec {
+    pub ino: u64,
+    /// Type and permission bits, as st_mode.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    /// For a directory, the directory holding it (`..`); the root's is itself.
+    pub parent: u64,
+}
+
+impl InodeRec {
+    pub fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    pub fn is_reg(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+}
+
+/// A new inode and its name.
+#[derive(Debug, Clone)]
+pub struct NewNode {
+    pub parent: u64,
+    /// Empty for an O_TMPFILE (no name, link count 0, an orphan until linked).
+    pub name: Vec<u8>,
+    /// With type bits.
+    pub mode: u32,
+    pub uid: u32,
+    /// The caller's group; a set-group-ID parent's group (and, for a directory, the bit)
+    /// replaces it when the store creates the inode.
+    pub gid: u32,
+    pub rdev: u32,
+    /// A symlink's target.
+    pub target: Option<Vec<u8>>,
+    pub now_ns: i64,
+}
+
+/// One chunk of a file: the block holding its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRec {
+    pub idx: u64,
+    pub block: u64,
+    /// Bytes of the block that are file data; past them the chunk reads as zeros.
+    pub len: u64,
+    /// CRC-32 of the whole block object.
+    pub crc: u32,
+}
+
+/// What an open needs to serve reads: the attributes, the inline bytes, the chunk map.
+#[derive(Debug, Clone, Default)]
+pub struct FileRec {
+    pub attr: InodeRec,
+    pub inline: Option<Vec<u8>>,
+    pub chunks: Vec<ChunkRec>,
+}
+
+/// One directory entry as a listing sees it.
+#[derive(Debug, Clone)]
+pub struct DirItem {
+    pub name: Vec<u8>,
+    pub attr: InodeRec,
+}
+
+/// The outcome of a flush or truncate of a file's data, committed as one change.
+#[derive(Debug, Clone, Default)]
+pub struct DataUpdate {
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    /// `Some(bytes)`: the file is inline with these bytes (and has no chunks).
+    /// `None`: the file has no inline bytes.
+    pub inline: Option<Vec<u8>>,
+    /// Chunks written (new blocks), replacing any earlier block of the same index.
+    pub set: Vec<ChunkRec>,
+    /// Chunks that became holes.
+    pub holes: Vec<u64>,
+    /// Chunks at or past this index are dropped (truncate).
+    pub drop_from: Option<u64>,
+    /// A chunk shortened by a truncate: (idx, len).
+    pub trim: Option<(u64, u64)>,
+}
+
+/// Attribute changes of a SETATTR (sizes go through [`DataUpdate`]).
+#[derive(Debug, Clone, Default)]
+pub struct AttrChange {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime_ns: Option<i64>,
+    pub mtime_ns: Option<i64>,
+    pub ctime_ns: i64,
+}
+
+/// Leftovers of removing a name: the blocks a freed inode no longer needs.
+#[derive(Debug, Clone, Default)]
+pub struct Removed {
+    /// The inode whose name went away.
+    pub ino: u64,
+    /// Blocks released by freeing the inode (delete them from the store).
+    pub released: Vec<u64>,
+    /// The inode lost its last name while open: it is an orphan until its last release.
+    pub orphaned: bool,
+}
+
+/// What a rename did to the names involved.
+#[derive(Debug, Clone, Default)]
+pub struct Renamed {
+    /// An inode whose name was replaced by the rename (not with EXCHANGE).
+    pub replaced: Option<Removed>,
+}
+
+/// Counts for `lanefs status` and statfs.
+#[derive(Debug, Clone, Default)]
+pub struct Usage {
+    pub inodes: u64,
+    pub bytes: u64,
+}
+
+pub trait MetaStore: Send + Sync + 'static {
+    // Reads, on the caller's thread.
+    fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno>;
+    fn getattr(&self, queue: usize, ino: u64) -> Result<InodeRec, Errno>;
+    fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno>;
+    fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno>;
+    fn getxattr(&self, queue: usize, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno>;
+    fn listxattr(&self, queue: usize, ino: u64) -> Result<Vec<Vec<u8>>, Errno>;
+    fn load_file(&self, queue: usize, ino: u64) -> Result<FileRec, Errno>;
+    fn usage(&self) -> Result<Usage, Errno>;
+
+    // Changes, each one transaction (shared with others: group commit).
+    /// mknod, mkdir, symlink and create: EEXIST when the name is taken.
+    fn create(&self, node: NewNode, done: Done<InodeRec>);
+    /// A new name for an existing non-directory inode.
+    fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>);
+    /// unlink (`dir` false) or rmdir (`dir` true).
+    fn remove(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        dir: bool,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Removed>,
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn rename(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        newparent: u64,
+        newname: Vec<u8>,
+        flags: u32,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Renamed>,
+    );
+    fn setattr(&self, ino: u64, change: AttrChange, done: Done<InodeRec>);
+    /// A file's data changed (flush, truncate). `sync`: durable before `done` (fsync).
+    fn update_data(&self, update: DataUpdate, sync: bool, done: Done<Vec<u64>>);
+    /// XATTR_CREATE / XATTR_REPLACE in `flags`.
+    fn setxattr(&self, ino: u64, name: Vec<u8>, value: Vec<u8>, flags: u32, done: Done<()>);
+    fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>);
+    /// Frees an orphan at its last release; its released blocks.
+    fn free_orphan(&self, ino: u64, done: Done<Vec<u64>>);
+    /// Everything committed before is durable when `done` runs (fsyncdir, syncfs).
+    fn sync(&self, done: Done<()>);
+    /// The blocks were deleted from the block store: forget them.
+    fn forget_blocks(&self, blocks: Vec<u64>, done: Done<()>);
+    /// Blocks in [lo, hi) that chunks refer to (what a crashed session's writes left in use).
+    fn blocks_between(&self, lo: u64, hi: u64) -> Result<Vec<u64>, Errno>;
+    /// Sessions that ended without unmounting (found when this one started).
+    fn crashed_sessions(&self) -> Vec<u64>;
+    /// Blocks waiting for deletion (released by a commit, not yet deleted from the store).
+    fn pending_gc(&self) -> Result<Vec<u64>, Errno>;
+    /// The session's heartbeat.
+    fn heartbeat(&self, now_ns: i64, done: Done<()>);
+    /// Ends the session (unmount): removes its row and ranges; the committer stops after it.
+    fn close(&self);
+}
+
+/// Waits for a change's outcome on the calling thread (for callers with nothing else to do).
+pub fn wait<T: Send + 'static>(submit: impl FnOnce(Done<T>)) -> Result<T, Errno> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    submit(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.recv().unwrap_or(Err(libc::EIO))
+}

@@ -1,0 +1,69 @@
+//! The volume's one SQL schema, for SQLite and PostgreSQL alike, and its migrations.
+//!
+//! Integer columns are `BIGINT` and byte strings `BYTES`; a store replaces `BYTES` with its
+//! engine's name (`BLOB`, `BYTEA`) before running a step. Each step is applied once, in order,
+//! and recorded in `schema_migrations`; a database whose newest step is above [`FORMAT_VERSION`]
+//! was made by a newer lanefs and is refused.
+
+/// The newest schema step this binary knows; also the volume's format version.
+pub const FORMAT_VERSION: i64 = 1;
+
+/// Step 1: the whole first schema (see ARCHITECTURE.md, "Volume", for what each table is).
+const STEP_1: &str = "
+CREATE TABLE settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+CREATE TABLE sessions (
+    id BIGINT PRIMARY KEY, host TEXT NOT NULL, pid BIGINT NOT NULL, mountpoint TEXT NOT NULL,
+    started_ns BIGINT NOT NULL, heartbeat_ns BIGINT NOT NULL);
+CREATE TABLE inode_ranges (
+    start_ino BIGINT PRIMARY KEY, end_ino BIGINT NOT NULL, session BIGINT NOT NULL);
+CREATE TABLE inodes (
+    ino BIGINT PRIMARY KEY, mode BIGINT NOT NULL, uid BIGINT NOT NULL, gid BIGINT NOT NULL,
+    rdev BIGINT NOT NULL, nlink BIGINT NOT NULL, size BIGINT NOT NULL,
+    atime_ns BIGINT NOT NULL, mtime_ns BIGINT NOT NULL, ctime_ns BIGINT NOT NULL,
+    parent BIGINT NOT NULL, inline_data BYTES);
+CREATE TABLE entries (
+    parent BIGINT NOT NULL, name BYTES NOT NULL, ino BIGINT NOT NULL, kind BIGINT NOT NULL,
+    PRIMARY KEY (parent, name));
+CREATE TABLE symlinks (ino BIGINT PRIMARY KEY, target BYTES NOT NULL);
+CREATE TABLE xattrs (
+    ino BIGINT NOT NULL, name BYTES NOT NULL, value BYTES NOT NULL, PRIMARY KEY (ino, name));
+CREATE TABLE chunks (
+    ino BIGINT NOT NULL, idx BIGINT NOT NULL, block BIGINT NOT NULL, len BIGINT NOT NULL,
+    crc BIGINT NOT NULL, PRIMARY KEY (ino, idx));
+CREATE INDEX chunks_by_block ON chunks (block);
+CREATE TABLE gc_blocks (block BIGINT PRIMARY KEY, since_ns BIGINT NOT NULL);
+CREATE TABLE orphans (ino BIGINT PRIMARY KEY, session BIGINT NOT NULL);
+CREATE TABLE changes (
+    seq BIGINT PRIMARY KEY, ino BIGINT NOT NULL, parent BIGINT NOT NULL, name BYTES,
+    kind BIGINT NOT NULL, at_ns BIGINT NOT NULL);
+CREATE TABLE leases (
+    dir BIGINT PRIMARY KEY, session BIGINT NOT NULL, epoch BIGINT NOT NULL,
+    expires_ns BIGINT NOT NULL);
+";
+
+/// Every step, in order: `STEPS[i]` takes the schema from version `i` to `i + 1`.
+pub const STEPS: &[&str] = &[STEP_1];
+
+/// The step's text for an engine whose byte-string type is `bytes`.
+pub fn step_for(step: &str, bytes: &str) -> String {
+    step.replace("BYTES", bytes)
+}
+
+const _: () = assert!(STEPS.len() as i64 == FORMAT_VERSION);
+
+/// Settings names.
+pub mod setting {
+    pub const FORMAT_VERSION: &str = "format_version";
+    pub const UUID: &str = "uuid";
+    pub const DATA: &str = "data";
+    pub const CHUNK_BYTES: &str = "chunk_bytes";
+    pub const INLINE_MAX_BYTES: &str = "inline_max_bytes";
+    pub const CREATED_NS: &str = "created_ns";
+}
+
+/// Counter names.
+pub mod counter {
+    pub const NEXT_INODE: &str = "next_inode";
+    pub const NEXT_SESSION: &str = "next_session";
+}

@@ -1,0 +1,351 @@
+//! A volume as a whole: format, the checks and lock that come before a mount, status.
+//! Every failure here is one sentence for the user (`String` errors), never a panic.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use crate::blocks::{BlockStore, ObjectBlockStore, VOLUME_ID_KEY};
+use crate::file::{CHUNK_BYTES, DataPath, INLINE_MAX_BYTES};
+use crate::fs::{VolumeFs, VolumeOptions};
+use crate::meta::{InodeRec, ROOT_INO};
+use crate::now_ns;
+use crate::schema::{FORMAT_VERSION, setting};
+use crate::sqlite::{self, SqliteStore};
+
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// Whether `path` looks like a lanefs volume (an SQLite file): for telling sources apart.
+pub fn looks_like_volume(path: &Path) -> bool {
+    let mut head = [0u8; 16];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| &head == SQLITE_MAGIC)
+}
+
+/// The exclusive hold of a volume by one process (a mount, fsck --repair, format --force):
+/// flock on the database file, which SQLite's own fcntl locks do not touch. Released when
+/// dropped (or when the process dies, kill -9 included).
+pub struct VolumeLock {
+    _file: File,
+}
+
+impl VolumeLock {
+    pub fn take(db: &Path) -> Result<VolumeLock, String> {
+        let file = File::open(db).map_err(|e| format!("{}: {e}", db.display()))?;
+        // SAFETY: flock on an fd we own; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let holder = holder_of(db).unwrap_or_else(|| "by another process".into());
+            return Err(format!(
+                "{} is already mounted {holder}; one volume on SQLite takes one mount at a time (sharing needs PostgreSQL)",
+                db.display()
+            ));
+        }
+        Ok(VolumeLock { _file: file })
+    }
+}
+
+/// "(pid N at MP)" from the sessions table, if it can be read.
+fn holder_of(db: &Path) -> Option<String> {
+    let conn = sqlite::connect(db, false).ok()?;
+    conn.query_row(
+        "SELECT pid, mountpoint FROM sessions ORDER BY id DESC LIMIT 1",
+        [],
+        |r| {
+            Ok(format!(
+                "(pid {} at {})",
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?
+            ))
+        },
+    )
+    .ok()
+}
+
+/// A volume's settings, read and checked.
+pub struct Settings {
+    pub uuid: String,
+    pub data: PathBuf,
+    pub format_version: i64,
+    pub created_ns: i64,
+}
+
+/// Opens the database and checks that it is a volume this binary can use.
+pub fn check(db: &Path, write: bool) -> Result<(Connection, Settings), String> {
+    let shown = db.display();
+    if !db.exists() {
+        return Err(format!(
+            "{shown} does not exist; make a volume with `lanefs format {shown} --data DIR`"
+        ));
+    }
+    if !looks_like_volume(db) {
+        return Err(format!(
+            "{shown} is not a lanefs volume (not an SQLite database)"
+        ));
+    }
+    let conn = sqlite::connect(db, write)
+        .map_err(|e| format!("{shown}: cannot open the database: {e}"))?;
+    let newest: Option<i64> = conn
+        .query_row("SELECT max(version) FROM schema_migrations", [], |r| {
+            r.get(0)
+        })
+        .map_err(|_| format!("{shown} is an SQLite database but not a lanefs volume"))?;
+    let newest = newest.unwrap_or(0);
+    if newest > FORMAT_VERSION {
+        return Err(format!(
+            "{shown} was made by a newer lanefs (format {newest}; this one reads up to {FORMAT_VERSION}); upgrade lanefs"
+        ));
+    }
+    if newest < FORMAT_VERSION {
+        // Issue 14's second step will migrate here; version 1 is the first.
+        return Err(format!(
+            "{shown} has an incomplete schema (format {newest}); it is damaged"
+        ));
+    }
+    let get = |name: &str| -> Result<String, String> {
+        conn.query_row("SELECT value FROM settings WHERE name = ?", [name], |r| {
+            r.get::<_, String>(0)
+        })
+        .optional()
+        .map_err(|e| format!("{shown}: reading its settings: {e}"))?
+        .ok_or_else(|| format!("{shown} is damaged: its setting {name} is missing"))
+    };
+    let settings = Settings {
+        uuid: get(setting::UUID)?,
+        data: PathBuf::from(get(setting::DATA)?),
+        format_version: get(setting::FORMAT_VERSION)?.parse().unwrap_or(0),
+        created_ns: get(setting::CREATED_NS)?.parse().unwrap_or(0),
+    };
+    let chunk: u64 = get(setting::CHUNK_BYTES)?.parse().unwrap_or(0);
+    if chunk != CHUNK_BYTES {
+        return Err(format!(
+            "{shown} uses chunks of {chunk} bytes; this lanefs reads {CHUNK_BYTES}"
+        ));
+    }
+    Ok((conn, settings))
+}
+
+/// Opens the block store of a checked volume and checks it belongs to the volume.
+pub fn open_blocks(db: &Path, settings: &Settings) -> Result<Arc<ObjectBlockStore>, String> {
+    let dir = &settings.data;
+    if !dir.is_dir() {
+        return Err(format!(
+            "the data directory {} of volume {} is missing",
+            dir.display(),
+            db.display()
+        ));
+    }
+    let blocks = ObjectBlockStore::local(dir)
+        .map_err(|e| format!("data directory {}: {e}", dir.display()))?;
+    match blocks.get_volume_id() {
+        Ok(Some(id)) if id == settings.uuid => Ok(Arc::new(blocks)),
+        Ok(Some(_)) => Err(format!(
+            "the data directory {} belongs to another volume, not {}",
+            dir.display(),
+            db.display()
+        )),
+        Ok(None) => Err(format!(
+            "the data directory {} of volume {} has lost its {VOLUME_ID_KEY} file (is it the right directory?)",
+            dir.display(),
+            db.display()
+        )),
+        Err(e) => Err(format!("data directory {}: {e}", dir.display())),
+    }
+}
+
+fn random_id() -> Result<String, String> {
+    let mut bytes = [0u8; 16];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `lanefs format`: a new, empty volume.
+pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
+    let shown = db.display();
+    if db.exists() {
+        if !force {
+            return Err(format!(
+                "{shown} exists; add --force to replace it (everything in it is lost)"
+            ));
+        }
+        let _lock = VolumeLock::take(db)?;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = db.as_os_str().to_owned();
+            p.push(suffix);
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("removing {}: {e}", Path::new(&p).display())),
+            }
+        }
+    }
+    std::fs::create_dir_all(data).map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    let data = data
+        .canonicalize()
+        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    let mut entries = std::fs::read_dir(&data)
+        .map_err(|e| format!("data directory {}: {e}", data.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect::<Vec<_>>();
+    entries.sort();
+    if !entries.is_empty() {
+        let ours = entries.iter().all(|n| n == "blocks" || n == VOLUME_ID_KEY);
+        if !ours {
+            return Err(format!(
+                "the data directory {} is not empty; give an empty or new one",
+                data.display()
+            ));
+        }
+        if !force {
+            return Err(format!(
+                "the data directory {} holds another volume's blocks; add --force to delete them",
+                data.display()
+            ));
+        }
+        let _ = std::fs::remove_dir_all(data.join("blocks"));
+        let _ = std::fs::remove_file(data.join(VOLUME_ID_KEY));
+    }
+    let uuid = random_id()?;
+    let now = now_ns();
+    let conn = Connection::open(db).map_err(|e| format!("{shown}: {e}"))?;
+    conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
+        .map_err(|e| format!("{shown}: {e}"))?;
+    let settings = [
+        (setting::FORMAT_VERSION, FORMAT_VERSION.to_string()),
+        (setting::UUID, uuid.clone()),
+        (setting::DATA, data.to_string_lossy().into_owned()),
+        (setting::CHUNK_BYTES, CHUNK_BYTES.to_string()),
+        (setting::INLINE_MAX_BYTES, INLINE_MAX_BYTES.to_string()),
+        (setting::CREATED_NS, now.to_string()),
+    ];
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let root = InodeRec {
+        ino: ROOT_INO,
+        mode: libc::S_IFDIR | 0o755,
+        uid,
+        gid,
+        rdev: 0,
+        nlink: 2,
+        size: 0,
+        atime_ns: now,
+        mtime_ns: now,
+        ctime_ns: now,
+        parent: ROOT_INO,
+    };
+    sqlite::initialize(&conn, &settings, &root)
+        .map_err(|e| format!("{shown}: writing the schema: {e}"))?;
+    drop(conn);
+    let blocks = ObjectBlockStore::local(&data)
+        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    blocks
+        .put_volume_id(&uuid)
+        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    Ok(format!(
+        "formatted {shown}: volume {uuid}, data in {}, format {FORMAT_VERSION}",
+        data.display()
+    ))
+}
+
+/// Everything a mount of the volume needs, checked; the volume is held until it is dropped.
+pub struct Mountable {
+    pub fs: VolumeFs,
+    pub lock: VolumeLock,
+}
+
+/// Checks the volume, takes its lock, registers a session: the file system to serve.
+pub fn open_for_mount(
+    db: &Path,
+    mountpoint: &Path,
+    options: VolumeOptions,
+) -> Result<Mountable, String> {
+    let db = &std::path::absolute(db).map_err(|e| format!("{}: {e}", db.display()))?;
+    let (conn, settings) = check(db, true)?;
+    drop(conn);
+    let lock = VolumeLock::take(db)?;
+    let blocks = open_blocks(db, &settings)?;
+    let store = SqliteStore::open(db, &hostname(), &mountpoint.to_string_lossy(), now_ns())
+        .map_err(|e| format!("{}: starting a session: {e}", db.display()))?;
+    let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
+    let fs = VolumeFs::new(Arc::new(store), data, settings.data.clone(), options);
+    Ok(Mountable { fs, lock })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// `lanefs status`: the volume, its sessions, its usage (works while mounted).
+pub fn status(db: &Path) -> Result<String, String> {
+    // Whether a mount holds the volume (taken and let go before SQLite opens the file: closing
+    // another fd of the database would drop SQLite's own locks on it).
+    let mounted = db.exists() && looks_like_volume(db) && VolumeLock::take(db).is_err();
+    let (conn, settings) = check(db, false)?;
+    let q = |sql: &str| -> Result<i64, String> {
+        conn.query_row(sql, [], |r| r.get(0))
+            .map_err(|e| format!("{}: {e}", db.display()))
+    };
+    let mut out = String::new();
+    let secs = |ns: i64| ns / 1_000_000_000;
+    out += &format!("volume {}\n", db.display());
+    out += &format!("  id             {}\n", settings.uuid);
+    out += &format!("  format         {}\n", settings.format_version);
+    out += &format!("  data           {}\n", settings.data.display());
+    out += &format!(
+        "  created        {} (unix seconds)\n",
+        secs(settings.created_ns)
+    );
+    out += &format!("  inodes         {}\n", q("SELECT count(*) FROM inodes")?);
+    out += &format!(
+        "  bytes          {}\n",
+        q("SELECT coalesce(sum(size), 0) FROM inodes")?
+    );
+    out += &format!(
+        "  inline files   {}\n",
+        q("SELECT count(*) FROM inodes WHERE inline_data IS NOT NULL")?
+    );
+    out += &format!("  blocks         {}\n", q("SELECT count(*) FROM chunks")?);
+    out += &format!(
+        "  blocks to gc   {}\n",
+        q("SELECT count(*) FROM gc_blocks")?
+    );
+    out += &format!("  orphans        {}\n", q("SELECT count(*) FROM orphans")?);
+    let mut stmt = conn
+        .prepare("SELECT id, host, pid, mountpoint, heartbeat_ns FROM sessions ORDER BY id")
+        .map_err(|e| e.to_string())?;
+    let sessions: Vec<String> = stmt
+        .query_map([], |r| {
+            Ok(format!(
+                "  session {} on {} pid {} at {} (heartbeat {} s ago{})",
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+                (now_ns() - r.get::<_, i64>(4)?) / 1_000_000_000,
+                if mounted {
+                    ""
+                } else {
+                    "; ended without unmounting: the next mount cleans up after it"
+                }
+            ))
+        })
+        .and_then(|rows| rows.collect())
+        .map_err(|e| e.to_string())?;
+    if sessions.is_empty() {
+        out += "  not mounted\n";
+    }
+    for s in sessions {
+        out += &s;
+        out.push('\n');
+    }
+    Ok(out)
+}
