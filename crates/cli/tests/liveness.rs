@@ -393,3 +393,96 @@ fn an_open_waiting_for_a_lease_break_holds_no_queue() {
     drop(lease_holder);
     m.unmount();
 }
+
+/// Blocking lock requests that reach one CPU's ring all at once, more than it has entries
+/// (depth 1): the kernel queues the ones that find no free entry, and hands a queued request
+/// over only at a commit, never at the REGISTER of a spare. Every one of them parks, so
+/// nothing is committed: without the ring's kicker they would wait for some unrelated
+/// request on that CPU. Nothing touches the mount while the test waits (the count comes
+/// from the control socket), so only the kicker can bring them in.
+#[test]
+fn lock_waiters_arriving_together_all_reach_the_daemon() {
+    const WAITERS: usize = 24;
+    let _serial = serial();
+    let src = TempDir::new("liveness-burst-src");
+    std::fs::write(src.path().join("locked"), b"x").unwrap();
+    let m = Mount::start(
+        src.path().to_str().unwrap(),
+        &["--queue-depth", "1", "--no-passthrough"],
+    );
+    let target = m.path("locked");
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&target)
+        .unwrap();
+    set_lock(&holder, libc::F_WRLCK).expect("the holder takes the lock");
+    let c_target = CString::new(target.as_os_str().as_bytes()).unwrap();
+    let mut gate = [0; 2];
+    // SAFETY: pipe fills two fds into the array.
+    assert_eq!(unsafe { libc::pipe(gate.as_mut_ptr()) }, 0);
+    let waiters: Vec<libc::pid_t> = (0..WAITERS)
+        // SAFETY: the child only makes raw syscalls (no allocation, no locks) before _exit.
+        .map(|_| unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+            if pid == 0 {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+                libc::close(gate[1]);
+                let fd = libc::open(c_target.as_ptr(), libc::O_RDWR);
+                if fd < 0 {
+                    libc::_exit(2);
+                }
+                // Every waiter opens first, then all lock at once when the gate opens, at a
+                // real-time priority: the ring's worker (on CPU 0 too) cannot run until
+                // every one of them has sent its request and sleeps, so the kernel has to
+                // queue all but the first.
+                let param = libc::sched_param { sched_priority: 1 };
+                libc::sched_setscheduler(0, libc::SCHED_FIFO, &param);
+                let mut byte = 0u8;
+                libc::read(gate[0], (&raw mut byte).cast(), 1);
+                let mut fl: libc::flock = std::mem::zeroed();
+                fl.l_type = libc::F_WRLCK as i16;
+                fl.l_whence = libc::SEEK_SET as i16;
+                let rc = libc::fcntl(fd, libc::F_SETLKW, &fl);
+                libc::_exit(if rc == 0 { 0 } else { 3 });
+            }
+            pid
+        })
+        .collect();
+    // SAFETY: closing our ends; the children's reads return at once (end of file).
+    unsafe {
+        libc::close(gate[0]);
+        std::thread::sleep(Duration::from_millis(300));
+        libc::close(gate[1]);
+    }
+    let all_waiting = wait_until(Duration::from_secs(10), || {
+        m.counter("lock_waiters") == WAITERS as u64
+    });
+    let seen = m.counter("lock_waiters");
+    let kill_all = || {
+        for &pid in &waiters {
+            // SAFETY: signalling our own children.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        for &pid in &waiters {
+            wait_child(pid, Duration::from_secs(10));
+        }
+    };
+    if !all_waiting {
+        kill_all();
+        panic!("{seen} of {WAITERS} lock requests reached the daemon: the rest stayed queued");
+    }
+    set_lock(&holder, libc::F_UNLCK).unwrap();
+    drop(holder);
+    for &pid in &waiters {
+        assert_eq!(
+            wait_child(pid, Duration::from_secs(20)),
+            Some(0),
+            "waiter {pid}"
+        );
+    }
+    m.unmount();
+}

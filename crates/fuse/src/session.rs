@@ -317,6 +317,7 @@ pub fn run<F: Filesystem>(
                 payload_bytes,
                 poll: opts.poll.unwrap_or(uring::DEFAULT_RING_POLL),
                 online,
+                mountpoint: spec.mountpoint.clone(),
             };
             let (fs, fd, queue) = (fs.clone(), session_fd.clone(), handle.clone());
             let mountpoint = spec.mountpoint.clone();

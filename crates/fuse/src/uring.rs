@@ -33,7 +33,7 @@
 use std::cell::{RefCell, UnsafeCell};
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -134,6 +134,13 @@ const PREFIX_BYTES: usize = size_of::<abi::InHeader>() + abi::URING_OP_IN_OUT_SZ
 /// The largest answer that can wait in an entry's staging area (see `EntryBuffers::staged`):
 /// an out header and a WRITE's answer, with room to spare.
 const STAGE_BYTES: usize = 64;
+/// How long a ring's queue may stay silent, after a batch whose requests all parked and that
+/// committed nothing, before the ring's kicker makes the kernel hand over a request it may
+/// have queued meanwhile (see `Kicker`).
+const KICK_AFTER: Duration = Duration::from_millis(10);
+/// The kicker's stack: it only waits and makes one syscall.
+const KICKER_STACK_BYTES: usize = 64 * 1024;
+
 /// The most entries one ring may have: its depth plus the spares registered while requests
 /// are parked (see `serve_ring`). Each costs the kernel a small allocation, us 16 bytes of
 /// slot and an unpopulated payload mapping (address space, no memory until used).
@@ -380,6 +387,32 @@ pub struct RingShared {
     deferred: Mutex<Vec<u16>>,
     /// Written by a deferred reply to wake the worker (an eventfd).
     wake: OwnedFd,
+    /// Batches of completions the worker has taken: written by the worker alone, read by
+    /// the kicker to see whether anything happened since it was asked.
+    progress: AtomicU64,
+    /// The ring's kicker, started on first need.
+    kicker: Kicker,
+}
+
+/// Makes the kernel hand a ring a request it queued while every entry was out.
+///
+/// The kernel gives a new request to a free entry of its CPU's queue, or queues it when
+/// there is none; a queued request is handed over only by a COMMIT_AND_FETCH, never by a
+/// REGISTER (fs/fuse/dev_uring.c). So when requests arrive while all entries are out and
+/// every one of them parks (lock waiters arriving together), the spares the worker registers
+/// do not reach what waits behind them, and with nothing to commit the queue would stay
+/// stuck until some other request or answer came on that CPU. The kicker is that other
+/// request: a thread pinned to the ring's CPU which, when the worker asks and the ring then
+/// stays silent for `KICK_AFTER`, stats the mount's root with AT_STATX_FORCE_SYNC. Its
+/// GETATTR takes a free (spare) entry directly, the worker answers it at once, and that
+/// commit fetches the first queued request. A chain of parking requests gets one kick each.
+/// Cost: one GETATTR after a parked-only batch followed by silence; nothing otherwise.
+struct Kicker {
+    /// The progress count the worker saw when it asked, or None. Lock: one per ring, taken
+    /// by the worker after a parked-only batch and by the kicker thread; a leaf.
+    asked: Mutex<Option<u64>>,
+    ready: std::sync::Condvar,
+    started: AtomicBool,
 }
 
 impl RingShared {
@@ -394,7 +427,81 @@ impl RingShared {
             deferred: Mutex::new(Vec::new()),
             // SAFETY: eventfd returned a new fd that nothing else owns.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            progress: AtomicU64::new(0),
+            kicker: Kicker {
+                asked: Mutex::new(None),
+                ready: std::sync::Condvar::new(),
+                started: AtomicBool::new(false),
+            },
         }))
+    }
+
+    /// Asks the kicker (started on first use) to kick unless the ring makes progress first.
+    fn ask_for_kick(self: &Arc<RingShared>, qid: u16, mountpoint: &std::path::Path) {
+        let progress = self.progress.load(Ordering::Relaxed);
+        *self.kicker.asked.lock().unwrap_or_else(|e| e.into_inner()) = Some(progress);
+        self.kicker.ready.notify_one();
+        if !self.kicker.started.swap(true, Ordering::Relaxed) {
+            let shared = self.clone();
+            let mountpoint = mountpoint.to_owned();
+            let spawned = std::thread::Builder::new()
+                .name(format!("lanefs-kick{qid}"))
+                .stack_size(KICKER_STACK_BYTES)
+                .spawn(move || shared.kick_when_silent(qid, &mountpoint));
+            if let Err(e) = spawned {
+                tracing::warn!(qid, "cannot start this ring's kicker: {e}");
+                self.kicker.started.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The kicker thread: see `Kicker`. Ends when the connection does.
+    fn kick_when_silent(&self, qid: u16, mountpoint: &std::path::Path) {
+        use std::os::unix::ffi::OsStrExt;
+        if let Err(e) = topology::pin_current_thread(qid as usize) {
+            tracing::debug!(qid, "kicker not pinned ({e}): its kicks may land elsewhere");
+        }
+        let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+            return;
+        };
+        // By path at each kick, never a held fd: an fd on the mount would keep it busy and
+        // make a plain unmount fail.
+        loop {
+            let asked = {
+                let mut asked = self.kicker.asked.lock().unwrap_or_else(|e| e.into_inner());
+                while asked.is_none() {
+                    asked = self
+                        .kicker
+                        .ready
+                        .wait(asked)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+                asked.take().expect("waited for it")
+            };
+            std::thread::sleep(KICK_AFTER);
+            if self.progress.load(Ordering::Relaxed) != asked {
+                continue;
+            }
+            // SAFETY: statx is plain old data, zero is a valid value.
+            let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+            // SAFETY: path is NUL-terminated, stx is writable.
+            let r = unsafe {
+                libc::statx(
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    libc::AT_STATX_FORCE_SYNC,
+                    libc::STATX_BASIC_STATS,
+                    &mut stx,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ENODEV)) {
+                    return;
+                }
+                tracing::debug!(qid, "kick: {e}");
+            }
+        }
     }
 
     fn entry(&self, token: u64) -> &EntryBuffers {
@@ -555,6 +662,8 @@ pub struct RingConfig {
     /// (the kernel uses the rings only once every possible CPU's queue has one) and the rest
     /// of its depth with its first request, which means the CPU has come online.
     pub online: bool,
+    /// The mount point, which the ring's kicker stats (see `Kicker`).
+    pub mountpoint: std::path::PathBuf,
 }
 
 /// The worker's view of its ring's entries.
@@ -590,7 +699,7 @@ struct Entries {
 /// One limit of the kernel's: a REGISTER does not pick up requests already waiting for an
 /// entry (only a new request or a COMMIT_AND_FETCH does). Spares are registered as soon as a
 /// request parks, so such a wait needs `depth` requests arriving together and all parking;
-/// what waits behind them is then served by the next request or answer on that CPU.
+/// the ring's `Kicker` then makes the commit that hands over what waits behind them.
 pub fn serve_ring<F: Filesystem>(
     fs: &F,
     wire: WireFormat,
@@ -716,6 +825,10 @@ pub fn serve_ring<F: Filesystem>(
             submit_and_await(&mut ring, config.poll)?;
             completions.clear();
             ring.reap(&mut completions);
+            if !completions.is_empty() {
+                shared.progress.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut parked_now = false;
             for cqe in &completions {
                 if cqe.user_data == WAKE_TAG {
                     wake_pending = false;
@@ -752,6 +865,7 @@ pub fn serve_ring<F: Filesystem>(
                         book.commit_ids[i] = commit_id;
                         book.touched[i] = book.touched[i].max(request_payload);
                         if dispatched == Dispatched::Parked {
+                            parked_now = true;
                             book.states[i] = EntryState::Parked;
                             book.parked += 1;
                             if book.live - book.parked < depth && add_entry(&mut ring, &mut book)? {
@@ -798,6 +912,10 @@ pub fn serve_ring<F: Filesystem>(
                 }
             }
             SERVING.with(|s| answered.append(&mut s.borrow_mut().1));
+            if parked_now && answered.is_empty() && !connection_ended {
+                // Nothing to commit, so nothing fetches what the kernel may have queued.
+                shared.ask_for_kick(config.qid, &config.mountpoint);
+            }
             for i in answered.drain(..) {
                 let i = i as usize;
                 let entry = shared.entry(i as u64);
