@@ -10,6 +10,16 @@ cargo build --release --locked
 install -m 755 target/release/lanefs /usr/local/bin/lanefs
 
 run() { echo "+ $*"; "$@"; }
+# A small project with a symlink, committed with git, on whatever is mounted at $mnt.
+git_project() {
+  run mkdir -p "$mnt/project/src"
+  run sh -c "printf 'int main(void) { return 0; }\n' > '$mnt/project/src/main.c'"
+  run ln -s src/main.c "$mnt/project/main-link.c"
+  run git -C "$mnt/project" init -q
+  run git -C "$mnt/project" add -A
+  run git -C "$mnt/project" -c user.name=demo -c user.email=demo@example.com commit -qm first
+  run git -C "$mnt/project" log --oneline
+}
 mnt=$(mktemp -d /tmp/lanefs-demo.XXXXXX)
 src=$(mktemp -d /tmp/lanefs-demo-src.XXXXXX)
 vol=$(mktemp -d /tmp/lanefs-demo-vol.XXXXXX)
@@ -19,13 +29,7 @@ trap 'lanefs umount --lazy "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null 
 echo "== a volume on its embedded defaults: metadata in SQLite, data blocks in a directory"
 run lanefs format "$vol/vol.db" --data "$vol/data"
 run lanefs mount --daemon "$vol/vol.db" "$mnt"
-run mkdir -p "$mnt/project/src"
-run sh -c "printf 'int main(void) { return 0; }\n' > '$mnt/project/src/main.c'"
-run ln -s src/main.c "$mnt/project/main-link.c"
-run git -C "$mnt/project" init -q
-run git -C "$mnt/project" add -A
-run git -C "$mnt/project" -c user.name=demo -c user.email=demo@example.com commit -qm first
-run git -C "$mnt/project" log --oneline
+git_project
 run sh -c "for i in \$(seq 1000); do echo \$i > '$mnt/small-'\$i; done"
 run sh -c "ls '$mnt' | wc -l"
 run dd if=/dev/urandom of="$mnt/big" bs=1M count=64 status=none
@@ -39,13 +43,7 @@ run lanefs status "$vol/vol.db"
 
 echo "== passthrough: a host directory, exported as is"
 run lanefs mount --daemon "$src" "$mnt"
-run mkdir -p "$mnt/project/src"
-run sh -c "printf 'int main(void) { return 0; }\n' > '$mnt/project/src/main.c'"
-run ln -s src/main.c "$mnt/project/main-link.c"
-run git -C "$mnt/project" init -q
-run git -C "$mnt/project" add -A
-run git -C "$mnt/project" -c user.name=demo -c user.email=demo@example.com commit -qm first
-run git -C "$mnt/project" log --oneline
+git_project
 run ls -lR "$src/project" --ignore=.git
 run fio --name=randwrite --directory="$mnt" --rw=randwrite --bs=4k --ioengine=psync \
   --numjobs=2 --size=64M --runtime=3 --time_based --group_reporting \

@@ -194,19 +194,14 @@ fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
     }
 }
 
-/// The repro: queue depth 4, more blocking POSIX-lock waiters than that, all in
-/// processes on CPU 0; then the holder, on CPU 0 too, stats a file and unlocks. Both must
-/// be served at once, and every waiter must get the lock in turn.
-#[test]
-fn blocking_lock_waiters_never_use_up_a_cpus_queue() {
-    const WAITERS: usize = 8;
-    let _serial = serial();
+/// A passthrough mount with `queue_depth` entries per ring whose file `locked` this process
+/// holds write-locked: (its source, the mount, the holder's file, the file's path).
+fn locked_file_on_mount(queue_depth: &str) -> (TempDir, Mount, File, CString) {
     let src = TempDir::new("liveness-src");
-    let file_path = src.path().join("locked");
-    std::fs::write(&file_path, b"x").unwrap();
+    std::fs::write(src.path().join("locked"), b"x").unwrap();
     let m = Mount::start(
         src.path().to_str().unwrap(),
-        &["--queue-depth", "4", "--no-passthrough"],
+        &["--queue-depth", queue_depth, "--no-passthrough"],
     );
     let target = m.path("locked");
     let holder = std::fs::OpenOptions::new()
@@ -215,8 +210,19 @@ fn blocking_lock_waiters_never_use_up_a_cpus_queue() {
         .open(&target)
         .unwrap();
     set_lock(&holder, libc::F_WRLCK).expect("the holder takes the lock");
-    let rss_before = rss_kib(m.pid);
     let c_target = CString::new(target.as_os_str().as_bytes()).unwrap();
+    (src, m, holder, c_target)
+}
+
+/// The repro: queue depth 4, more blocking POSIX-lock waiters than that, all in
+/// processes on CPU 0; then the holder, on CPU 0 too, stats a file and unlocks. Both must
+/// be served at once, and every waiter must get the lock in turn.
+#[test]
+fn blocking_lock_waiters_never_use_up_a_cpus_queue() {
+    const WAITERS: usize = 8;
+    let _serial = serial();
+    let (_src, m, holder, c_target) = locked_file_on_mount("4");
+    let rss_before = rss_kib(m.pid);
     let waiters: Vec<libc::pid_t> = (0..WAITERS).map(|_| spawn_lock_waiter(&c_target)).collect();
     // Let every waiter reach the daemon and park.
     std::thread::sleep(Duration::from_millis(800));
@@ -397,27 +403,15 @@ fn an_open_waiting_for_a_lease_break_holds_no_queue() {
 /// Blocking lock requests that reach one CPU's ring all at once, more than it has entries
 /// (depth 1): the kernel queues the ones that find no free entry, and hands a queued request
 /// over only at a commit, never at the REGISTER of a spare. Every one of them parks, so
-/// nothing is committed: without the ring's kicker they would wait for some unrelated
-/// request on that CPU. Nothing touches the mount while the test waits (the count comes
-/// from the control socket), so only the kicker can bring them in.
+/// nothing is committed: without the ring's kicker they wait for some unrelated request or
+/// answer on that CPU (here 24 took 2.2 s instead of 0.6 s with it; in the full suite, 25 of
+/// 256 once waited for minutes). Nothing of the test touches the mount while it waits (the
+/// count comes from the control socket).
 #[test]
 fn lock_waiters_arriving_together_all_reach_the_daemon() {
     const WAITERS: usize = 24;
     let _serial = serial();
-    let src = TempDir::new("liveness-burst-src");
-    std::fs::write(src.path().join("locked"), b"x").unwrap();
-    let m = Mount::start(
-        src.path().to_str().unwrap(),
-        &["--queue-depth", "1", "--no-passthrough"],
-    );
-    let target = m.path("locked");
-    let holder = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&target)
-        .unwrap();
-    set_lock(&holder, libc::F_WRLCK).expect("the holder takes the lock");
-    let c_target = CString::new(target.as_os_str().as_bytes()).unwrap();
+    let (_src, m, holder, c_target) = locked_file_on_mount("1");
     let mut gate = [0; 2];
     // SAFETY: pipe fills two fds into the array.
     assert_eq!(unsafe { libc::pipe(gate.as_mut_ptr()) }, 0);
