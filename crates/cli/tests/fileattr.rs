@@ -250,3 +250,84 @@ fn capability_answers_stay_true_as_on_tmpfs() {
     assert_eq!(got, expected, "lanefs vs tmpfs");
     m.unmount();
 }
+
+/// FS_IOC_SETFLAGS and its 32-bit twin FS_IOC32_SETFLAGS (which the kernel forwards to us
+/// unchecked when a 64-bit caller issues it raw).
+const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+const FS_IOC32_SETFLAGS: libc::c_ulong = 0x4004_6602;
+
+/// Runs `ioctl(cmd, flags)` on `path` (opened read-only) in a child that is nobody inside a
+/// user namespace of its own, where it holds every capability (CapEff all ones in
+/// /proc/PID/status) but none over the host's files. Returns the ioctl's errno (0: it worked).
+fn ioctl_as_nobody_in_userns(path: &Path, cmd: libc::c_ulong, flags: libc::c_int) -> i32 {
+    let path = sys::cstr(path);
+    // SAFETY: the child makes only raw syscalls (no allocation, no locks) and ends in _exit;
+    // the parent waits for it.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork: {}", Errno::last());
+        if pid == 0 {
+            let code = (|| {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(65534, 65534, 65534) != 0
+                    || libc::setresuid(65534, 65534, 65534) != 0
+                {
+                    return 200;
+                }
+                if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                    return 201;
+                }
+                let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK);
+                if fd < 0 {
+                    return 202;
+                }
+                if libc::ioctl(fd, cmd, &flags) == 0 {
+                    0
+                } else {
+                    *libc::__errno_location()
+                }
+            })();
+            libc::_exit(code);
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        let code = libc::WEXITSTATUS(status);
+        assert!(code < 200, "child setup step {code} failed");
+        code
+    }
+}
+
+/// Issue 11 review item 1: an unprivileged caller in a user namespace of its own (full
+/// capabilities there, none over our files) must not set immutable or append-only through
+/// the mount, neither on a file it does not own nor on its own, by the native ioctl (which the
+/// kernel checks) nor by the 32-bit number (which the kernel forwards unchecked). The old
+/// code trusted CapEff from /proc and served FS_IOC32_SETFLAGS: nobody made root's file
+/// immutable.
+#[test]
+fn a_user_namespace_gives_no_rights_over_file_attributes() {
+    let source = Tmpfs::new("16M");
+    let m = Mount::passthrough(&source.path, &[]);
+    std::fs::write(m.path("roots"), b"x").unwrap();
+    std::fs::write(m.path("nobodys"), b"x").unwrap();
+    common::run_ok(Command::new("chown").arg("65534").arg(m.path("nobodys")));
+    for name in ["roots", "nobodys"] {
+        for (cmd, what) in [(FS_IOC_SETFLAGS, "native"), (FS_IOC32_SETFLAGS, "32-bit")] {
+            for (flag, letter) in [(0x10, 'i'), (0x20, 'a')] {
+                let errno = ioctl_as_nobody_in_userns(&m.path(name), cmd, flag);
+                assert_ne!(errno, 0, "{what} +{letter} on {name} worked");
+                assert!(
+                    !lsattr(&source.path.join(name)).contains(letter),
+                    "{what} +{letter} on {name}: {}",
+                    lsattr(&source.path.join(name))
+                );
+            }
+        }
+    }
+    // The owner may still change what needs no privilege, and root anything.
+    let mine = m.path("nobodys");
+    assert!(as_nobody(&format!("chattr +d {}", mine.display())));
+    chattr(&m.path("roots"), "+a").unwrap();
+    assert!(lsattr(&source.path.join("roots")).contains('a'));
+    chattr(&m.path("roots"), "-a").unwrap();
+    m.unmount();
+}

@@ -7,6 +7,18 @@
 //! CAP_LINUX_IMMUTABLE to change immutable or append-only: `vfs_fileattr_set`), but the host
 //! judges the daemon, which is root, so the same rules are checked here again for the
 //! caller: a request that reaches us some other way must not get root's rights.
+//!
+//! Only the native numbers are served. The 32-bit FS_IOC32_GETFLAGS/SETFLAGS are translated
+//! to the native ones by the kernel's compat ioctl entry for 32-bit callers, so the only way
+//! they reach us is as a raw ioctl of a 64-bit caller, which the kernel forwards without any
+//! check: they are answered ENOTTY, as a file system that does not know them would.
+//!
+//! Privilege is decided from what the request itself carries, its uid in the connection's
+//! (initial) user namespace: root there is privileged, everyone else is not. A capability
+//! read from /proc/PID/status would be relative to the caller's own user namespace (full in
+//! any `unshare -Ur` shell) and could name another process once the pid is reused. A non-root
+//! caller holding CAP_FOWNER or CAP_LINUX_IMMUTABLE is therefore refused here although the
+//! kernel let it through: the safe side of a rule we cannot check exactly.
 
 use lanefs_fuse::abi::{self, ioctl_flags};
 use lanefs_fuse::{Reply, Request};
@@ -17,9 +29,6 @@ use super::sys::{self, SysResult};
 /// _IOR('f', 1, long) and _IOW('f', 2, long); the kernel passes an int either way.
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
-/// The same from a 32-bit caller (_IOR('f', 1, int)).
-const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
-const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
 /// _IOR('X', 31, struct fsxattr) and _IOW('X', 32, struct fsxattr).
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
@@ -30,9 +39,6 @@ const FSXATTR_BYTES: usize = 28;
 /// FS_IMMUTABLE_FL | FS_APPEND_FL, and their FS_XFLAG_* twins.
 const GUARD_FLAGS: u32 = 0x10 | 0x20;
 const GUARD_XFLAGS: u32 = 0x8 | 0x10;
-
-const CAP_FOWNER: u32 = 3;
-const CAP_LINUX_IMMUTABLE: u32 = 9;
 
 impl PassthroughFs {
     pub(super) fn do_ioctl(&self, req: &Request, arg: &abi::IoctlIn, data: &[u8], reply: Reply) {
@@ -58,7 +64,7 @@ impl PassthroughFs {
         let fd = fd.fd();
         let out_max = arg.out_size as usize;
         match arg.cmd {
-            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => match sys::get_flags(fd) {
+            FS_IOC_GETFLAGS => match sys::get_flags(fd) {
                 Ok(flags) => {
                     let bytes = flags.to_ne_bytes();
                     reply.ioctl(0, &bytes[..bytes.len().min(out_max)])
@@ -69,7 +75,7 @@ impl PassthroughFs {
                 Ok(raw) => reply.ioctl(0, &raw[..FSXATTR_BYTES.min(out_max)]),
                 Err(e) => reply.error(e),
             },
-            FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
+            FS_IOC_SETFLAGS => {
                 let Some(new) = data.first_chunk::<4>().map(|b| u32::from_ne_bytes(*b)) else {
                     return reply.error(libc::EINVAL);
                 };
@@ -104,8 +110,9 @@ impl PassthroughFs {
     }
 
     /// The kernel's rules for changing file attributes, for the caller: the file's owner or
-    /// CAP_FOWNER; changing immutable or append-only (`guard_change` non-zero) also needs
-    /// CAP_LINUX_IMMUTABLE.
+    /// root; changing immutable or append-only (`guard_change` non-zero) also needs root
+    /// (CAP_FOWNER and CAP_LINUX_IMMUTABLE, which only root is taken to have: see the module
+    /// comment).
     fn may_set_attributes(
         &self,
         req: &Request,
@@ -113,10 +120,11 @@ impl PassthroughFs {
         guard_change: u32,
     ) -> SysResult<()> {
         let owner = sys::fstat(fd)?.st_uid;
-        if req.uid != owner && !caller_has_cap(req, CAP_FOWNER) {
+        let privileged = req.uid == 0;
+        if req.uid != owner && !privileged {
             return Err(libc::EPERM);
         }
-        if guard_change != 0 && !caller_has_cap(req, CAP_LINUX_IMMUTABLE) {
+        if guard_change != 0 && !privileged {
             return Err(libc::EPERM);
         }
         Ok(())
@@ -135,23 +143,5 @@ impl Held {
             Held::Open(file) => &file.fd,
             Held::Own(fd) => fd,
         }
-    }
-}
-
-/// Whether the calling process has capability `cap` in its effective set (from
-/// /proc/PID/status). When its pid is not visible to us (0: another pid namespace, or it is
-/// gone), only uid 0 counts as privileged.
-fn caller_has_cap(req: &Request, cap: u32) -> bool {
-    let status = (req.pid != 0)
-        .then(|| std::fs::read_to_string(format!("/proc/{}/status", req.pid)).ok())
-        .flatten();
-    let effective = status.as_deref().and_then(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("CapEff:"))
-            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-    });
-    match effective {
-        Some(caps) => caps & (1 << cap) != 0,
-        None => req.uid == 0,
     }
 }
