@@ -156,6 +156,9 @@ const ENTER_RETRY_FIRST: Duration = Duration::from_millis(1);
 const ENTER_RETRY_MAX: Duration = Duration::from_millis(100);
 /// How many retries of a transient io_uring_enter failure pass between two log lines.
 const ENTER_RETRY_LOG_EVERY: u32 = 100;
+/// How many flushes a push waits (about 1 ms apart) for room in a full submission ring before
+/// the ring is declared broken.
+const PUSH_FLUSH_TRIES: u32 = 1000;
 
 /// An answer written while its request still borrowed the payload buffer.
 struct StagedAnswer {
@@ -734,15 +737,10 @@ pub fn serve_ring<F: Filesystem>(
     let dev = dev_fd.as_raw_fd();
 
     let push = |ring: &mut Ring, sqe: &Sqe128| -> io::Result<()> {
-        if ring.is_full() {
-            enter(ring, 0)?;
-        }
         // SAFETY: every buffer an entry's command points to (its iovecs, header and payload)
         // is owned by `shared`, which outlives this function; the wake word lives until its
         // read completes (see the end of this function).
-        let pushed = unsafe { ring.push(sqe) };
-        debug_assert!(pushed, "flushed above");
-        Ok(())
+        push_or_flush(ring, |ring| unsafe { ring.push(sqe) })
     };
     let register = |ring: &mut Ring, i: usize| -> io::Result<()> {
         let cmd = abi::UringCmdReq {
@@ -1010,11 +1008,33 @@ fn enter(ring: &mut Ring, want: u32) -> io::Result<()> {
     }
 }
 
-/// Whether an io_uring_enter failure is a passing shortage worth retrying.
+/// Pushes one submission with `push` (which says whether the ring had room), first flushing
+/// the submission ring into the kernel while it is full. `enter` can come back without having
+/// submitted anything (a signal, or EBUSY while completions wait to be reaped), so the push is
+/// retried until it finds room; a ring that stays full for `PUSH_FLUSH_TRIES` flushes is an
+/// error, never a submission silently dropped (a lost COMMIT would strand its request and its
+/// entry for good).
+fn push_or_flush(ring: &mut Ring, mut push: impl FnMut(&mut Ring) -> bool) -> io::Result<()> {
+    for _ in 0..PUSH_FLUSH_TRIES {
+        if push(ring) {
+            return Ok(());
+        }
+        enter(ring, 0)?;
+        if ring.is_full() {
+            std::thread::sleep(ENTER_RETRY_FIRST);
+        }
+    }
+    Err(io::Error::other(
+        "the io_uring submission queue stayed full: the kernel takes no more submissions",
+    ))
+}
+
+/// Whether an io_uring_enter failure is a passing shortage worth retrying. EINTR is not one:
+/// `Ring::submit_and_wait` already treats it as an early return, not a failure.
 fn is_transient(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EAGAIN | libc::ENOMEM | libc::EBUSY | libc::EINTR)
+        Some(libc::EAGAIN | libc::ENOMEM | libc::EBUSY)
     )
 }
 
@@ -1264,15 +1284,32 @@ mod tests {
         SERVING.with(|s| *s.borrow_mut() = (std::ptr::null(), Vec::new()));
     }
 
+    /// A flush that leaves the submission ring full (a signal, or EBUSY with completions
+    /// waiting) must make the push try again, and a ring that never takes the submission
+    /// must be an error: the old push pushed once after one flush and, in a release build,
+    /// dropped the submission when that failed.
+    #[test]
+    fn a_push_into_a_full_ring_retries_and_then_fails_loudly() {
+        let mut ring = Ring::new(1, 2).unwrap();
+        let mut refusals = 3;
+        push_or_flush(&mut ring, |_| {
+            refusals -= 1;
+            refusals < 0
+        })
+        .unwrap();
+        assert_eq!(refusals, -1, "pushed on the fourth try");
+        assert!(push_or_flush(&mut ring, |_| false).is_err());
+    }
+
     #[test]
     fn only_shortages_are_retried() {
-        for errno in [libc::EAGAIN, libc::ENOMEM, libc::EBUSY, libc::EINTR] {
+        for errno in [libc::EAGAIN, libc::ENOMEM, libc::EBUSY] {
             assert!(
                 is_transient(&io::Error::from_raw_os_error(errno)),
                 "{errno}"
             );
         }
-        for errno in [libc::EBADF, libc::EINVAL, libc::EFAULT] {
+        for errno in [libc::EBADF, libc::EINVAL, libc::EFAULT, libc::EINTR] {
             assert!(
                 !is_transient(&io::Error::from_raw_os_error(errno)),
                 "{errno}"
