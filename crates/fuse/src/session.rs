@@ -318,6 +318,7 @@ pub fn run<F: Filesystem>(
                 poll: opts.poll.unwrap_or(uring::DEFAULT_RING_POLL),
                 online,
                 mountpoint: spec.mountpoint.clone(),
+                device: device.map(|d| (d.major, d.minor)),
             };
             let (fs, fd, queue) = (fs.clone(), session_fd.clone(), handle.clone());
             let mountpoint = spec.mountpoint.clone();

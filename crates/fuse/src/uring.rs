@@ -410,12 +410,107 @@ pub struct RingShared {
 /// GETATTR takes a free (spare) entry directly, the worker answers it at once, and that
 /// commit fetches the first queued request. A chain of parking requests gets one kick each.
 /// Cost: one GETATTR after a parked-only batch followed by silence; nothing otherwise.
+///
+/// What it stats must be our mount and nothing else (a symlink put at the mount point's
+/// name, a mount stacked on ours, another user's FUSE mount there could block the kicker or
+/// make it poke someone else's file system): the mount point's parent is opened once
+/// (O_PATH), and at each kick the root is opened from it by name with O_PATH|O_NOFOLLOW (no
+/// symlink followed, no automount triggered), checked to carry our connection's device with a
+/// statx that does not sync (no request reaches any file system), and only then statted with
+/// FORCE_SYNC through that fd. The root's fd is held only for the kick: a held fd would make
+/// a plain unmount fail. The kicker ends when its ring's worker does (`stop_kicker`).
 struct Kicker {
-    /// The progress count the worker saw when it asked, or None. Lock: one per ring, taken
-    /// by the worker after a parked-only batch and by the kicker thread; a leaf.
-    asked: Mutex<Option<u64>>,
+    /// What the worker asked. Lock: one per ring, taken by the worker after a parked-only
+    /// batch and when it ends, and by the kicker thread; a leaf.
+    asked: Mutex<KickRequest>,
     ready: std::sync::Condvar,
     started: AtomicBool,
+}
+
+#[derive(Default)]
+struct KickRequest {
+    /// The progress count the worker saw when it asked, or None.
+    progress: Option<u64>,
+    /// The worker has ended: the kicker thread exits (and drops its share of the ring).
+    stopped: bool,
+}
+
+/// Where the kicker finds our mount's root: the mount point's parent (O_PATH), the mount
+/// point's name in it, and our connection's device (major, minor).
+struct KickTarget {
+    parent: OwnedFd,
+    name: std::ffi::CString,
+    device: (u32, u32),
+}
+
+impl KickTarget {
+    fn new(mountpoint: &std::path::Path, device: (u32, u32)) -> io::Result<KickTarget> {
+        use std::os::unix::ffi::OsStrExt;
+        let invalid = || io::Error::from_raw_os_error(libc::EINVAL);
+        let name = mountpoint.file_name().ok_or_else(invalid)?;
+        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| invalid())?;
+        let parent = mountpoint.parent().ok_or_else(invalid)?;
+        let parent =
+            std::ffi::CString::new(parent.as_os_str().as_bytes()).map_err(|_| invalid())?;
+        // SAFETY: parent is NUL-terminated; the fd returned is new and owned below.
+        let fd = unsafe {
+            libc::open(
+                parent.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(KickTarget {
+            // SAFETY: open returned a new fd that nothing else owns.
+            parent: unsafe { OwnedFd::from_raw_fd(fd) },
+            name,
+            device,
+        })
+    }
+
+    /// Stats our mount's root with FORCE_SYNC, if what the name leads to is our mount's root
+    /// (ENXIO otherwise: nothing is touched).
+    fn kick(&self) -> io::Result<()> {
+        // SAFETY: name is NUL-terminated; the fd returned is new and owned below.
+        let fd = unsafe {
+            libc::openat(
+                self.parent.as_raw_fd(),
+                self.name.as_ptr(),
+                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: openat returned a new fd that nothing else owns.
+        let root = unsafe { OwnedFd::from_raw_fd(fd) };
+        let statx = |flags: i32, mask: u32| -> io::Result<libc::statx> {
+            // SAFETY: statx is plain old data, zero is a valid value.
+            let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+            // SAFETY: the empty path is NUL-terminated, stx is writable.
+            let r = unsafe {
+                libc::statx(
+                    root.as_raw_fd(),
+                    c"".as_ptr(),
+                    libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT | flags,
+                    mask,
+                    &mut stx,
+                )
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(stx)
+        };
+        // DONT_SYNC: the device number comes from the superblock, no request is sent.
+        let seen = statx(libc::AT_STATX_DONT_SYNC, 0)?;
+        if (seen.stx_dev_major, seen.stx_dev_minor) != self.device {
+            return Err(io::Error::from_raw_os_error(libc::ENXIO));
+        }
+        statx(libc::AT_STATX_FORCE_SYNC, libc::STATX_BASIC_STATS).map(drop)
+    }
 }
 
 impl RingShared {
@@ -432,7 +527,7 @@ impl RingShared {
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
             progress: AtomicU64::new(0),
             kicker: Kicker {
-                asked: Mutex::new(None),
+                asked: Mutex::new(KickRequest::default()),
                 ready: std::sync::Condvar::new(),
                 started: AtomicBool::new(false),
             },
@@ -440,17 +535,35 @@ impl RingShared {
     }
 
     /// Asks the kicker (started on first use) to kick unless the ring makes progress first.
-    fn ask_for_kick(self: &Arc<RingShared>, qid: u16, mountpoint: &std::path::Path) {
+    fn ask_for_kick(self: &Arc<RingShared>, config: &RingConfig) {
+        let qid = config.qid;
+        let Some(device) = config.device else {
+            // Without our device number nothing could be checked: no kicks.
+            return;
+        };
         let progress = self.progress.load(Ordering::Relaxed);
-        *self.kicker.asked.lock().unwrap_or_else(|e| e.into_inner()) = Some(progress);
+        self.kicker
+            .asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .progress = Some(progress);
         self.kicker.ready.notify_one();
         if !self.kicker.started.swap(true, Ordering::Relaxed) {
+            let target = match KickTarget::new(&config.mountpoint, device) {
+                Ok(target) => target,
+                Err(e) => {
+                    tracing::warn!(
+                        qid,
+                        "this ring's kicker cannot open the mount point's parent: {e}"
+                    );
+                    return;
+                }
+            };
             let shared = self.clone();
-            let mountpoint = mountpoint.to_owned();
             let spawned = std::thread::Builder::new()
                 .name(format!("lanefs-kick{qid}"))
                 .stack_size(KICKER_STACK_BYTES)
-                .spawn(move || shared.kick_when_silent(qid, &mountpoint));
+                .spawn(move || shared.kick_when_silent(qid, &target));
             if let Err(e) = spawned {
                 tracing::warn!(qid, "cannot start this ring's kicker: {e}");
                 self.kicker.started.store(false, Ordering::Relaxed);
@@ -458,53 +571,49 @@ impl RingShared {
         }
     }
 
-    /// The kicker thread: see `Kicker`. Ends when the connection does.
-    fn kick_when_silent(&self, qid: u16, mountpoint: &std::path::Path) {
-        use std::os::unix::ffi::OsStrExt;
+    /// The kicker thread: see `Kicker`. Ends when the ring's worker or the connection does.
+    fn kick_when_silent(&self, qid: u16, target: &KickTarget) {
         if let Err(e) = topology::pin_current_thread(qid as usize) {
             tracing::debug!(qid, "kicker not pinned ({e}): its kicks may land elsewhere");
         }
-        let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
-            return;
-        };
-        // By path at each kick, never a held fd: an fd on the mount would keep it busy and
-        // make a plain unmount fail.
         loop {
             let asked = {
                 let mut asked = self.kicker.asked.lock().unwrap_or_else(|e| e.into_inner());
-                while asked.is_none() {
+                loop {
+                    if asked.stopped {
+                        return;
+                    }
+                    if let Some(progress) = asked.progress.take() {
+                        break progress;
+                    }
                     asked = self
                         .kicker
                         .ready
                         .wait(asked)
                         .unwrap_or_else(|e| e.into_inner());
                 }
-                asked.take().expect("waited for it")
             };
             std::thread::sleep(KICK_AFTER);
             if self.progress.load(Ordering::Relaxed) != asked {
                 continue;
             }
-            // SAFETY: statx is plain old data, zero is a valid value.
-            let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-            // SAFETY: path is NUL-terminated, stx is writable.
-            let r = unsafe {
-                libc::statx(
-                    libc::AT_FDCWD,
-                    path.as_ptr(),
-                    libc::AT_STATX_FORCE_SYNC,
-                    libc::STATX_BASIC_STATS,
-                    &mut stx,
-                )
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
+            if let Err(e) = target.kick() {
                 if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ENODEV)) {
                     return;
                 }
                 tracing::debug!(qid, "kick: {e}");
             }
         }
+    }
+
+    /// Ends the ring's kicker thread (if it runs): called when the worker ends.
+    fn stop_kicker(&self) {
+        self.kicker
+            .asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stopped = true;
+        self.kicker.ready.notify_one();
     }
 
     fn entry(&self, token: u64) -> &EntryBuffers {
@@ -665,8 +774,11 @@ pub struct RingConfig {
     /// (the kernel uses the rings only once every possible CPU's queue has one) and the rest
     /// of its depth with its first request, which means the CPU has come online.
     pub online: bool,
-    /// The mount point, which the ring's kicker stats (see `Kicker`).
+    /// The mount point, whose root the ring's kicker stats (see `Kicker`).
     pub mountpoint: std::path::PathBuf,
+    /// Our connection's device (major, minor), which the kicker checks the mount point
+    /// leads to before it stats it; None (unknown): no kicks.
+    pub device: Option<(u32, u32)>,
 }
 
 /// The worker's view of its ring's entries.
@@ -912,7 +1024,7 @@ pub fn serve_ring<F: Filesystem>(
             SERVING.with(|s| answered.append(&mut s.borrow_mut().1));
             if parked_now && answered.is_empty() && !connection_ended {
                 // Nothing to commit, so nothing fetches what the kernel may have queued.
-                shared.ask_for_kick(config.qid, &config.mountpoint);
+                shared.ask_for_kick(config);
             }
             for i in answered.drain(..) {
                 let i = i as usize;
@@ -976,6 +1088,7 @@ pub fn serve_ring<F: Filesystem>(
         }
     }
     SERVING.with(|s| *s.borrow_mut() = (std::ptr::null(), Vec::new()));
+    shared.stop_kicker();
     result
 }
 
