@@ -173,7 +173,11 @@ impl PassthroughFs {
             }
             Err(e) => return Err(e),
         };
-        self.created(req, &parent, fd, arg.flags as i32, false)
+        // Without its stat nothing could tell the name still leads to our file, so a failing
+        // fstat (ENOMEM) leaves it; everything after it removes the file on failure.
+        let st = sys::fstat(&fd)?;
+        self.created(req, &parent, fd, &st, arg.flags as i32, false)
+            .inspect_err(|_| remove_if_same(&dir, &name, &st))
     }
 
     /// O_TMPFILE: an unnamed file in `parent`. It has no name to reopen by handle until it
@@ -192,21 +196,24 @@ impl PassthroughFs {
             // O_NOFOLLOW is harmless on ".", which names `dir` itself.
             sys::openat(&dir, c".", flags & !libc::O_CREAT, arg.mode)?
         };
-        self.created(req, &parent, fd, arg.flags as i32, true)
+        // Unnamed: it goes with its fd if anything below fails.
+        let st = sys::fstat(&fd)?;
+        self.created(req, &parent, fd, &st, arg.flags as i32, true)
     }
 
-    /// Registers a file just created through `fd` and opens it for the client.
+    /// Registers a file just created through `fd` (with stat `st`) and opens it for the
+    /// client.
     fn created(
         &self,
         req: &Request,
         parent: &Inode,
         fd: OwnedFd,
+        st: &libc::stat,
         flags: i32,
         keep_fd: bool,
     ) -> SysResult<(abi::EntryOut, abi::OpenOut)> {
-        let st = sys::fstat(&fd)?;
-        let inode = self.register(parent, Found::Open(&fd), keep_fd, &st)?;
-        let entry = self.entry_out(inode.nodeid, &st);
+        let inode = self.register(parent, Found::Open(&fd), keep_fd, st)?;
+        let entry = self.entry_out(inode.nodeid, st);
         match self.finish_open(req, &inode, fd, flags, Some(st.st_mode)) {
             Ok(open) => Ok((entry, open)),
             Err(e) => {
@@ -214,5 +221,19 @@ impl PassthroughFs {
                 Err(e)
             }
         }
+    }
+}
+
+/// Undoes a create whose answer failed after the host file was made (the kernel is told the
+/// create failed, so nobody would know of the file): unlinks `name` in `dir` if it is still
+/// the object we created (same device and inode), never what the host may have put there
+/// since. What could replace it between the check and the unlink is another file of that
+/// directory made in that instant by the host, which the unlink would then remove: a window
+/// of one syscall, on a name the caller had just asked to create.
+fn remove_if_same(dir: &OwnedFd, name: &CStr, created: &libc::stat) {
+    let same = sys::fstatat(dir, name, libc::AT_SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| (st.st_dev, st.st_ino) == (created.st_dev, created.st_ino));
+    if same && let Err(e) = sys::unlinkat(dir, name, 0) {
+        tracing::warn!(errno = e, "removing a file whose create failed");
     }
 }
