@@ -538,29 +538,32 @@ fn receive_fd(socket: &OwnedFd) -> io::Result<OwnedFd> {
 const UNMOUNT_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 const UNMOUNT_BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Unmounts. Lazily (`lazy`): the mount leaves the namespace now and the server sees the
+/// Unmounts the mount at the top of `mountpoint` (UMOUNT_NOFOLLOW: a symlink at the path is
+/// not followed). Lazily (`lazy`): the mount leaves the namespace now and the server sees the
 /// connection end once the last open file on it is closed. Otherwise a busy mount is an error.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     if is_root() {
         let target = cstring(mountpoint.as_os_str().as_bytes(), "the mount point")?;
-        let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
         let busy_since = std::time::Instant::now();
-        let busy_mount = find_mount(mountpoint)?.map(|m| m.id);
+        // The mount found busy, read from mountinfo at the first EBUSY only.
+        let mut busy_mount = None;
         let e = loop {
             // SAFETY: target is a valid NUL-terminated path.
             if unsafe { libc::umount2(target.as_ptr(), flags) } == 0 {
                 return Ok(());
             }
             let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EBUSY) {
+                break e;
+            }
             // A reference that goes away by itself (a process between fork and exec holding
             // copies of fds opened on the mount, a close the kernel finishes later) makes a
             // mount busy for a moment: wait it out before calling it busy, as long as the
             // mount at the path is still the one we meant.
-            let same_mount = find_mount(mountpoint)?.map(|m| m.id) == busy_mount;
-            if e.raw_os_error() != Some(libc::EBUSY)
-                || busy_since.elapsed() >= UNMOUNT_BUSY_WAIT
-                || !same_mount
-            {
+            let now = find_mount(mountpoint)?.map(|m| m.id);
+            let same_mount = *busy_mount.get_or_insert(now) == now;
+            if busy_since.elapsed() >= UNMOUNT_BUSY_WAIT || !same_mount {
                 break e;
             }
             std::thread::sleep(UNMOUNT_BUSY_POLL);

@@ -657,10 +657,15 @@ enum Detached {
     Covered(PathBuf),
 }
 
-/// Lazily unmounts every mount of our connection, unless another mount sits on or inside
-/// one of them. Decided from one reading of mountinfo: a mount stacked between that reading
-/// and the unmount would still be detached (a window of microseconds, which only root can
-/// use, against our own mount).
+/// Unmounts our mount: first, when the mount at the top of the mount point is ours, a plain
+/// unmount (it succeeds when nothing is open on it and nothing is mounted inside it, and then
+/// no mountinfo is read); if that fails (EBUSY), every mount of our connection is unmounted
+/// lazily, unless another mount sits on or inside one of them, decided from one reading of
+/// mountinfo. Each unmount is by path (UMOUNT_NOFOLLOW: a symlink there is not followed) and
+/// takes whatever mount is at the top of that path: one stacked there between our check and
+/// the unmount (by root, or by a user through fusermount3 on a directory of ours they own)
+/// would be detached instead of ours, and ours would stay, served until the connection is
+/// aborted. A window of microseconds.
 fn unmount_ours(device: Option<ConnectionDevice>, mountpoint: &Path) -> Detached {
     let Some(device) = device else {
         if let Err(e) = mount::unmount(mountpoint, true) {
@@ -668,6 +673,9 @@ fn unmount_ours(device: Option<ConnectionDevice>, mountpoint: &Path) -> Detached
         }
         return Detached::Unmounted;
     };
+    if top_mount_is(mountpoint, device) && unmount_plain(mountpoint).is_ok() {
+        return Detached::Unmounted;
+    }
     let mounts = match mount::mounts() {
         Ok(mounts) => mounts,
         Err(e) => {
@@ -689,6 +697,42 @@ fn unmount_ours(device: Option<ConnectionDevice>, mountpoint: &Path) -> Detached
             }
             Detached::Unmounted
         }
+    }
+}
+
+/// Whether the mount at the top of `path` is of our connection: a statx that does not
+/// follow a symlink, trigger an automount or sync (no request reaches any file system).
+fn top_mount_is(path: &Path, device: ConnectionDevice) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statx is plain old data, zero is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated, stx is writable.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC,
+            0,
+            &mut stx,
+        )
+    };
+    rc == 0 && (stx.stx_dev_major, stx.stx_dev_minor) == (device.major, device.minor)
+}
+
+/// One plain umount2 of `path` with UMOUNT_NOFOLLOW (EBUSY when anything is open on the
+/// mount or mounted inside it: no waiting, no lazy detach).
+fn unmount_plain(path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: path is NUL-terminated.
+    if unsafe { libc::umount2(path.as_ptr(), libc::UMOUNT_NOFOLLOW) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
