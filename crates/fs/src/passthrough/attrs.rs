@@ -65,45 +65,16 @@ impl PassthroughFs {
             .flatten();
         let path = self.path_fd(&inode)?;
         if valid & (fattr::MODE | fattr::UID | fattr::GID) != 0 {
+            // Forgotten before the change, so that a stat taken before it is never recorded
+            // after it, and again after it (whatever came of it): a stat taken between the
+            // first forget and the change (a concurrent getattr or write) saw the old bits
+            // under the new generation and may have recorded them; without the second
+            // forget a write could trust those stale bits for an attribute timeout and keep
+            // a set-ID bit the chmod just set.
             inode.forget_mode();
-        }
-        if valid & fattr::MODE != 0 {
-            if inode.is_symlink() {
-                return Err(libc::EOPNOTSUPP);
-            }
-            match &file {
-                Some(file) => sys::chmod(&file.fd, false, arg.mode)?,
-                None => sys::chmod(&path, true, arg.mode)?,
-            }
-        }
-        if valid & (fattr::UID | fattr::GID) != 0 {
-            let uid = if valid & fattr::UID != 0 {
-                arg.uid
-            } else {
-                u32::MAX
-            };
-            let gid = if valid & fattr::GID != 0 {
-                arg.gid
-            } else {
-                u32::MAX
-            };
-            // The kernel leaves stripping set-ID bits on chown to us (KILLPRIV_V2); the host
-            // strips set-user-ID, and set-group-ID with group execute, for anyone, but keeps
-            // a set-group-ID bit without group execute for us (CAP_FSETID) where the kernel
-            // keeps it only for a caller in the file's old group (setattr_should_drop_sgid;
-            // a root caller stands for one with CAP_FSETID).
-            let before = sys::fstat(&path)?;
-            sys::chown(&path, uid, gid)?;
-            let mode = before.st_mode;
-            if self.killpriv_v2()
-                && req.uid != 0
-                && mode & libc::S_IFMT != libc::S_IFDIR
-                && mode & libc::S_ISGID != 0
-                && mode & libc::S_IXGRP == 0
-                && !super::creds::caller_in_group(req.pid, req.gid, before.st_gid)
-            {
-                sys::chmod(&path, true, mode & 0o7777 & !libc::S_ISGID)?;
-            }
+            let changed = self.change_mode_and_owner(req, &inode, file.as_deref(), &path, arg);
+            inode.forget_mode();
+            changed?;
         }
         if valid & fattr::SIZE != 0 {
             let kill = self.killpriv_v2() && valid & fattr::KILL_SUIDGID != 0;
@@ -145,6 +116,57 @@ impl PassthroughFs {
             None => sys::fstat(&path)?,
         };
         Ok(self.attr_out(&inode, &st, generation))
+    }
+
+    /// The mode and owner parts of a setattr.
+    fn change_mode_and_owner(
+        &self,
+        req: &Request,
+        inode: &Inode,
+        file: Option<&super::handle::OpenFile>,
+        path: &std::os::fd::OwnedFd,
+        arg: &abi::SetattrIn,
+    ) -> SysResult<()> {
+        let valid = arg.valid;
+        if valid & fattr::MODE != 0 {
+            if inode.is_symlink() {
+                return Err(libc::EOPNOTSUPP);
+            }
+            match file {
+                Some(file) => sys::chmod(&file.fd, false, arg.mode)?,
+                None => sys::chmod(path, true, arg.mode)?,
+            }
+        }
+        if valid & (fattr::UID | fattr::GID) != 0 {
+            let uid = if valid & fattr::UID != 0 {
+                arg.uid
+            } else {
+                u32::MAX
+            };
+            let gid = if valid & fattr::GID != 0 {
+                arg.gid
+            } else {
+                u32::MAX
+            };
+            // The kernel leaves stripping set-ID bits on chown to us (KILLPRIV_V2); the host
+            // strips set-user-ID, and set-group-ID with group execute, for anyone, but keeps
+            // a set-group-ID bit without group execute for us (CAP_FSETID) where the kernel
+            // keeps it only for a caller in the file's old group (setattr_should_drop_sgid;
+            // a root caller stands for one with CAP_FSETID).
+            let before = sys::fstat(path)?;
+            sys::chown(path, uid, gid)?;
+            let mode = before.st_mode;
+            if self.killpriv_v2()
+                && req.uid != 0
+                && mode & libc::S_IFMT != libc::S_IFDIR
+                && mode & libc::S_ISGID != 0
+                && mode & libc::S_IXGRP == 0
+                && !super::creds::caller_in_group(req.pid, req.gid, before.st_gid)
+            {
+                sys::chmod(path, true, mode & 0o7777 & !libc::S_ISGID)?;
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn do_readlink(&self, ino: u64) -> SysResult<Vec<u8>> {
@@ -249,10 +271,24 @@ impl PassthroughFs {
     ) -> SysResult<()> {
         let inode = self.inode(ino)?;
         let name = xattr_name(name)?;
-        // An access ACL sets the mode's group bits, and ACL_KILL_SGID clears set-group-ID.
+        // An access ACL sets the mode's group bits, and ACL_KILL_SGID clears set-group-ID:
+        // forgotten before and after, as for a chmod (see `do_setattr`).
         inode.forget_mode();
-        let result = self.on_xattr_target(&inode, |t| sys::setxattr(t, &name, value, flags as i32));
-        if name.as_bytes() == CAPS_XATTR {
+        let result = self.set_xattr_on_host(&inode, &name, value, flags, setxattr_flags);
+        inode.forget_mode();
+        result
+    }
+
+    fn set_xattr_on_host(
+        &self,
+        inode: &Inode,
+        name: &std::ffi::CStr,
+        value: &[u8],
+        flags: u32,
+        setxattr_flags: u32,
+    ) -> SysResult<()> {
+        let result = self.on_xattr_target(inode, |t| sys::setxattr(t, name, value, flags as i32));
+        if name.to_bytes() == CAPS_XATTR {
             // After the host has it, whatever came of it: see `remember_no_caps`.
             inode.caps_changes.fetch_add(1, Ordering::SeqCst);
             inode.caps_absent_until.store(0, Ordering::SeqCst);
@@ -261,7 +297,7 @@ impl PassthroughFs {
         // The kernel found the caller may not keep set-group-ID when setting an access ACL
         // (outside the group, without CAP_FSETID): the host, seeing us, kept it.
         if setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0 {
-            let fd = self.path_fd(&inode)?;
+            let fd = self.path_fd(inode)?;
             let st = sys::fstat(&fd)?;
             if st.st_mode & libc::S_ISGID != 0 {
                 sys::chmod(&fd, true, st.st_mode & 0o7777 & !libc::S_ISGID)?;
