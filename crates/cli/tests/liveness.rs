@@ -400,6 +400,76 @@ fn an_open_waiting_for_a_lease_break_holds_no_queue() {
     m.unmount();
 }
 
+/// Opens waiting for a host lease break, more than the offload pool has threads (4 per
+/// node), must leave the pool free: a truncate (always answered from the pool) of another
+/// file completes at once, and every open completes once the lease goes. The old code
+/// waited in a blocking open on a pool thread per open, so the truncate waited for the lease.
+#[test]
+fn opens_waiting_for_a_lease_break_leave_the_offload_pool_free() {
+    use std::os::fd::AsRawFd;
+    const OPENS: usize = 6;
+    let _serial = serial();
+    // SAFETY: setting a signal disposition (a lease break sends SIGIO to its holder).
+    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+    let src = TempDir::new("liveness-lease-pool");
+    let host = src.path().join("leased");
+    std::fs::write(&host, b"data").unwrap();
+    std::fs::write(src.path().join("other"), vec![7u8; 1 << 20]).unwrap();
+    let m = Mount::start(src.path().to_str().unwrap(), &["--queues", "1"]);
+    let lease_holder = File::open(&host).unwrap();
+    let take_lease = || {
+        // SAFETY: fcntl on an fd we hold.
+        unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) == 0 }
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), take_lease),
+        "cannot take a read lease: {}",
+        std::io::Error::last_os_error()
+    );
+    let (opened_tx, opened) = mpsc::channel();
+    for _ in 0..OPENS {
+        let (target, opened_tx) = (m.path("leased"), opened_tx.clone());
+        std::thread::spawn(move || {
+            pin_to(0);
+            let start = Instant::now();
+            let file = std::fs::OpenOptions::new().write(true).open(&target);
+            let _ = opened_tx.send((start.elapsed(), file.map(drop)));
+        });
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let other = m.path("other");
+    let probe = timed_on_cpu0(PROMPT * 2, move || {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&other)
+            .unwrap();
+        file.set_len(4096)
+    });
+    // SAFETY: fcntl on an fd we hold: the lease goes, the opens proceed.
+    unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    for _ in 0..OPENS {
+        let (open_took, result) = opened
+            .recv_timeout(Duration::from_secs(10))
+            .expect("every open completes once the lease is gone");
+        result.expect("the open for writing");
+        assert!(
+            open_took >= Duration::from_millis(400),
+            "an open took only {open_took:?}: the lease did not hold it, so this proves nothing"
+        );
+    }
+    let (took, truncated) = probe.unwrap_or_else(|| {
+        panic!("a truncate waited behind opens waiting for a lease break (offload pool used up)")
+    });
+    truncated.unwrap();
+    assert!(took < PROMPT, "the truncate took {took:?}");
+    assert_eq!(
+        std::fs::metadata(src.path().join("other")).unwrap().len(),
+        4096
+    );
+    drop(lease_holder);
+    m.unmount();
+}
+
 /// Blocking lock requests that reach one CPU's ring all at once, more than it has entries
 /// (depth 1): the kernel queues the ones that find no free entry, and hands a queued request
 /// over only at a commit, never at the REGISTER of a spare. Every one of them parks, so

@@ -22,44 +22,52 @@ pub(super) fn host_open_flags(flags: i32) -> i32 {
 }
 
 impl PassthroughFs {
-    /// Opens the inode for the client. Unless `may_wait`, the host open does not wait for a
-    /// lease break (it starts the break and fails with EWOULDBLOCK; the caller then opens
-    /// again where waiting costs no queue).
-    pub(super) fn do_open(
+    /// The host open of a client's open, without its O_TRUNC (see `complete_open`) and never
+    /// waiting for a lease break: when another process holds a lease the host starts the
+    /// break and fails with EWOULDBLOCK, and the open is tried again from the mount's wait
+    /// list (`locks::LockTable::wait`) rather than wait in a syscall, which would hold a
+    /// queue's worker or an offload thread for up to the host's lease-break-time (45 s).
+    /// A caller's own O_NONBLOCK open gets that EWOULDBLOCK, as natively.
+    pub(super) fn open_host(&self, inode: &Inode, flags: i32) -> SysResult<OwnedFd> {
+        let host_flags = host_open_flags(flags) & !libc::O_TRUNC;
+        if flags & libc::O_NONBLOCK != 0 {
+            return self.open_inode(inode, host_flags);
+        }
+        let fd = self.open_inode(inode, host_flags | libc::O_NONBLOCK)?;
+        sys::clear_nonblocking(&fd)?;
+        Ok(fd)
+    }
+
+    /// Completes a client's open whose host fd `open_host` gave: an O_TRUNC open truncates
+    /// now, under the write gate held exclusively (as a truncate) only for the ftruncate
+    /// itself, never while the open waited; stripping set-ID bits as the kernel would for the
+    /// caller. A read-only O_TRUNC open (which Linux truncates too) truncates through a
+    /// write-only fd of its own.
+    pub(super) fn complete_open(
         &self,
         req: &Request,
-        ino: u64,
+        inode: &std::sync::Arc<Inode>,
+        fd: OwnedFd,
         arg: &abi::OpenIn,
-        may_wait: bool,
     ) -> SysResult<abi::OpenOut> {
-        let inode = self.inode(ino)?;
         let flags = arg.flags as i32;
-        let truncate = flags & libc::O_TRUNC != 0;
-        let kill = truncate && self.killpriv_v2() && arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
-        let probe_lease = !may_wait && flags & libc::O_NONBLOCK == 0;
-        let fd = {
-            // O_TRUNC changes the size: exclusive, like truncate.
-            let _gate = truncate.then(|| inode.gate.exclusive());
-            let open = || {
-                if !probe_lease {
-                    return self.open_inode(&inode, host_open_flags(flags));
-                }
-                let fd = self.open_inode(&inode, host_open_flags(flags) | libc::O_NONBLOCK)?;
-                sys::clear_nonblocking(&fd)?;
-                Ok(fd)
-            };
-            let fd = if kill {
-                let path = self.path_fd(&inode)?;
-                self.killing_privileges(req, &inode, (&path, true), kill, open)?
+        if flags & libc::O_TRUNC != 0 {
+            let kill = self.killpriv_v2() && arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+            let _gate = inode.gate.exclusive();
+            let own;
+            let writable = if flags & libc::O_ACCMODE == libc::O_RDONLY {
+                own =
+                    self.open_inode(inode, libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK)?;
+                &own
             } else {
-                open()?
+                &fd
             };
-            if truncate {
-                inode.gate.set_size(0);
-            }
-            fd
-        };
-        self.finish_open(req, &inode, fd, flags, None)
+            self.killing_privileges(req, inode, (writable, false), kill, || {
+                sys::ftruncate(writable, 0)
+            })?;
+            inode.gate.set_size(0);
+        }
+        self.finish_open(req, inode, fd, flags, None)
     }
 
     /// Runs `change` (a write, truncate or O_TRUNC open by a caller without CAP_FSETID, when

@@ -69,8 +69,24 @@ type OwnerFds = HashMap<(u64, u64), OwnerLocks>;
 /// by nodeid; shared with the waiting thread. Lock order: a leaf.
 type Owners = Arc<[Mutex<OwnerFds>]>;
 
-/// One try at a lock that never blocks: Ok, or EAGAIN/EACCES while someone else holds it.
-type Attempt = Box<dyn FnMut() -> SysResult<()> + Send>;
+/// One try that never blocks: Ok with what answers the request once it succeeded, or an
+/// error; the waiter's `retry` says which errors mean "not yet" (someone else holds the lock,
+/// a lease break is under way).
+type Attempt = Box<dyn FnMut() -> SysResult<Answer> + Send>;
+
+/// Answers a request whose attempt succeeded (a lock's `reply.ok()`, an open's answer).
+pub type Answer = Box<dyn FnOnce(Reply) + Send>;
+
+/// A lock attempt that fails because of another holder: EAGAIN (OFD locks, flock) or EACCES
+/// (what fcntl(2) allows too).
+fn lock_held(errno: i32) -> bool {
+    matches!(errno, libc::EAGAIN | libc::EACCES)
+}
+
+/// An open that fails because a lease break is under way.
+fn lease_held(errno: i32) -> bool {
+    errno == libc::EWOULDBLOCK
+}
 
 /// A lock request waiting for its lock.
 struct Waiter {
@@ -78,6 +94,8 @@ struct Waiter {
     nodeid: u64,
     reply: Reply,
     attempt: Attempt,
+    /// Which of the attempt's errors mean "try again later".
+    retry: fn(i32) -> bool,
     /// When to retry if nothing is released through us before (a host-side holder).
     next_try: Instant,
     delay: Duration,
@@ -339,9 +357,25 @@ impl LockTable {
         self.waits.wake.notify_one();
     }
 
-    /// Puts a request whose lock is held elsewhere on the wait list (ENOLCK when it is
-    /// full, EINTR when its INTERRUPT came first); the waiting thread answers it.
-    fn wait(&self, unique: u64, nodeid: u64, reply: Reply, attempt: Attempt) {
+    /// Puts an open waiting for a host lease break on the wait list, which tries it again
+    /// (without blocking) after a back-off until the lease is gone: one thread for every
+    /// waiter, so lease waits never hold a queue's worker or an offload thread. Bounded with
+    /// the lock waiters (the same list): beyond it the open fails with ENOLCK.
+    pub fn wait_for_open(&self, unique: u64, nodeid: u64, reply: Reply, attempt: Attempt) {
+        self.wait(unique, nodeid, reply, attempt, lease_held)
+    }
+
+    /// Puts a request whose lock is held elsewhere (or whose open waits for a lease break)
+    /// on the wait list (ENOLCK when it is full, EINTR when its INTERRUPT came first); the
+    /// waiting thread answers it.
+    fn wait(
+        &self,
+        unique: u64,
+        nodeid: u64,
+        reply: Reply,
+        attempt: Attempt,
+        retry: fn(i32) -> bool,
+    ) {
         let mut list = self.waits.lock();
         if let Some(pos) = list.interrupts.iter().position(|u| *u == unique) {
             list.interrupts.remove(pos);
@@ -373,6 +407,7 @@ impl LockTable {
             nodeid,
             reply,
             attempt,
+            retry,
             next_try: Instant::now(),
             delay: WAIT_FIRST,
         });
@@ -410,7 +445,7 @@ impl Waits {
             let mut still = Vec::new();
             for mut waiter in due {
                 match (waiter.attempt)() {
-                    Err(libc::EAGAIN | libc::EACCES) => {
+                    Err(e) if (waiter.retry)(e) => {
                         waiter.next_try = now + waiter.delay;
                         waiter.delay = (waiter.delay * 2).min(WAIT_MAX);
                         still.push(waiter);
@@ -418,7 +453,7 @@ impl Waits {
                     result => {
                         self.count.fetch_sub(1, Ordering::AcqRel);
                         match result {
-                            Ok(()) => waiter.reply.ok(),
+                            Ok(answer) => answer(waiter.reply),
                             Err(e) => waiter.reply.error(e),
                         }
                     }
@@ -483,7 +518,8 @@ impl PassthroughFs {
                 libc::F_WRLCK => libc::LOCK_EX,
                 _ => libc::LOCK_UN,
             };
-            let attempt = move || sys::flock(&file.fd, operation | libc::LOCK_NB);
+            let attempt =
+                move || sys::flock(&file.fd, operation | libc::LOCK_NB).map(|()| lock_granted());
             self.lock_or_wait(req.unique, nodeid, sleep, reply, Box::new(attempt));
             if operation == libc::LOCK_UN {
                 self.locks.released(nodeid);
@@ -512,7 +548,7 @@ impl PassthroughFs {
         // The owner's fd is looked up on every try: it may move to a read-write fd meanwhile.
         let attempt = move || {
             let fd = owner_fd_for(&owners, &file, owner, pid, typ)?;
-            sys::fcntl_lock(&fd, libc::F_OFD_SETLK, &mut to_flock(&lk))
+            sys::fcntl_lock(&fd, libc::F_OFD_SETLK, &mut to_flock(&lk)).map(|()| lock_granted())
         };
         self.lock_or_wait(req.unique, nodeid, sleep, reply, Box::new(attempt))
     }
@@ -526,11 +562,16 @@ impl PassthroughFs {
         mut attempt: Attempt,
     ) {
         match attempt() {
-            Ok(()) => reply.ok(),
-            Err(libc::EAGAIN | libc::EACCES) if sleep => {
-                self.locks.wait(unique, nodeid, reply, attempt)
+            Ok(answer) => answer(reply),
+            Err(e) if sleep && lock_held(e) => {
+                self.locks.wait(unique, nodeid, reply, attempt, lock_held)
             }
             Err(e) => reply.error(e),
         }
     }
+}
+
+/// The answer to a lock request that got its lock (a zero-sized closure: no allocation).
+fn lock_granted() -> Answer {
+    Box::new(|reply: Reply| reply.ok())
 }

@@ -319,6 +319,29 @@ impl PassthroughFs {
         reply.offload(move |reply| job(&fs, reply));
     }
 
+    /// Answers an open whose host fd is `fd`: at once, or from the offload pool when it
+    /// truncates (an O_TRUNC open of a large file takes long).
+    fn answer_open(
+        &self,
+        req: &Request,
+        inode: Arc<Inode>,
+        fd: OwnedFd,
+        arg: &abi::OpenIn,
+        reply: Reply,
+    ) {
+        if arg.flags as i32 & libc::O_TRUNC == 0 {
+            return answer(reply, self.complete_open(req, &inode, fd, arg), |r, o| {
+                r.open(&o)
+            });
+        }
+        let (req, arg) = (*req, *arg);
+        self.answer_off_queue(reply, move |fs, reply| {
+            answer(reply, fs.complete_open(&req, &inode, fd, &arg), |r, o| {
+                r.open(&o)
+            })
+        })
+    }
+
     /// Nanoseconds since the file system started (monotonic), for expiries.
     fn now_ns(&self) -> u64 {
         self.clock.elapsed().as_nanos() as u64
@@ -805,21 +828,29 @@ impl Filesystem for PassthroughFs {
     }
 
     fn open(&self, req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
-        // A truncate may take long; any other open waits only for a host lease break, which
-        // the first, non-waiting try reports (EWOULDBLOCK) instead of waiting.
-        let result = if arg.flags as i32 & libc::O_TRUNC != 0 {
-            Err(libc::EWOULDBLOCK)
-        } else {
-            self.do_open(req, ino, arg, false)
+        let inode = match self.inode(ino) {
+            Ok(inode) => inode,
+            Err(e) => return reply.error(e),
         };
-        match result {
-            Err(libc::EWOULDBLOCK) => {
-                let (req, arg) = (*req, *arg);
-                self.answer_off_queue(reply, move |fs, reply| {
-                    answer(reply, fs.do_open(&req, ino, &arg, true), |r, o| r.open(&o))
-                })
+        let flags = arg.flags as i32;
+        match self.open_host(&inode, flags) {
+            Ok(fd) => self.answer_open(req, inode, fd, arg, reply),
+            // Another process holds a lease on the host file: its break has started. The open
+            // waits on the mount's wait list (one thread for all waiters, bounded), tried
+            // again without blocking until the holder lets go or the host breaks the lease.
+            Err(libc::EWOULDBLOCK) if flags & libc::O_NONBLOCK == 0 => {
+                let (fs, req_copy, arg_copy) = (self.clone(), *req, *arg);
+                let attempt = move || -> SysResult<locks::Answer> {
+                    let fd = fs.open_host(&inode, flags)?;
+                    let (fs, inode) = (fs.clone(), inode.clone());
+                    Ok(Box::new(move |reply: Reply| {
+                        fs.answer_open(&req_copy, inode, fd, &arg_copy, reply)
+                    }))
+                };
+                self.locks
+                    .wait_for_open(req.unique, ino, reply, Box::new(attempt));
             }
-            result => answer(reply, result, |r, o| r.open(&o)),
+            Err(e) => reply.error(e),
         }
     }
 
