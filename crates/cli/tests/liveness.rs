@@ -470,6 +470,73 @@ fn opens_waiting_for_a_lease_break_leave_the_offload_pool_free() {
     m.unmount();
 }
 
+/// The daemon's offload threads (started on first use).
+fn offload_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            t.as_ref().is_ok_and(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .unwrap_or_default()
+                    .starts_with("lanefs-offload")
+            })
+        })
+        .count()
+}
+
+/// What goes to the offload pool: over /dev/fuse (every queue its own worker, any idle one
+/// takes the next request) fsync and readdirplus are answered in place; over io_uring a
+/// small directory's readdirplus is too, while a large one's and fsync go to the pool. The
+/// old code offloaded both always, starting a pool thread for `ls -l` of a small directory.
+#[test]
+fn fsync_and_small_listings_stay_on_the_worker_unless_it_serves_a_cpu() {
+    let _serial = serial();
+    let src = TempDir::new("liveness-offload-choice");
+    std::fs::create_dir(src.path().join("small")).unwrap();
+    std::fs::create_dir(src.path().join("large")).unwrap();
+    for i in 0..5 {
+        std::fs::write(src.path().join(format!("small/f{i}")), b"x").unwrap();
+    }
+    for i in 0..500 {
+        std::fs::write(
+            src.path()
+                .join(format!("large/file-with-a-longer-name-{i}")),
+            b"x",
+        )
+        .unwrap();
+    }
+    let m = Mount::start(src.path().to_str().unwrap(), &["--queues", "1"]);
+    let listed = |dir: &str| {
+        std::fs::read_dir(m.path(dir))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .count()
+    };
+    assert_eq!(listed("small"), 5);
+    assert!(m.op_count("readdirplus") > 0, "ls -l used readdirplus");
+    assert_eq!(offload_threads(m.pid), 0, "a small listing was offloaded");
+    assert_eq!(listed("large"), 500);
+    let after_large = offload_threads(m.pid);
+    let file = File::options()
+        .write(true)
+        .open(m.path("small/f0"))
+        .unwrap();
+    file.write_all_at(b"y", 0).unwrap();
+    file.sync_all().unwrap();
+    let after_fsync = offload_threads(m.pid);
+    if m.over_uring() {
+        assert!(
+            after_large > 0,
+            "a large listing was answered on the ring's worker"
+        );
+    } else {
+        assert_eq!(after_large, 0, "readdirplus was offloaded over /dev/fuse");
+        assert_eq!(after_fsync, 0, "fsync was offloaded over /dev/fuse");
+    }
+    drop(file);
+    m.unmount();
+}
+
 /// Blocking lock requests that reach one CPU's ring all at once, more than it has entries
 /// (depth 1): the kernel queues the ones that find no free entry, and hands a queued request
 /// over only at a commit, never at the REGISTER of a spare. Every one of them parks, so

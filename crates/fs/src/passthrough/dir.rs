@@ -15,6 +15,13 @@ use super::sys::{self, SysResult};
 const DIRENT_BUFFER_BYTES: usize = 32 * 1024;
 /// Offset of d_name in linux_dirent64 (u64 ino, i64 off, u16 reclen, u8 type).
 const DIRENT_NAME_OFFSET: usize = 19;
+/// A READDIRPLUS that would look up at most this many entries (the rest of a directory whose
+/// end is already in our buffer) is answered on the worker even over io_uring: a few
+/// lookups cost less than the handoff to the offload pool.
+const READDIRPLUS_INLINE_MAX: usize = 32;
+/// The longest linux_dirent64 record (a 255-byte name, header and padding): a getdents that
+/// left more room than this in our buffer reached the end of the directory.
+const DIRENT_MAX_BYTES: usize = 280;
 
 /// Where an open directory's listing stands.
 pub struct DirStream {
@@ -26,6 +33,22 @@ pub struct DirStream {
     /// The offset the kernel will pass to continue after what it has (the d_off of the last
     /// record handed over; 0 at the start).
     offset: u64,
+    /// The last getdents left room in the buffer: the directory's end is in it.
+    end_buffered: bool,
+}
+
+impl DirStream {
+    /// Reads the next batch of host records into the buffer; the bytes read (0: the end).
+    fn refill(&mut self) -> SysResult<usize> {
+        if self.buf.is_empty() {
+            self.buf = vec![0; DIRENT_BUFFER_BYTES];
+        }
+        let n = sys::getdents(&self.fd, &mut self.buf)?;
+        self.start = 0;
+        self.end = n;
+        self.end_buffered = n + DIRENT_MAX_BYTES <= self.buf.len();
+        Ok(n)
+    }
 }
 
 /// One host record.
@@ -69,6 +92,7 @@ impl PassthroughFs {
                 start: 0,
                 end: 0,
                 offset: 0,
+                end_buffered: false,
             }),
         });
         Ok(abi::OpenOut {
@@ -90,15 +114,9 @@ impl PassthroughFs {
         let mut out = DirBuffer::new(arg.size as usize);
         loop {
             if s.start >= s.end {
-                if s.buf.is_empty() {
-                    s.buf = vec![0; DIRENT_BUFFER_BYTES];
-                }
-                match sys::getdents(&s.fd, &mut s.buf) {
+                match s.refill() {
                     Ok(0) => break,
-                    Ok(n) => {
-                        s.start = 0;
-                        s.end = n;
-                    }
+                    Ok(_) => {}
                     Err(e) if out.as_bytes().is_empty() => return Err(e),
                     Err(_) => break,
                 }
@@ -135,6 +153,38 @@ impl PassthroughFs {
             s.offset = record.next_offset;
         }
         Ok(out)
+    }
+
+    /// Whether a READDIRPLUS would look up few entries (`READDIRPLUS_INLINE_MAX`): the
+    /// directory's remaining records, up to its end, are in our buffer (read now with one
+    /// getdents if the buffer is empty, which costs no lookup). A seek, or a directory whose
+    /// end is not yet buffered, counts as large.
+    pub(super) fn readdirplus_is_small(&self, arg: &abi::ReadIn) -> bool {
+        let Some(dir) = self.dirs.get(arg.fh) else {
+            return true;
+        };
+        let mut stream = dir.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &mut *stream;
+        if arg.offset != s.offset {
+            return false;
+        }
+        if s.start >= s.end && !matches!(s.refill(), Ok(n) if n > 0) {
+            // The end, or an error: answered at once either way.
+            return true;
+        }
+        if !s.end_buffered {
+            return false;
+        }
+        let mut records = 0;
+        let mut at = s.start;
+        while let Some(record) = s.buf.get(at..s.end).and_then(parse) {
+            records += 1;
+            if records > READDIRPLUS_INLINE_MAX {
+                return false;
+            }
+            at += record.len;
+        }
+        true
     }
 
     pub(super) fn do_fsyncdir(&self, arg: &abi::FsyncIn) -> SysResult<()> {

@@ -143,6 +143,8 @@ struct Negotiated {
     killpriv_v2: bool,
     /// Modes arrive without the caller's umask, which comes beside them (DONT_MASK).
     dont_mask: bool,
+    /// Requests come over io_uring, where one worker serves every request of its CPU.
+    per_cpu_queues: bool,
 }
 
 /// The passthrough file system: a handle on its state, cloned into the jobs that answer slow
@@ -340,6 +342,15 @@ impl PassthroughFs {
                 r.open(&o)
             })
         })
+    }
+
+    /// Whether requests come over io_uring, where a ring's one worker serves every request of
+    /// its CPU, so a slow one makes the CPU's other callers wait: fsync and readdirplus of a
+    /// large directory then go to the offload pool. Over /dev/fuse each queue has its own
+    /// worker and any idle one takes the next request, so they are answered in place (a
+    /// handoff to the pool would only add two thread switches).
+    fn workers_serve_a_cpu(&self) -> bool {
+        self.negotiated().is_some_and(|n| n.per_cpu_queues)
     }
 
     /// Nanoseconds since the file system started (monotonic), for expiries.
@@ -701,6 +712,7 @@ impl Filesystem for PassthroughFs {
             passthrough: conn.flags & init_flags::PASSTHROUGH != 0,
             killpriv_v2: conn.flags & init_flags::HANDLE_KILLPRIV_V2 != 0,
             dont_mask: conn.flags & init_flags::DONT_MASK != 0,
+            per_cpu_queues: conn.per_cpu_queues,
         });
     }
 
@@ -893,6 +905,9 @@ impl Filesystem for PassthroughFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: u64, arg: &abi::FsyncIn, reply: Reply) {
+        if !self.workers_serve_a_cpu() {
+            return answer(reply, self.do_fsync(arg), |r, ()| r.ok());
+        }
         let arg = *arg;
         self.answer_off_queue(reply, move |fs, reply| {
             answer(reply, fs.do_fsync(&arg), |r, ()| r.ok())
@@ -904,7 +919,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn readdir(&self, _req: &Request, _ino: u64, arg: &abi::ReadIn, plus: bool, reply: Reply) {
-        if plus {
+        if plus && self.workers_serve_a_cpu() && !self.readdirplus_is_small(arg) {
             // A lookup per entry: a large directory's page takes a while.
             let arg = *arg;
             return self.answer_off_queue(reply, move |fs, reply| {
@@ -924,6 +939,9 @@ impl Filesystem for PassthroughFs {
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: u64, arg: &abi::FsyncIn, reply: Reply) {
+        if !self.workers_serve_a_cpu() {
+            return answer(reply, self.do_fsyncdir(arg), |r, ()| r.ok());
+        }
         let arg = *arg;
         self.answer_off_queue(reply, move |fs, reply| {
             answer(reply, fs.do_fsyncdir(&arg), |r, ()| r.ok())
