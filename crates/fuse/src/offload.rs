@@ -32,6 +32,10 @@ pub const THREADS_PER_NODE: usize = 4;
 pub const QUEUE_PER_NODE: usize = 64;
 /// Stack of a pool thread: jobs keep their buffers on the heap.
 const STACK_BYTES: usize = 256 << 10;
+/// How long dropping the pools waits for their threads to finish the jobs they have (a job
+/// stuck on the host, an fsync on a dead network mount, must not keep the daemon from
+/// exiting): the threads still busy after it are left to end with the process.
+const DRAIN_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 /// Inline runs (queue full) between two log lines.
 const FULL_LOG_EVERY: usize = 1000;
 
@@ -61,6 +65,10 @@ struct PoolState {
     threads: usize,
     /// Threads waiting for a job.
     idle: usize,
+    /// The threads started, joined when the session's pools are dropped.
+    handles: Vec<std::thread::JoinHandle<()>>,
+    /// The session is gone: threads finish the queued jobs and exit; new jobs run inline.
+    closed: bool,
 }
 
 impl Offload {
@@ -128,6 +136,41 @@ impl Offload {
     }
 }
 
+/// The session's pools go with it: each thread finishes the jobs already queued (their
+/// answers go to a connection that has ended, which is harmless) and exits, and is joined,
+/// except the dropping thread itself (a job's `Reply` can hold the last reference) and
+/// threads still busy after `DRAIN_MAX`.
+impl Drop for Offload {
+    fn drop(&mut self) {
+        let me = std::thread::current().id();
+        let deadline = std::time::Instant::now() + DRAIN_MAX;
+        for node in self.nodes.iter() {
+            let handles = {
+                let mut state = node.lock();
+                state.closed = true;
+                std::mem::take(&mut state.handles)
+            };
+            node.ready.notify_all();
+            for handle in handles {
+                if handle.thread().id() == me {
+                    continue;
+                }
+                while !handle.is_finished() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                if !handle.is_finished() {
+                    tracing::warn!(
+                        node = node.id,
+                        "an offload thread is still busy after {DRAIN_MAX:?}; leaving it"
+                    );
+                } else if handle.join().is_err() {
+                    tracing::warn!(node = node.id, "an offload thread ended by a panic");
+                }
+            }
+        }
+    }
+}
+
 impl NodePool {
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -137,7 +180,7 @@ impl NodePool {
     /// threads; gives the job back when the queue is full.
     fn submit(self: &Arc<Self>, job: Job) -> Result<(), Job> {
         let mut state = self.lock();
-        if state.queue.len() >= QUEUE_PER_NODE {
+        if state.queue.len() >= QUEUE_PER_NODE || state.closed {
             return Err(job);
         }
         state.queue.push_back(job);
@@ -152,7 +195,10 @@ impl NodePool {
                 .stack_size(STACK_BYTES)
                 .spawn(move || pool.serve());
             match started {
-                Ok(_) => state.threads += 1,
+                Ok(handle) => {
+                    state.threads += 1;
+                    state.handles.push(handle);
+                }
                 Err(e) if state.threads == 0 => {
                     tracing::warn!("cannot start an offload thread: {e}");
                     return Err(state.queue.pop_back().expect("pushed above"));
@@ -164,8 +210,8 @@ impl NodePool {
         Ok(())
     }
 
-    /// A pool thread: runs jobs as they come, forever (it lives as long as the process; an
-    /// idle one costs a sleeping thread).
+    /// A pool thread: runs jobs as they come until the session's pools are dropped (an idle
+    /// one costs a sleeping thread).
     fn serve(&self) {
         if !self.cpus.is_empty()
             && let Err(e) = topology::pin_current_thread_to(&self.cpus)
@@ -178,6 +224,9 @@ impl NodePool {
                 loop {
                     if let Some(job) = state.queue.pop_front() {
                         break job;
+                    }
+                    if state.closed {
+                        return;
                     }
                     state.idle += 1;
                     state = self.ready.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -253,6 +302,33 @@ mod tests {
             assert_ne!(ran_on, here);
         }
         assert_eq!(offload.load(), vec![(THREADS_PER_NODE, 0)]);
+    }
+
+    /// Dropping the pools ends their threads (which hold the node's state): the old threads
+    /// ran forever, one set per mount a process ever made.
+    #[test]
+    fn dropping_the_pools_ends_their_threads() {
+        let offload = Offload::new(&Topology::single(1));
+        let (tx, rx) = mpsc::channel();
+        for _ in 0..THREADS_PER_NODE {
+            let tx = tx.clone();
+            offload.run(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                tx.send(()).unwrap();
+            });
+        }
+        assert!(offload.load()[0].0 > 0);
+        let node = Arc::downgrade(&offload.nodes[0]);
+        drop(offload);
+        // Queued jobs still ran, and every thread has exited (dropped its share).
+        for _ in 0..THREADS_PER_NODE {
+            rx.try_recv()
+                .expect("a queued job ran before its thread exited");
+        }
+        assert!(
+            node.upgrade().is_none(),
+            "an offload thread outlived its pools"
+        );
     }
 
     #[test]
