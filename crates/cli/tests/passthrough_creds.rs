@@ -552,6 +552,86 @@ fn locker(path: &Path, flags: i32, cmd: i32, kind: i32, start: i64, len: i64) ->
     pid
 }
 
+/// `locker` as `uid` (group `uid` too, no supplementary groups): a read lock (SETLKW)
+/// through a read-only open.
+fn read_locker_as(uid: u32, path: &Path) -> libc::pid_t {
+    let path = c(path);
+    // SAFETY: the child only changes its ids, opens a prepared path, locks and exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(uid, uid, uid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
+                libc::_exit(200);
+            }
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+            if fd < 0 {
+                libc::_exit(errno());
+            }
+            let mut fl: libc::flock = std::mem::zeroed();
+            fl.l_type = libc::F_RDLCK as i16;
+            fl.l_whence = libc::SEEK_SET as i16;
+            libc::_exit(if libc::fcntl(fd, libc::F_SETLKW, &fl) == 0 {
+                0
+            } else {
+                errno()
+            });
+        }
+    }
+    pid
+}
+
+/// One user may hold at most a quarter of the wait list (64 of 256 waiters): past its share
+/// its next waiter gets ENOLCK, while another user can still wait. The old code let one
+/// user fill the whole list, leaving every other user's blocking locks refused.
+#[test]
+fn one_user_cannot_take_every_lock_waiting_place() {
+    const PER_USER: usize = 64;
+    let source = TempDir::new("lockshare-src");
+    let m = mount(source.path(), &[]);
+    let f = m.path("f");
+    std::fs::write(&f, b"lock").unwrap();
+    let holder = sys::open(&f, libc::O_RDWR, 0).unwrap();
+    sys::setlk(holder.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 0).unwrap();
+    let mut children: Vec<KillOnDrop> = (0..PER_USER)
+        .map(|_| KillOnDrop(read_locker_as(65534, &f)))
+        .collect();
+    assert!(
+        common::wait_until(Duration::from_secs(60), || m.counter("lock_waiters")
+            == PER_USER as u64),
+        "{} of {PER_USER} waiters registered",
+        m.counter("lock_waiters")
+    );
+    let refused = read_locker_as(65534, &f);
+    assert_eq!(
+        exit_code(wait_or_kill(refused, CHILD_LIMIT)),
+        Some(libc::ENOLCK),
+        "nobody's waiter past its share"
+    );
+    children.push(KillOnDrop(read_locker_as(65533, &f)));
+    assert!(
+        common::wait_until(Duration::from_secs(10), || m.counter("lock_waiters")
+            == PER_USER as u64 + 1),
+        "another user could not wait: {} waiters",
+        m.counter("lock_waiters")
+    );
+    sys::setlk(holder.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+    for child in &children {
+        assert_eq!(
+            exit_code(wait_or_kill(child.0, CHILD_LIMIT)),
+            Some(0),
+            "a reader was not let in"
+        );
+    }
+    assert_eq!(m.counter("lock_waiters"), 0);
+    drop(holder);
+    m.unmount();
+}
+
 fn exit_code(status: Option<i32>) -> Option<i32> {
     status.map(|s| {
         if libc::WIFEXITED(s) {

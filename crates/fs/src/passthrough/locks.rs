@@ -46,6 +46,9 @@ const _: () = assert!(
     WAITERS_MAX + lanefs_fuse::offload::THREADS_PER_NODE + lanefs_fuse::offload::QUEUE_PER_NODE
         <= lanefs_fuse::uring::MAX_RING_ENTRIES - lanefs_fuse::uring::MAX_QUEUE_DEPTH
 );
+/// At most this many of the waiters may be one user's (root excepted, who could exhaust the
+/// host anyway): one user's waiters never keep another's from waiting (ENOLCK beyond it).
+pub const WAITERS_PER_USER_MAX: usize = WAITERS_MAX / 4;
 /// The waiting thread only retries non-blocking syscalls and answers: a small stack is plenty.
 const WAIT_THREAD_STACK_BYTES: usize = 64 * 1024;
 /// Interrupts remembered for requests not on the wait list (INTERRUPT may overtake its
@@ -91,6 +94,8 @@ fn lease_held(errno: i32) -> bool {
 /// A lock request waiting for its lock.
 struct Waiter {
     unique: u64,
+    /// The caller's uid, for `WAITERS_PER_USER_MAX`.
+    uid: u32,
     nodeid: u64,
     reply: Reply,
     attempt: Attempt,
@@ -108,6 +113,8 @@ struct WaitList {
     released: Vec<u64>,
     /// INTERRUPTs not yet matched with a waiter (the oldest dropped beyond INTERRUPTS_MAX).
     interrupts: VecDeque<u64>,
+    /// Waiters per uid other than root (on the list or being retried).
+    per_user: HashMap<u32, usize>,
     thread_started: bool,
 }
 
@@ -153,27 +160,56 @@ fn owner_fd_for(
     typ: i32,
 ) -> SysResult<Arc<OwnedFd>> {
     let nodeid = file.inode.nodeid;
-    {
+    // The host opens happen with the shard unlocked (an open can take long on the host, and
+    // the shard serves every lock of its inodes); the state is looked at again afterwards,
+    // since another request of the owner may have changed it meanwhile.
+    let wider = {
+        let mut shard = shard(owners, nodeid);
+        match shard.get_mut(&(nodeid, owner)) {
+            Some(known) => {
+                known.pid = pid;
+                if access_allows(known.access, typ) {
+                    return Ok(known.fd.clone());
+                }
+                true
+            }
+            None => false,
+        }
+    };
+    if wider {
+        let wider = sys::reopen(&file.fd, libc::O_RDWR)?;
         let mut shard = shard(owners, nodeid);
         if let Some(known) = shard.get_mut(&(nodeid, owner)) {
-            known.pid = pid;
-            if access_allows(known.access, typ) {
-                return Ok(known.fd.clone());
+            if !access_allows(known.access, typ) {
+                move_locks(&known.fd, &wider);
+                known.fd = Arc::new(wider);
+                known.access = libc::O_RDWR;
             }
-            let wider = sys::reopen(&file.fd, libc::O_RDWR)?;
-            move_locks(&known.fd, &wider);
-            known.fd = Arc::new(wider);
-            known.access = libc::O_RDWR;
             return Ok(known.fd.clone());
         }
+        // The owner's fd went (FLUSH) meanwhile: start afresh with the read-write fd.
+        return Ok(shard
+            .entry((nodeid, owner))
+            .or_insert(OwnerLocks {
+                fd: Arc::new(wider),
+                access: libc::O_RDWR,
+                pid,
+            })
+            .fd
+            .clone());
     }
     let access = file.flags & libc::O_ACCMODE;
     let fd = Arc::new(sys::reopen(&file.fd, access)?);
-    Ok(shard(owners, nodeid)
+    let mut shard = shard(owners, nodeid);
+    let known = shard
         .entry((nodeid, owner))
-        .or_insert(OwnerLocks { fd, access, pid })
-        .fd
-        .clone())
+        .or_insert(OwnerLocks { fd, access, pid });
+    if !access_allows(known.access, typ) {
+        // Another request of the owner made a narrower fd meanwhile: try again, widening it.
+        drop(shard);
+        return owner_fd_for(owners, file, owner, pid, typ);
+    }
+    Ok(known.fd.clone())
 }
 
 /// Moves the OFD locks held through `from` to `to` (listed in /proc/self/fdinfo). Read locks
@@ -346,6 +382,7 @@ impl LockTable {
         if let Some(pos) = list.waiting.iter().position(|w| w.unique == unique) {
             let waiter = list.waiting.swap_remove(pos);
             self.waits.count.fetch_sub(1, Ordering::AcqRel);
+            list.left(waiter.uid);
             drop(list);
             return waiter.reply.error(libc::EINTR);
         }
@@ -361,16 +398,22 @@ impl LockTable {
     /// (without blocking) after a back-off until the lease is gone: one thread for every
     /// waiter, so lease waits never hold a queue's worker or an offload thread. Bounded with
     /// the lock waiters (the same list): beyond it the open fails with ENOLCK.
-    pub fn wait_for_open(&self, unique: u64, nodeid: u64, reply: Reply, attempt: Attempt) {
-        self.wait(unique, nodeid, reply, attempt, lease_held)
+    pub fn wait_for_open(
+        &self,
+        (unique, uid): (u64, u32),
+        nodeid: u64,
+        reply: Reply,
+        attempt: Attempt,
+    ) {
+        self.wait((unique, uid), nodeid, reply, attempt, lease_held)
     }
 
     /// Puts a request whose lock is held elsewhere (or whose open waits for a lease break)
-    /// on the wait list (ENOLCK when it is full, EINTR when its INTERRUPT came first); the
-    /// waiting thread answers it.
+    /// on the wait list (ENOLCK when it, or the caller's share of it, is full; EINTR when
+    /// its INTERRUPT came first); the waiting thread answers it.
     fn wait(
         &self,
-        unique: u64,
+        (unique, uid): (u64, u32),
         nodeid: u64,
         reply: Reply,
         attempt: Attempt,
@@ -383,7 +426,10 @@ impl LockTable {
             return reply.error(libc::EINTR);
         }
         // The count, not the list: waiters being retried are off the list for a moment.
-        if self.waits.count.load(Ordering::Acquire) >= WAITERS_MAX {
+        let users = list.per_user.get(&uid).copied().unwrap_or(0);
+        if self.waits.count.load(Ordering::Acquire) >= WAITERS_MAX
+            || (uid != 0 && users >= WAITERS_PER_USER_MAX)
+        {
             drop(list);
             return reply.error(libc::ENOLCK);
         }
@@ -401,9 +447,13 @@ impl LockTable {
             list.thread_started = true;
         }
         self.waits.count.fetch_add(1, Ordering::AcqRel);
+        if uid != 0 {
+            *list.per_user.entry(uid).or_default() += 1;
+        }
         // Tried again at once: a lock released between the caller's try and now told no one.
         list.waiting.push(Waiter {
             unique,
+            uid,
             nodeid,
             reply,
             attempt,
@@ -413,6 +463,18 @@ impl LockTable {
         });
         drop(list);
         self.waits.wake.notify_one();
+    }
+}
+
+impl WaitList {
+    /// A waiter of `uid` left (answered or interrupted).
+    fn left(&mut self, uid: u32) {
+        if let Some(n) = self.per_user.get_mut(&uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_user.remove(&uid);
+            }
+        }
     }
 }
 
@@ -434,6 +496,7 @@ impl Waits {
                 if let Some(pos) = interrupted {
                     list.interrupts.remove(pos);
                     self.count.fetch_sub(1, Ordering::AcqRel);
+                    list.left(waiter.uid);
                     waiter.reply.error(libc::EINTR);
                 } else if waiter.next_try <= now || released.contains(&waiter.nodeid) {
                     due.push(waiter);
@@ -443,6 +506,7 @@ impl Waits {
             }
             drop(list);
             let mut still = Vec::new();
+            let mut answered = Vec::new();
             for mut waiter in due {
                 match (waiter.attempt)() {
                     Err(e) if (waiter.retry)(e) => {
@@ -452,6 +516,7 @@ impl Waits {
                     }
                     result => {
                         self.count.fetch_sub(1, Ordering::AcqRel);
+                        answered.push(waiter.uid);
                         match result {
                             Ok(answer) => answer(waiter.reply),
                             Err(e) => waiter.reply.error(e),
@@ -460,6 +525,9 @@ impl Waits {
                 }
             }
             list = self.lock();
+            for uid in answered {
+                list.left(uid);
+            }
             list.waiting.append(&mut still);
             let pending_interrupt = list
                 .waiting
@@ -520,7 +588,13 @@ impl PassthroughFs {
             };
             let attempt =
                 move || sys::flock(&file.fd, operation | libc::LOCK_NB).map(|()| lock_granted());
-            self.lock_or_wait(req.unique, nodeid, sleep, reply, Box::new(attempt));
+            self.lock_or_wait(
+                (req.unique, req.uid),
+                nodeid,
+                sleep,
+                reply,
+                Box::new(attempt),
+            );
             if operation == libc::LOCK_UN {
                 self.locks.released(nodeid);
             }
@@ -550,12 +624,18 @@ impl PassthroughFs {
             let fd = owner_fd_for(&owners, &file, owner, pid, typ)?;
             sys::fcntl_lock(&fd, libc::F_OFD_SETLK, &mut to_flock(&lk)).map(|()| lock_granted())
         };
-        self.lock_or_wait(req.unique, nodeid, sleep, reply, Box::new(attempt))
+        self.lock_or_wait(
+            (req.unique, req.uid),
+            nodeid,
+            sleep,
+            reply,
+            Box::new(attempt),
+        )
     }
 
     fn lock_or_wait(
         &self,
-        unique: u64,
+        (unique, uid): (u64, u32),
         nodeid: u64,
         sleep: bool,
         reply: Reply,
@@ -564,7 +644,8 @@ impl PassthroughFs {
         match attempt() {
             Ok(answer) => answer(reply),
             Err(e) if sleep && lock_held(e) => {
-                self.locks.wait(unique, nodeid, reply, attempt, lock_held)
+                self.locks
+                    .wait((unique, uid), nodeid, reply, attempt, lock_held)
             }
             Err(e) => reply.error(e),
         }

@@ -860,7 +860,7 @@ impl Filesystem for PassthroughFs {
                     }))
                 };
                 self.locks
-                    .wait_for_open(req.unique, ino, reply, Box::new(attempt));
+                    .wait_for_open((req.unique, req.uid), ino, reply, Box::new(attempt));
             }
             Err(e) => reply.error(e),
         }
