@@ -344,6 +344,81 @@ fn creates_act_with_the_callers_supplementary_group() {
     assert_eq!(got, expected, "the mount differs from native");
 }
 
+/// What callers get creating in a directory (root's, mode 0755) that a POSIX ACL opens to
+/// group ACL_GROUP (which `nobody` has only as a supplementary group) and to user 65533.
+fn creates_under_an_acl(view: &Path, host: &Path) -> String {
+    const ACL_GROUP: u32 = 4343;
+    let dir = host.join("acl");
+    sys::mkdir(&dir, 0o755).unwrap();
+    common::run_ok(
+        Command::new("setfacl")
+            .arg("-m")
+            .arg(format!("g:{ACL_GROUP}:rwx,u:65533:rwx"))
+            .arg(&dir),
+    );
+    let mut out = String::new();
+    let cases: [(&str, u32, &[u32], &str); 5] = [
+        ("group member file", NOBODY, &[ACL_GROUP], "acl/f"),
+        ("group member dir", NOBODY, &[ACL_GROUP], "acl/d"),
+        ("group member fifo", NOBODY, &[ACL_GROUP], "acl/p"),
+        ("outsider file", NOBODY, &[], "acl/no"),
+        ("named user file", 65533, &[], "acl/u"),
+    ];
+    for (what, uid, groups, rel) in cases {
+        let path = c(&view.join(rel));
+        let kind = what.rsplit(' ').next().unwrap_or_default();
+        let got = as_user(uid, uid, groups, move || match kind {
+            // SAFETY: path is NUL-terminated.
+            "dir" => unsafe {
+                if libc::mkdir(path.as_ptr(), 0o755) == 0 {
+                    0
+                } else {
+                    errno()
+                }
+            },
+            // SAFETY: path is NUL-terminated.
+            "fifo" => unsafe {
+                if libc::mknod(path.as_ptr(), libc::S_IFIFO | 0o644, 0) == 0 {
+                    0
+                } else {
+                    errno()
+                }
+            },
+            _ => try_open(&path, libc::O_CREAT | libc::O_WRONLY, 0o644),
+        });
+        out += &format!("{what}: {} {}\n", errno_name(got), mode_of(&host.join(rel)));
+    }
+    out
+}
+
+/// A create that a POSIX ACL on the parent permits through a group the caller has only as a
+/// supplementary group (or through a named-user entry) succeeds as natively. The old code
+/// acted with the caller's fsgid and the one group the kernel sends (the parent's), so the
+/// host refused what the kernel had allowed (EACCES).
+#[test]
+fn creates_allowed_by_a_parents_acl_succeed() {
+    let native = TempDir::new("acl-native");
+    sys::chmod(native.path(), 0o755).unwrap();
+    let expected = creates_under_an_acl(native.path(), native.path());
+    for line in [
+        "group member file: ok",
+        "group member dir: ok",
+        "outsider file: EACCES",
+        "named user file: ok",
+    ] {
+        assert!(
+            expected.contains(line),
+            "native lacks {line:?}:\n{expected}"
+        );
+    }
+    let source = TempDir::new("acl-src");
+    sys::chmod(source.path(), 0o755).unwrap();
+    let m = mount(source.path(), &[]);
+    let got = creates_under_an_acl(&m.mountpoint, source.path());
+    m.unmount();
+    assert_eq!(got, expected, "the mount differs from native");
+}
+
 /// A FIFO and a terminal bind-mounted into the source (each the root of another mount, so
 /// the daemon needs an fd of that mount to reopen inodes by handle) are never opened. Main
 /// opened them (as root, without O_NOCTTY): it held the FIFO open for reading, so a writer on

@@ -15,7 +15,8 @@
 //! Its groups are its fsgid and the one supplementary group the kernel vouches for
 //! (FUSE_CREATE_SUPP_GROUP: the parent directory's group, when the caller is in it), which is
 //! all that decides the new inode's group and set-group-id bit and the group class of the
-//! parent's permission bits. A root caller keeps the daemon's capabilities: the request does
+//! parent's permission bits; a create the host refuses is tried once more with all of the
+//! caller's groups (`caller_groups`), for a parent whose POSIX ACL grants through another. A root caller keeps the daemon's capabilities: the request does
 //! not say which a root caller has, and the kernel already checked those it needed.
 
 use super::sys::{self, CAP_FSETID_BIT, CAP_SETGID_BIT, CAP_SETUID_BIT, SysResult};
@@ -55,23 +56,18 @@ impl Credentials {
         }
     }
 
-    /// Runs the next calls as the caller `uid`/`gid`, in the supplementary group
-    /// `supp_group` alone, until the guard drops: a no-op when the daemon cannot switch or
-    /// the caller is the daemon's own user and group. Fails (EPERM) rather than go on with
-    /// credentials that did not take.
-    pub fn as_caller(
-        &self,
-        uid: u32,
-        gid: u32,
-        supp_group: Option<u32>,
-    ) -> SysResult<CallerGuard<'_>> {
+    /// Runs the next calls as the caller `uid`/`gid`, in the supplementary groups `groups`,
+    /// until the guard drops: a no-op when the daemon cannot switch or the caller is the
+    /// daemon's own user and group. Fails (EPERM) rather than go on with credentials that
+    /// did not take.
+    pub fn as_caller(&self, uid: u32, gid: u32, groups: &[u32]) -> SysResult<CallerGuard<'_>> {
         if !self.can_switch || (uid == self.uid && gid == self.gid) {
             return Ok(CallerGuard { creds: None });
         }
         // From here on the guard puts everything back, whatever step fails.
         let guard = CallerGuard { creds: Some(self) };
         // setgroups needs CAP_SETGID, so it goes before the capabilities are dropped.
-        sys::set_thread_groups(supp_group.as_slice())?;
+        sys::set_thread_groups(groups)?;
         sys::set_fsgid(gid);
         sys::set_fsuid(uid);
         if sys::fsgid_now() != gid || sys::fsuid_now() != uid {
@@ -121,6 +117,31 @@ pub fn caller_in_group(pid: u32, gid: u32, group: u32) -> bool {
         .lines()
         .find_map(|line| line.strip_prefix("Groups:"))
         .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(group)))
+}
+
+/// Most supplementary groups taken from /proc (the kernel's NGROUPS_MAX).
+const GROUPS_MAX: usize = 65536;
+
+/// The supplementary groups of the process `pid`, if it acts as `uid`/`gid` (its fsuid and
+/// fsgid, the last of the Uid: and Gid: fields of /proc/PID/status): a pid that has gone and
+/// been reused by another user's process lends us nothing. None when it cannot be read or
+/// does not match. A process of the same ids that took the pid in between could lend its
+/// groups, which that user's own processes may hold anyway.
+pub fn caller_groups(pid: u32, uid: u32, gid: u32) -> Option<Vec<u32>> {
+    if pid == 0 {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| status.lines().find_map(|line| line.strip_prefix(name));
+    let fs_id = |name: &str| field(name)?.split_whitespace().nth(3)?.parse::<u32>().ok();
+    if fs_id("Uid:")? != uid || fs_id("Gid:")? != gid {
+        return None;
+    }
+    field("Groups:")?
+        .split_whitespace()
+        .take(GROUPS_MAX)
+        .map(|g| g.parse().ok())
+        .collect()
 }
 
 /// Restores the daemon's fsuid, fsgid, groups and capabilities on drop.

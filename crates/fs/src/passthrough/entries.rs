@@ -9,20 +9,50 @@ use std::sync::Arc;
 use lanefs_fuse::Request;
 use lanefs_fuse::abi;
 
-use super::creds::CallerGuard;
+use super::creds;
 use super::inode::{Inode, InodeKey};
 use super::sys::{self, SysResult, component};
 use super::{Found, PassthroughFs, decode_dev};
 
 impl PassthroughFs {
-    /// Prepares this thread to create an inode for `req`: the caller's fsuid/fsgid until
-    /// the guard drops, and the caller's umask (`umask` from the request), which the host
-    /// then applies as natively: not where a default ACL rules instead. Without DONT_MASK
-    /// the kernel applied it already, and none is applied again.
-    fn as_creator(&self, req: &Request, umask: u32) -> SysResult<CallerGuard<'_>> {
+    /// Runs `create` (a call that makes an inode for `req`) as the caller: its fsuid/fsgid,
+    /// and its umask (`umask` from the request), which the host then applies as natively:
+    /// not where a default ACL rules instead (without DONT_MASK the kernel applied it
+    /// already, and none is applied again).
+    ///
+    /// Groups: first only the one supplementary group the kernel vouches for (the parent's,
+    /// when the caller is in it: CREATE_SUPP_GROUP), which decides everything about a
+    /// create in a directory without an ACL (the group class of its mode, the new inode's
+    /// group and set-group-ID bit). A POSIX ACL on the parent can grant through any of the
+    /// caller's groups, though: when the host refuses (EACCES) a caller other than root,
+    /// `create` runs once more with all of the caller's groups, read from
+    /// /proc/PID/status (only if that process still has the caller's fsuid and fsgid, so a
+    /// reused pid lends nobody its groups). So the common create costs nothing more, and a
+    /// refused one one /proc read. The kernel has checked the caller's rights on the parent
+    /// with its full groups before asking (default_permissions), so acting with more groups
+    /// grants nothing the kernel did not.
+    fn create_as_caller<T>(
+        &self,
+        req: &Request,
+        umask: u32,
+        mut create: impl FnMut() -> SysResult<T>,
+    ) -> SysResult<T> {
         let dont_mask = self.negotiated().is_some_and(|n| n.dont_mask);
         sys::set_thread_umask(if dont_mask { umask & 0o777 } else { 0 })?;
-        self.creds.as_caller(req.uid, req.gid, req.supp_group)
+        let first = {
+            let _caller = self
+                .creds
+                .as_caller(req.uid, req.gid, req.supp_group.as_slice())?;
+            create()
+        };
+        if !matches!(first, Err(libc::EACCES)) || req.uid == 0 || !self.creds.can_switch {
+            return first;
+        }
+        let Some(groups) = creds::caller_groups(req.pid, req.uid, req.gid) else {
+            return first;
+        };
+        let _caller = self.creds.as_caller(req.uid, req.gid, &groups)?;
+        create()
     }
 
     pub(super) fn do_lookup(&self, parent: u64, name: &OsStr) -> SysResult<abi::EntryOut> {
@@ -41,10 +71,7 @@ impl PassthroughFs {
         let parent = self.inode(parent)?;
         let name = component(name)?;
         let dir = self.path_fd(&parent)?;
-        {
-            let _caller = self.as_creator(req, arg.umask)?;
-            sys::mkdirat(&dir, &name, arg.mode)?;
-        }
+        self.create_as_caller(req, arg.umask, || sys::mkdirat(&dir, &name, arg.mode))?;
         self.lookup_child(&parent, &name)
     }
 
@@ -58,10 +85,9 @@ impl PassthroughFs {
         let parent = self.inode(parent)?;
         let name = component(name)?;
         let dir = self.path_fd(&parent)?;
-        {
-            let _caller = self.as_creator(req, arg.umask)?;
-            sys::mknodat(&dir, &name, arg.mode, decode_dev(arg.rdev))?;
-        }
+        self.create_as_caller(req, arg.umask, || {
+            sys::mknodat(&dir, &name, arg.mode, decode_dev(arg.rdev))
+        })?;
         self.lookup_child(&parent, &name)
     }
 
@@ -77,11 +103,8 @@ impl PassthroughFs {
         // The target is stored as given, never resolved by us.
         let target = std::ffi::CString::new(target.as_bytes()).map_err(|_| libc::EINVAL)?;
         let dir = self.path_fd(&parent)?;
-        {
-            // Symlinks have no mode to mask.
-            let _caller = self.as_creator(req, 0)?;
-            sys::symlinkat(&target, &dir, &name)?;
-        }
+        // Symlinks have no mode to mask.
+        self.create_as_caller(req, 0, || sys::symlinkat(&target, &dir, &name))?;
         self.lookup_child(&parent, &name)
     }
 
@@ -157,10 +180,8 @@ impl PassthroughFs {
         // skips O_TRUNC. A name the host has meanwhile (made on the host, or a cached
         // negative entry) must not be opened here with the daemon's rights.
         let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_CREAT | libc::O_EXCL;
-        let created = {
-            let _caller = self.as_creator(req, arg.umask)?;
-            sys::openat(&dir, &name, flags, arg.mode)
-        };
+        let created =
+            self.create_as_caller(req, arg.umask, || sys::openat(&dir, &name, flags, arg.mode));
         let fd = match created {
             Ok(fd) => fd,
             // The name exists and the caller did not ask for O_EXCL. ESTALE makes the kernel
@@ -191,11 +212,10 @@ impl PassthroughFs {
         let parent = self.inode(parent)?;
         let dir = self.path_fd(&parent)?;
         let flags = super::files::host_open_flags(arg.flags as i32) | libc::O_TMPFILE;
-        let fd = {
-            let _caller = self.as_creator(req, arg.umask)?;
-            // O_NOFOLLOW is harmless on ".", which names `dir` itself.
-            sys::openat(&dir, c".", flags & !libc::O_CREAT, arg.mode)?
-        };
+        // O_NOFOLLOW is harmless on ".", which names `dir` itself.
+        let fd = self.create_as_caller(req, arg.umask, || {
+            sys::openat(&dir, c".", flags & !libc::O_CREAT, arg.mode)
+        })?;
         // Unnamed: it goes with its fd if anything below fails.
         let st = sys::fstat(&fd)?;
         self.created(req, &parent, fd, &st, arg.flags as i32, true)
