@@ -215,7 +215,7 @@ impl PassthroughFs {
             libc::ENOTDIR => not_a_directory(),
             _ => fail("cannot open source directory", e),
         })?;
-        let (root_fd, tree) = private_tree(&path, root_fd, opts.atime);
+        let (root_fd, tree) = private_tree(root_fd, opts.atime);
         let st = sys::fstat(&root_fd).map_err(|e| fail("cannot stat", e))?;
         let root_mount = sys::reopen(&root_fd, libc::O_RDONLY | libc::O_DIRECTORY)
             .map_err(|e| fail("cannot open source directory", e))?;
@@ -602,18 +602,9 @@ impl Found<'_> {
 /// The fd SOURCE is reached through: the root of a private copy of its mount tree with the
 /// FUSE mount's atime flags (see [`Atime`]), or, where that cannot be made (a regular user),
 /// `opened` itself. The copy is returned a second time as the tree to change on remount.
-fn private_tree(
-    path: &CStr,
-    opened: OwnedFd,
-    atime: Atime,
-) -> (Arc<OwnedFd>, Option<Arc<OwnedFd>>) {
-    let copy = sys::clone_tree(path).and_then(|tree| {
+fn private_tree(opened: OwnedFd, atime: Atime) -> (Arc<OwnedFd>, Option<Arc<OwnedFd>>) {
+    let copy = sys::clone_tree(&opened).and_then(|tree| {
         sys::set_tree_atime(&tree, atime.mount_attr())?;
-        // The same directory (SOURCE did not move in between)?
-        let (a, b) = (sys::fstat(&tree)?, sys::fstat(&opened)?);
-        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
-            return Err(libc::ESTALE);
-        }
         Ok(Arc::new(tree))
     });
     match copy {

@@ -146,14 +146,19 @@ pub fn open_source(path: &CStr) -> SysResult<OwnedFd> {
     })
 }
 
-/// A private copy of the mount tree at `path` (the exported directory and every mount
-/// below it), attached nowhere: open_tree(OPEN_TREE_CLONE | AT_RECURSIVE), as overlayfs
-/// does for its layers. Its mount flags are ours to set (`set_tree_atime`) without touching
-/// the host's mounts. Needs CAP_SYS_ADMIN. Returns an O_PATH fd of its root.
-pub fn clone_tree(path: &CStr) -> SysResult<OwnedFd> {
-    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32;
-    // SAFETY: path is NUL-terminated; open_tree returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
+/// A private copy of the mount tree at the directory `root` (an fd of it: the exported
+/// directory and every mount below it), attached nowhere: open_tree(OPEN_TREE_CLONE |
+/// AT_RECURSIVE | AT_EMPTY_PATH), as overlayfs does for its layers. Cloned from the fd, not
+/// by path, so a path swapped meanwhile cannot make it copy another tree. Its mount flags
+/// are ours to set (`set_tree_atime`) without touching the host's mounts. Needs
+/// CAP_SYS_ADMIN. Returns an O_PATH fd of its root.
+pub fn clone_tree(root: &OwnedFd) -> SysResult<OwnedFd> {
+    let flags = libc::OPEN_TREE_CLONE
+        | libc::OPEN_TREE_CLOEXEC
+        | libc::AT_RECURSIVE as u32
+        | libc::AT_EMPTY_PATH as u32;
+    // SAFETY: the path is the empty string; open_tree returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, root.as_raw_fd(), EMPTY.as_ptr(), flags) };
     owned(fd as libc::c_int)
 }
 
