@@ -24,17 +24,10 @@ use lanefs_fuse::abi::{self, ioctl_flags};
 use lanefs_fuse::{Reply, Request};
 
 use super::PassthroughFs;
-use super::sys::{self, SysResult};
-
-/// _IOR('f', 1, long) and _IOW('f', 2, long); the kernel passes an int either way.
-const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
-const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
-/// _IOR('X', 31, struct fsxattr) and _IOW('X', 32, struct fsxattr).
-const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
-const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
-
-/// struct fsxattr: fsx_xflags, fsx_extsize, fsx_nextents, fsx_projid, fsx_cowextsize, pad.
-const FSXATTR_BYTES: usize = 28;
+use super::sys::{
+    self, FS_IOC_FSGETXATTR, FS_IOC_FSSETXATTR, FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FSXATTR_BYTES,
+    SysResult,
+};
 
 /// FS_IMMUTABLE_FL | FS_APPEND_FL, and their FS_XFLAG_* twins.
 const GUARD_FLAGS: u32 = 0x10 | 0x20;

@@ -586,11 +586,20 @@ pub fn removexattr(target: &XattrTarget<'_>, name: &CStr) -> SysResult<()> {
     .map(drop)
 }
 
+/// _IOR('f', 1, long) and _IOW('f', 2, long); the kernel passes an int either way.
+pub const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+pub const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// _IOR('X', 31, struct fsxattr) and _IOW('X', 32, struct fsxattr).
+pub const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+pub const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// struct fsxattr: fsx_xflags, fsx_extsize, fsx_nextents, fsx_projid, fsx_cowextsize, pad.
+pub const FSXATTR_BYTES: usize = 28;
+
 /// FS_IOC_GETFLAGS (the kernel's and chattr's int, whatever the ioctl's encoded size).
 pub fn get_flags(fd: &OwnedFd) -> SysResult<u32> {
     let mut flags: libc::c_int = 0;
     // SAFETY: the ioctl writes one int to the pointer, which is valid.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), 0x8008_6601, &mut flags) })?;
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_GETFLAGS as _, &mut flags) })?;
     Ok(flags as u32)
 }
 
@@ -598,21 +607,21 @@ pub fn get_flags(fd: &OwnedFd) -> SysResult<u32> {
 pub fn set_flags(fd: &OwnedFd, flags: u32) -> SysResult<()> {
     let flags = flags as libc::c_int;
     // SAFETY: the ioctl reads one int from the pointer, which is valid.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), 0x4008_6602, &flags) }).map(drop)
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_SETFLAGS as _, &flags) }).map(drop)
 }
 
-/// FS_IOC_FSGETXATTR: the 28 bytes of struct fsxattr.
-pub fn get_fsxattr(fd: &OwnedFd) -> SysResult<[u8; 28]> {
-    let mut raw = [0u8; 28];
-    // SAFETY: the ioctl writes a 28-byte struct fsxattr to the buffer, which has room.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), 0x801c_581f, raw.as_mut_ptr()) })?;
+/// FS_IOC_FSGETXATTR: the bytes of struct fsxattr.
+pub fn get_fsxattr(fd: &OwnedFd) -> SysResult<[u8; FSXATTR_BYTES]> {
+    let mut raw = [0u8; FSXATTR_BYTES];
+    // SAFETY: the ioctl writes a struct fsxattr to the buffer, which has room.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSGETXATTR as _, raw.as_mut_ptr()) })?;
     Ok(raw)
 }
 
 /// FS_IOC_FSSETXATTR.
-pub fn set_fsxattr(fd: &OwnedFd, raw: &[u8; 28]) -> SysResult<()> {
-    // SAFETY: the ioctl reads a 28-byte struct fsxattr from the buffer.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), 0x401c_5820, raw.as_ptr()) }).map(drop)
+pub fn set_fsxattr(fd: &OwnedFd, raw: &[u8; FSXATTR_BYTES]) -> SysResult<()> {
+    // SAFETY: the ioctl reads a struct fsxattr from the buffer.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSSETXATTR as _, raw.as_ptr()) }).map(drop)
 }
 
 /// FUSE_DEV_IOC_BACKING_OPEN: registers `fd` as a backing file; returns its backing id.
