@@ -186,11 +186,11 @@ impl Clock {
             let at = self.hand;
             self.hand = (self.hand + 1) % len;
             swept += 1;
-            let evict = match &self.slots[at] {
-                Some(slot) => !slot.referenced.swap(false, Ordering::Relaxed),
-                None => true,
-            };
-            if evict {
+            // Every slot holds an entry here (a freed one would be in `free`, which is empty).
+            let referenced = self.slots[at]
+                .as_ref()
+                .is_some_and(|slot| slot.referenced.swap(false, Ordering::Relaxed));
+            if !referenced {
                 if let Some(old) = self.slots[at].take() {
                     self.index.remove(&old.nodeid);
                 }
