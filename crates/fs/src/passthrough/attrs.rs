@@ -271,11 +271,18 @@ impl PassthroughFs {
     ) -> SysResult<()> {
         let inode = self.inode(ino)?;
         let name = xattr_name(name)?;
-        // An access ACL sets the mode's group bits, and ACL_KILL_SGID clears set-group-ID:
-        // forgotten before and after, as for a chmod (see `do_setattr`).
-        inode.forget_mode();
+        // An access ACL sets the mode's group bits (its mask) and ACL_KILL_SGID clears
+        // set-group-ID: the set-ID record is forgotten before and after, as for a chmod (see
+        // `do_setattr`). No other attribute changes the mode (security.capability changes
+        // what exec grants, not the set-ID bits), so other names keep the record.
+        let changes_mode = name.as_bytes() == ACL_ACCESS_XATTR;
+        if changes_mode {
+            inode.forget_mode();
+        }
         let result = self.set_xattr_on_host(&inode, &name, value, flags, setxattr_flags);
-        inode.forget_mode();
+        if changes_mode {
+            inode.forget_mode();
+        }
         result
     }
 
@@ -315,6 +322,8 @@ impl PassthroughFs {
 
 /// The xattr holding file capabilities.
 const CAPS_XATTR: &[u8] = b"security.capability";
+/// The xattr holding a POSIX access ACL (whose mask is the mode's group bits).
+const ACL_ACCESS_XATTR: &[u8] = b"system.posix_acl_access";
 
 impl PassthroughFs {
     /// Remembers that the host held no security.capability for `inode` when `changes`
