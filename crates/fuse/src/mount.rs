@@ -93,8 +93,14 @@ pub fn parse_mountinfo_line(line: &str) -> Option<MountInfo> {
 pub fn mounts_on(id: u32) -> io::Result<Vec<MountInfo>> {
     Ok(mounts()?
         .into_iter()
-        .filter(|m| m.parent == id && m.id != id)
+        .filter(|m| sits_on(m, &[id]))
         .collect())
+}
+
+/// Whether `mount` sits on one of the mounts `ours` (its parent is one of them) without
+/// being one of them itself.
+pub fn sits_on(mount: &MountInfo, ours: &[u32]) -> bool {
+    ours.contains(&mount.parent) && !ours.contains(&mount.id)
 }
 
 /// Watches the flags of the mount with device `major:minor` (the first one, if it is bound

@@ -749,7 +749,7 @@ fn covering(mounts: &[mount::MountInfo], device: ConnectionDevice) -> Result<Opt
     }
     Ok(mounts
         .iter()
-        .find(|m| ours.contains(&m.parent) && !ours.contains(&m.id))
+        .find(|m| mount::sits_on(m, &ours))
         .map(|m| m.mountpoint.clone()))
 }
 
