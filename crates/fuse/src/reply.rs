@@ -171,16 +171,13 @@ impl Reply {
                         error: 0,
                         unique: self.unique,
                     };
-                    answered_now(self.unique);
-                    self.queue
-                        .stats
-                        .record(self.opcode, self.started.elapsed(), false);
+                    answering(&self.queue, self.unique, self.opcode, self.started, 0);
                     if let Err(e) = self
                         .queue
                         .sink
                         .send_in_place(self.token, header.as_bytes(), n)
                     {
-                        tracing::warn!(unique = self.unique, "sending reply failed: {e}");
+                        send_failed(self.opcode, self.unique, &e);
                     }
                 }
                 Err(errno) => self.error(errno),
@@ -311,13 +308,30 @@ fn send_raw(
         *slot = IoSlice::new(part);
     }
     let count = 1 + payload.len().min(3);
+    answering(queue, unique, op, started, error);
+    if let Err(e) = queue.sink.send(token, &iov[..count]) {
+        send_failed(op, unique, &e);
+    }
+}
+
+/// What every answer records before it is sent: that this thread's dispatch of `unique`
+/// answered it, and the op's count and latency (an error if `error` is not 0).
+fn answering(queue: &QueueHandle, unique: u64, op: u32, started: Instant, error: i32) {
     answered_now(unique);
     queue.stats.record(op, started.elapsed(), error != 0);
-    if let Err(e) = queue.sink.send(token, &iov[..count]) {
-        // ENOENT: the kernel gave up on the request (interrupted, or the caller was killed).
-        if e.raw_os_error() != Some(libc::ENOENT) {
-            tracing::warn!(op = opcode::name(op), unique, "sending reply failed: {e}");
-        }
+}
+
+/// An answer the kernel did not take. ENOENT is no error of ours: the kernel gave up on the
+/// request (interrupted, or the caller was killed) and no longer expects it.
+fn send_failed(op: u32, unique: u64, e: &std::io::Error) {
+    if e.raw_os_error() == Some(libc::ENOENT) {
+        tracing::debug!(
+            op = opcode::name(op),
+            unique,
+            "answer to a request the kernel gave up on"
+        );
+    } else {
+        tracing::warn!(op = opcode::name(op), unique, "sending reply failed: {e}");
     }
 }
 
