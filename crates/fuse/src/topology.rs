@@ -125,31 +125,24 @@ impl Topology {
 
 /// Pins the calling thread to one CPU.
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+    if cpu >= CPU_SET_CAPACITY {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "CPU number out of range",
         ));
     }
-    // SAFETY: cpu is within the set's capacity (checked above).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: pid 0 is the calling thread; set is a valid cpu_set_t of the given size.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    pin_current_thread_to(&[cpu])
 }
+
+/// CPU numbers a cpu_set_t can hold.
+const CPU_SET_CAPACITY: usize = 8 * std::mem::size_of::<libc::cpu_set_t>();
 
 /// Keeps the calling thread on a set of CPUs (a NUMA node's).
 pub fn pin_current_thread_to(cpus: &[usize]) -> io::Result<()> {
     // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &cpu in cpus {
-        if cpu < 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        if cpu < CPU_SET_CAPACITY {
             // SAFETY: cpu is within the set's capacity (checked above).
             unsafe { libc::CPU_SET(cpu, &mut set) };
         }
