@@ -792,8 +792,35 @@ struct Entries {
     parked: usize,
     /// Entries that are not Ended.
     live: usize,
+    /// Entries with a command in the kernel (Registering or InKernel), kept by `set` and
+    /// `push` so that the end of a batch need not scan every entry.
+    in_kernel: usize,
     /// The cap was met and logged (logged again only after it was left).
     at_cap: bool,
+}
+
+impl EntryState {
+    fn in_kernel(self) -> bool {
+        matches!(self, EntryState::InKernel | EntryState::Registering)
+    }
+}
+
+impl Entries {
+    /// Adds an entry whose REGISTER is about to go to the kernel.
+    fn push(&mut self) {
+        self.states.push(EntryState::Registering);
+        self.commit_ids.push(0);
+        self.touched.push(0);
+        self.live += 1;
+        self.in_kernel += 1;
+    }
+
+    /// Moves entry `i` to `state`, keeping the count of entries in the kernel.
+    fn set(&mut self, i: usize, state: EntryState) {
+        let was = std::mem::replace(&mut self.states[i], state);
+        self.in_kernel =
+            self.in_kernel + usize::from(state.in_kernel()) - usize::from(was.in_kernel());
+    }
 }
 
 /// Serves one ring until the connection ends. Runs on the ring's worker, already pinned.
@@ -844,6 +871,7 @@ pub fn serve_ring<F: Filesystem>(
         touched: Vec::with_capacity(depth),
         parked: 0,
         live: 0,
+        in_kernel: 0,
         at_cap: false,
     };
     let dev = dev_fd.as_raw_fd();
@@ -890,10 +918,7 @@ pub fn serve_ring<F: Filesystem>(
         if shared.entries[i].set(entry).is_err() {
             return Err(io::Error::other("a ring was served twice"));
         }
-        book.states.push(EntryState::Registering);
-        book.commit_ids.push(0);
-        book.touched.push(0);
-        book.live += 1;
+        book.push();
         register(ring, i)?;
         Ok(true)
     };
@@ -963,7 +988,7 @@ pub fn serve_ring<F: Filesystem>(
                             }
                             while book.live < depth && add_entry(&mut ring, &mut book)? {}
                         }
-                        book.states[i] = EntryState::Answering;
+                        book.set(i, EntryState::Answering);
                         let (commit_id, dispatched, request_payload) = serve_entry(
                             fs,
                             wire,
@@ -976,7 +1001,7 @@ pub fn serve_ring<F: Filesystem>(
                         book.touched[i] = book.touched[i].max(request_payload);
                         if dispatched == Dispatched::Parked {
                             parked_now = true;
-                            book.states[i] = EntryState::Parked;
+                            book.set(i, EntryState::Parked);
                             book.parked += 1;
                             if book.live - book.parked < depth && add_entry(&mut ring, &mut book)? {
                                 // Into the kernel now, not after the batch: the queue may be
@@ -991,7 +1016,7 @@ pub fn serve_ring<F: Filesystem>(
                         register(&mut ring, i)?;
                     }
                     libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED => {
-                        book.states[i] = EntryState::Ended;
+                        book.set(i, EntryState::Ended);
                         book.live -= 1;
                         connection_ended = true;
                     }
@@ -1004,7 +1029,7 @@ pub fn serve_ring<F: Filesystem>(
                             "the kernel refused to register a ring entry: {}",
                             io::Error::from_raw_os_error(errno)
                         );
-                        book.states[i] = EntryState::Ended;
+                        book.set(i, EntryState::Ended);
                         book.live -= 1;
                     }
                     errno => {
@@ -1016,7 +1041,7 @@ pub fn serve_ring<F: Filesystem>(
                             "ring command failed: {}; registering the entry again",
                             io::Error::from_raw_os_error(errno)
                         );
-                        book.states[i] = EntryState::Registering;
+                        book.set(i, EntryState::Registering);
                         register(&mut ring, i)?;
                     }
                 }
@@ -1045,15 +1070,10 @@ pub fn serve_ring<F: Filesystem>(
                 } else {
                     book.touched[i] = touched;
                 }
-                book.states[i] = EntryState::InKernel;
+                book.set(i, EntryState::InKernel);
                 commit(&mut ring, i, book.commit_ids[i])?;
             }
-            let in_kernel = book
-                .states
-                .iter()
-                .filter(|s| matches!(s, EntryState::InKernel | EntryState::Registering))
-                .count();
-            if connection_ended && in_kernel == 0 {
+            if connection_ended && book.in_kernel == 0 {
                 // Entries still with the file system get answered into a dead ring: harmless.
                 return Ok(());
             }
