@@ -458,7 +458,16 @@ fn a_regular_users_mount_keeps_its_flags() {
     );
     assert!(!is_mounted(&mnt));
 
-    let out = as_nobody(&["mount", "--daemon", "--noexec", "--noatime"]);
+    // --suid and --dev are root's to take: a regular user's mount is nosuid,nodev whatever
+    // it asks (fusermount3 forces them, and we pass them ourselves too).
+    let out = as_nobody(&[
+        "mount",
+        "--daemon",
+        "--noexec",
+        "--noatime",
+        "--suid",
+        "--dev",
+    ]);
     let _guard = Unmount(mnt.clone());
     assert_ok("mount as nobody", &out);
     let (flags, _) = mount_options(&mnt);
