@@ -537,6 +537,88 @@ fn fsync_and_small_listings_stay_on_the_worker_unless_it_serves_a_cpu() {
     m.unmount();
 }
 
+/// The ring's kicker stats our mount's root only: with another FUSE mount bound on our mount
+/// point, a parked lock waiter (which asks for a kick after 10 ms of silence) must not make
+/// the kicker send that other mount a GETATTR. The old kicker statted the mount point by
+/// path, reaching whatever was mounted on top (which could be another user's file system,
+/// and could block it). Over /dev/fuse there is no kicker: the check holds trivially.
+#[test]
+fn the_kicker_never_touches_a_mount_stacked_on_ours() {
+    let _serial = serial();
+    let (_src, m, holder, c_target) = locked_file_on_mount("4");
+    let other = Mount::null(&[]);
+    let mut gate = [0; 2];
+    // SAFETY: pipe fills two fds into the array.
+    assert_eq!(unsafe { libc::pipe(gate.as_mut_ptr()) }, 0);
+    // SAFETY: the child only makes raw syscalls (no allocation, no locks) before _exit.
+    let waiter = unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            libc::close(gate[1]);
+            // Opened before the other mount is stacked: the lock goes to ours.
+            let fd = libc::open(c_target.as_ptr(), libc::O_RDWR);
+            if fd < 0 {
+                libc::_exit(2);
+            }
+            let mut byte = 0u8;
+            libc::read(gate[0], (&raw mut byte).cast(), 1);
+            let mut fl: libc::flock = std::mem::zeroed();
+            fl.l_type = libc::F_WRLCK as i16;
+            fl.l_whence = libc::SEEK_SET as i16;
+            let rc = libc::fcntl(fd, libc::F_SETLKW, &fl);
+            libc::_exit(if rc == 0 { 0 } else { 3 });
+        }
+        libc::close(gate[0]);
+        pid
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let bind = |from: &Path, to: &Path| {
+        let (from, to) = (
+            CString::new(from.as_os_str().as_bytes()).unwrap(),
+            CString::new(to.as_os_str().as_bytes()).unwrap(),
+        );
+        // SAFETY: valid NUL-terminated strings; no data.
+        unsafe {
+            libc::mount(
+                from.as_ptr(),
+                to.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        }
+    };
+    assert_eq!(
+        bind(&other.mountpoint, &m.mountpoint),
+        0,
+        "binding the other mount on ours: {}",
+        std::io::Error::last_os_error()
+    );
+    let before = other.op_count("getattr");
+    // SAFETY: closing our end of the gate: the child's read returns and it locks.
+    unsafe { libc::close(gate[1]) };
+    // The request parks in our daemon (ours cannot be asked through the mount point now),
+    // and then several kicks' worth of silence pass.
+    std::thread::sleep(Duration::from_millis(400));
+    let parked = wait_child(waiter, Duration::ZERO).is_none();
+    let after = other.op_count("getattr");
+    set_lock(&holder, libc::F_UNLCK).unwrap();
+    let status = wait_child(waiter, Duration::from_secs(10));
+    unmount_lazily(&m.mountpoint);
+    assert!(parked, "the waiter did not wait for the lock");
+    assert_eq!(status, Some(0), "the waiter got its lock");
+    assert_eq!(
+        after,
+        before,
+        "the kicker sent the mount stacked on ours {} GETATTRs",
+        after - before
+    );
+    drop(holder);
+    other.unmount();
+    m.unmount();
+}
+
 /// Blocking lock requests that reach one CPU's ring all at once, more than it has entries
 /// (depth 1): the kernel queues the ones that find no free entry, and hands a queued request
 /// over only at a commit, never at the REGISTER of a spare. Every one of them parks, so
