@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 use lanefs_fuse::abi::{self, fopen};
 use lanefs_fuse::{Reply, Request};
 
-use super::PassthroughFs;
 use super::counters::Counters;
 use super::creds;
 use super::handle::OpenFile;
 use super::inode::{Backing, Inode};
 use super::sys::{self, SysResult};
+use super::{AtimeRule, PassthroughFs};
 
 /// The flags of our host open for a client's open: the kernel's own (O_CREAT, O_EXCL) and
 /// O_DIRECT dropped (our buffers are not aligned for it, and the kernel's cache is already
@@ -208,7 +208,12 @@ impl PassthroughFs {
                 if o_direct {
                     out.open_flags = direct_io;
                 } else {
-                    out.open_flags = fopen::KEEP_CACHE;
+                    // The kernel serves cached pages without asking us, so a read that must
+                    // move atime (the host's read does, by the mount's rule) needs the
+                    // cache dropped at this open.
+                    if !self.next_read_moves_atime(&fd) {
+                        out.open_flags = fopen::KEEP_CACHE;
+                    }
                     state.cached += 1;
                     cached = true;
                 }
@@ -223,6 +228,29 @@ impl PassthroughFs {
             cached,
         });
         Ok(out)
+    }
+
+    /// Whether the next read of the host file `fd` moves its atime by the FUSE mount's rule
+    /// (the kernel's: `atime_needs_update`).
+    fn next_read_moves_atime(&self, fd: &OwnedFd) -> bool {
+        let atime = super::Atime::from_bits(self.atime.load(Ordering::Relaxed));
+        match atime.rule {
+            AtimeRule::Never => false,
+            AtimeRule::Always => true,
+            AtimeRule::Relative => sys::fstat(fd).is_ok_and(|st| {
+                let ns = |s: i64, n: i64| s * 1_000_000_000 + n;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as i64);
+                atime.moves(
+                    false,
+                    ns(st.st_atime, st.st_atime_nsec),
+                    ns(st.st_mtime, st.st_mtime_nsec),
+                    ns(st.st_ctime, st.st_ctime_nsec),
+                    now,
+                )
+            }),
+        }
     }
 
     /// Tells the kernel to refetch the attributes of `nodeid`.
