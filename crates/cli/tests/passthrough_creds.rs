@@ -520,6 +520,14 @@ fn set_id_bits_on_truncate_write_and_chown_follow_the_kernel() {
         m.unmount();
         assert_eq!(got, expected, "{extra:?}: the mount differs from native");
     }
+    // The volume (issue 17 item 4): the same, root preparing the files through the mount.
+    let volume = common::volume::Volume::format("setid");
+    let m = volume.mount(&[]);
+    sys::chmod(&m.mountpoint, 0o777).unwrap();
+    let got = set_id_changes(&m.mountpoint, &m.mountpoint);
+    m.unmount();
+    assert_eq!(got, expected, "the volume differs from native");
+    volume.assert_clean();
 }
 
 /// A lock in a forked child: `cmd` (F_SETLK or F_SETLKW) of `kind` on [start, start+len) of
