@@ -255,7 +255,7 @@ impl VolumeFs {
             Err(e) => return reply.error(e),
         };
         let privileged = req.uid == 0;
-        if (req.uid != owner && !privileged) || ((old ^ new) & GUARD_FLAGS != 0 && !privileged) {
+        if !privileged && (req.uid != owner || (old ^ new) & GUARD_FLAGS != 0) {
             return reply.error(libc::EPERM);
         }
         match wait(|done| self.store.set_fileattr_flags(ino, new, now_ns(), done)) {
