@@ -178,6 +178,8 @@ pub struct VolumeFs {
     flush_errors: AtomicU64,
     /// The mount's atime flags (see `atime`).
     atime: AtimeSwitch,
+    /// Opens whose first read has yet to apply the relatime rule (see `atime`).
+    atime_due: atime::AtimeDue,
     /// chattr's flags of the inodes that have any (see `fileattr`).
     fileattrs: fileattr::FileAttrs,
     /// Open inodes known to have no set-ID bits and no capability (see `setid`).
@@ -237,6 +239,7 @@ impl VolumeFs {
         let fileattrs = fileattr::FileAttrs::load(&*store);
         VolumeFs {
             atime: AtimeSwitch::new(options.atime),
+            atime_due: atime::AtimeDue::new(),
             fileattrs,
             no_privileges: setid::NoPrivileges::new(),
             store,
@@ -1008,7 +1011,8 @@ impl Filesystem for VolumeFs {
         }
     }
 
-    fn release(&self, _req: &Request, ino: u64, _arg: &abi::ReleaseIn, reply: Reply) {
+    fn release(&self, _req: &Request, ino: u64, arg: &abi::ReleaseIn, reply: Reply) {
+        self.atime_due.release(arg.fh);
         if let Some(last) = self.open.release(ino) {
             self.last_release(last);
         }
