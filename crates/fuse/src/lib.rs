@@ -10,6 +10,7 @@ pub mod dispatch;
 pub mod fileattr;
 pub mod filesystem;
 pub mod mount;
+pub mod notify;
 pub mod offload;
 pub mod reply;
 pub mod request;

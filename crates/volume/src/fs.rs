@@ -184,6 +184,8 @@ pub struct VolumeFs {
     fileattrs: fileattr::FileAttrs,
     /// Open inodes known to have no set-ID bits and no capability (see `setid`).
     no_privileges: setid::NoPrivileges,
+    /// The session's /dev/fuse fd, for notifications; set once the session is connected.
+    session_fd: std::sync::OnceLock<i32>,
 }
 
 fn errno_name(e: Errno) -> std::io::Error {
@@ -242,6 +244,7 @@ impl VolumeFs {
             atime_due: atime::AtimeDue::new(),
             fileattrs,
             no_privileges: setid::NoPrivileges::new(),
+            session_fd: std::sync::OnceLock::new(),
             store,
             data,
             open: Arc::new(OpenTable {
@@ -599,6 +602,10 @@ impl Filesystem for VolumeFs {
                 | init_flags::HANDLE_KILLPRIV_V2,
             max_stack_depth: 0,
         }
+    }
+
+    fn connected(&self, conn: &lanefs_fuse::Connection) {
+        let _ = self.session_fd.set(conn.session_fd);
     }
 
     fn destroy(&self) {
@@ -1265,11 +1272,17 @@ impl Filesystem for VolumeFs {
         )
     }
 
-    fn fallocate(&self, _req: &Request, ino: u64, arg: &abi::FallocateIn, reply: Reply) {
+    fn fallocate(&self, req: &Request, ino: u64, arg: &abi::FallocateIn, reply: Reply) {
         let Some(state) = self.open.get(ino) else {
             return reply.error(libc::EBADF);
         };
         if let Err(e) = self.fileattrs.may_fallocate(ino, arg.mode) {
+            return reply.error(e);
+        }
+        // The kernel's file_modified leaves this to us under HANDLE_KILLPRIV_V2 and does not
+        // say whether the caller has CAP_FSETID: uid 0 stands for it.
+        let unprivileged = req.uid != 0;
+        if let Err(e) = self.drop_privileges(req, ino, setid::Change::Data { unprivileged }) {
             return reply.error(e);
         }
         let mode = arg.mode as i32;

@@ -413,10 +413,15 @@ impl PassthroughFs {
         sys::fsync(&file.fd, arg.fsync_flags & abi::FSYNC_FDATASYNC != 0)
     }
 
-    pub(super) fn do_fallocate(&self, arg: &abi::FallocateIn) -> SysResult<()> {
+    /// The kernel's file_modified leaves set-ID bits to us under HANDLE_KILLPRIV_V2 (no flag
+    /// says whether the caller has CAP_FSETID: uid 0 stands for it), as for copy_file_range.
+    pub(super) fn do_fallocate(&self, req: &Request, arg: &abi::FallocateIn) -> SysResult<()> {
         let file = self.file(arg.fh)?;
         let _gate = file.inode.gate.exclusive();
-        sys::fallocate(&file.fd, arg.mode as i32, arg.offset, arg.length)?;
+        let kill = self.killpriv_v2() && req.uid != 0;
+        self.killing_privileges(req, &file.inode, (&file.fd, false), kill, || {
+            sys::fallocate(&file.fd, arg.mode as i32, arg.offset, arg.length)
+        })?;
         if arg.mode as i32 & libc::FALLOC_FL_KEEP_SIZE == 0 {
             file.inode
                 .gate
@@ -431,19 +436,26 @@ impl PassthroughFs {
         sys::lseek(&file.fd, arg.offset, arg.whence as i32)
     }
 
-    pub(super) fn do_copy_file_range(&self, arg: &abi::CopyFileRangeIn) -> SysResult<u64> {
+    pub(super) fn do_copy_file_range(
+        &self,
+        req: &Request,
+        arg: &abi::CopyFileRangeIn,
+    ) -> SysResult<u64> {
         let from = self.file(arg.fh_in)?;
         let to = self.file(arg.fh_out)?;
         let end = arg.off_out.saturating_add(arg.len);
         let _gate = to.inode.gate.enter_write(end, self.opts.parallel_writes);
-        let copied = sys::copy_file_range(
-            &from.fd,
-            arg.off_in,
-            &to.fd,
-            arg.off_out,
-            arg.len,
-            arg.flags as u32,
-        )?;
+        let kill = self.killpriv_v2() && req.uid != 0;
+        let copied = self.killing_privileges(req, &to.inode, (&to.fd, false), kill, || {
+            sys::copy_file_range(
+                &from.fd,
+                arg.off_in,
+                &to.fd,
+                arg.off_out,
+                arg.len,
+                arg.flags as u32,
+            )
+        })?;
         to.inode.gate.written(arg.off_out + copied as u64);
         Ok(copied as u64)
     }

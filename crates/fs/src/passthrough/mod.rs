@@ -941,10 +941,10 @@ impl Filesystem for PassthroughFs {
         self.do_setlk(req, ino, arg, sleep, reply)
     }
 
-    fn fallocate(&self, _req: &Request, _ino: u64, arg: &abi::FallocateIn, reply: Reply) {
-        let arg = *arg;
+    fn fallocate(&self, req: &Request, _ino: u64, arg: &abi::FallocateIn, reply: Reply) {
+        let (req, arg) = (*req, *arg);
         self.answer_off_queue(reply, move |fs, reply| {
-            answer(reply, fs.do_fallocate(&arg), |r, ()| r.ok())
+            answer(reply, fs.do_fallocate(&req, &arg), |r, ()| r.ok())
         })
     }
 
@@ -952,11 +952,11 @@ impl Filesystem for PassthroughFs {
         answer(reply, self.do_lseek(arg), |r, off| r.lseek(off))
     }
 
-    fn copy_file_range(&self, _req: &Request, _ino: u64, arg: &abi::CopyFileRangeIn, reply: Reply) {
+    fn copy_file_range(&self, req: &Request, _ino: u64, arg: &abi::CopyFileRangeIn, reply: Reply) {
         // Of unbounded length.
-        let arg = *arg;
+        let (req, arg) = (*req, *arg);
         self.answer_off_queue(reply, move |fs, reply| {
-            answer(reply, fs.do_copy_file_range(&arg), |r, n| r.copied(n))
+            answer(reply, fs.do_copy_file_range(&req, &arg), |r, n| r.copied(n))
         })
     }
 

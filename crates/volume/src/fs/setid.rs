@@ -118,6 +118,13 @@ impl VolumeFs {
                 ..AttrChange::default()
             };
             wait(|done| self.store.setattr(ino, change, done))?;
+            // A fallocate's answer carries no attributes, and the kernel keeps the mode it
+            // had: tell it to look again.
+            if let Some(&fd) = self.session_fd.get()
+                && let Err(e) = lanefs_fuse::notify::inval_inode_attrs(fd, ino)
+            {
+                tracing::warn!("volume: telling the kernel inode {ino}'s mode changed: {e}");
+            }
         }
         self.drop_capability(req, ino)?;
         if mode & (libc::S_ISUID | libc::S_ISGID) == 0 && self.open.get(ino).is_some() {
