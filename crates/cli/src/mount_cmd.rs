@@ -241,12 +241,20 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
             let remounted = fs.clone();
             let ready = move |mounted: &Mounted| {
                 ready(mounted);
-                follow_remounts(&mounted.mountpoint, remounted);
+                follow_remounts(&mounted.mountpoint, move |atime| remounted.set_atime(atime));
             };
             serve(fs, &spec, &session_options, &source, "passthrough", ready)
         }
         SourceFs::Volume(volume) => {
             let VolumeMount { fs, lock } = *volume;
+            let switch = fs.atime_switch();
+            let ready = move |mounted: &Mounted| {
+                ready(mounted);
+                // A read-only mount moves no atime (the kernel's rule for its own).
+                follow_remounts(&mounted.mountpoint, move |atime| {
+                    switch.set(atime);
+                });
+            };
             let result = serve(fs, &spec, &session_options, &source, "volume", ready);
             // Held until the file system is gone (its session ended by destroy).
             drop(lock);
@@ -291,6 +299,7 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
         let mut options = VolumeOptions {
             capacity: args.capacity,
             parallel_writes: !args.no_parallel_writes,
+            atime: atime_of(options::mount_flags(args)),
             ..VolumeOptions::default()
         };
         if let Some(secs) = args.attr_timeout {
@@ -351,15 +360,15 @@ fn passthrough_options(args: &MountArgs) -> PassthroughOptions {
 }
 
 /// Applies the atime flags of a remount (`mount -o remount,noatime`, however made) to the
-/// passthrough's own reads.
-fn follow_remounts(mountpoint: &Path, fs: PassthroughFs) {
+/// file system (`apply`): the passthrough's own reads, the volume's rule.
+fn follow_remounts(mountpoint: &Path, apply: impl Fn(Atime) + Send + 'static) {
     let watched = mount::find_mount(mountpoint)
         .and_then(|info| info.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound)))
         .and_then(|info| {
             mount::watch_mount_options((info.major, info.minor), move |options| {
                 let atime = atime_of_mountinfo(options);
                 tracing::info!("remounted ({options}): atime {atime:?}");
-                fs.set_atime(atime)
+                apply(atime)
             })
         });
     if let Err(e) = watched {
@@ -368,10 +377,10 @@ fn follow_remounts(mountpoint: &Path, fs: PassthroughFs) {
 }
 
 /// The atime rule of a mount's mountinfo options: `noatime`, `relatime`, or neither
-/// (strictatime), and `nodiratime`.
+/// (strictatime), and `nodiratime`. A read-only mount moves no atime (`atime_needs_update`).
 fn atime_of_mountinfo(options: &str) -> Atime {
     let has = |name: &str| options.split(',').any(|o| o == name);
-    let rule = if has("noatime") {
+    let rule = if has("noatime") || has("ro") {
         AtimeRule::Never
     } else if has("relatime") {
         AtimeRule::Relative
@@ -386,7 +395,7 @@ fn atime_of_mountinfo(options: &str) -> Atime {
 
 /// The atime rule that the mount flags `flags` (MS_*) give, as the kernel reads them.
 fn atime_of(flags: libc::c_ulong) -> Atime {
-    let rule = if flags & libc::MS_NOATIME != 0 {
+    let rule = if flags & (libc::MS_NOATIME | libc::MS_RDONLY) != 0 {
         AtimeRule::Never
     } else if flags & libc::MS_STRICTATIME != 0 {
         AtimeRule::Always
@@ -634,8 +643,13 @@ mod tests {
             (libc::MS_STRICTATIME, "rw,nosuid", (AtimeRule::Always, true)),
             (
                 libc::MS_STRICTATIME | libc::MS_NODIRATIME,
-                "ro,nodiratime",
+                "rw,nodiratime",
                 (AtimeRule::Always, false),
+            ),
+            (
+                libc::MS_RDONLY | libc::MS_STRICTATIME,
+                "ro",
+                (AtimeRule::Never, true),
             ),
             (
                 libc::MS_NODIRATIME,

@@ -9,6 +9,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 
+use common::subject::{KINDS, Kind, Source};
 use common::sys::{self, Errno};
 use common::{Mount, Tmpfs};
 
@@ -176,16 +177,119 @@ fn chattr_and_lsattr_work_as_on_tmpfs() {
         expected.iter().any(|s| s.starts_with("+i: Ok(")),
         "{expected:#?}"
     );
-    let source = Tmpfs::new("16M");
-    let m = Mount::passthrough(&source.path, &[]);
-    let got = chattr_session(&m.mountpoint);
-    assert_eq!(got, expected, "lanefs vs tmpfs");
-    // The host file carries the attribute.
+    for kind in KINDS {
+        let source = Source::new(kind, "chattr");
+        let m = source.mount(&[]);
+        let got = chattr_session(&m.mountpoint);
+        assert_eq!(got, expected, "lanefs ({kind:?}) vs tmpfs");
+        if kind == Kind::Passthrough {
+            // The host file carries the attribute.
+            assert_eq!(
+                lsattr(&source.path().join("f")),
+                lsattr(&native.path.join("f"))
+            );
+        }
+        assert!(m.op_count("ioctl") > 0);
+        m.unmount();
+    }
+}
+
+/// What immutable and append-only forbid beyond opens and unlink, on tmpfs and on the
+/// volume (which enforces them itself: FUSE inodes carry no flags for the kernel to check):
+/// rename, link, truncate, chmod, utimes, xattrs, writes through a descriptor opened before
+/// the flag, and entries of an immutable or append-only directory.
+fn guarded_changes(root: &Path) -> Vec<String> {
+    let mut seen = Vec::new();
+    let f = root.join("g");
+    let d = root.join("gd");
+    std::fs::write(&f, b"guarded\n").unwrap();
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("inside"), b"").unwrap();
+    for flag in ["+i", "+a"] {
+        let early = sys::open(&f, libc::O_WRONLY | libc::O_APPEND, 0).unwrap();
+        chattr(&f, flag).unwrap();
+        chattr(&d, flag).unwrap();
+        let mut note =
+            |what: &str, r: Result<(), Errno>| seen.push(format!("{flag} {what}: {r:?}"));
+        note("rename", sys::rename(&f, &root.join("g2")));
+        note("link", sys::link(&f, &root.join("g3")));
+        note("truncate", sys::truncate(&f, 1));
+        note("chmod", sys::chmod(&f, 0o600));
+        note(
+            "utimes now",
+            sys::utimens(
+                &f,
+                sys::ts(0, libc::UTIME_NOW),
+                sys::ts(0, libc::UTIME_NOW),
+                0,
+            ),
+        );
+        note(
+            "utimes set",
+            sys::utimens(&f, sys::ts(5, 0), sys::ts(5, 0), 0),
+        );
+        note("setxattr", sys::setxattr(&f, "user.k", b"v", 0));
+        note("append early fd", sys::write(&early, b"x").map(drop));
+        note("pwrite O_RDWR", {
+            sys::open(&f, libc::O_RDWR, 0).and_then(|fd| sys::pwrite(&fd, b"y", 0).map(drop))
+        });
+        note(
+            "create in dir",
+            sys::open(&d.join("new"), libc::O_CREAT | libc::O_WRONLY, 0o644).map(drop),
+        );
+        note("unlink in dir", sys::unlink(&d.join("inside")));
+        note("mkdir in dir", sys::mkdir(&d.join("sub"), 0o755));
+        chattr(&f, &flag.replace('+', "-")).unwrap();
+        chattr(&d, &flag.replace('+', "-")).unwrap();
+        let _ = sys::rmdir(&d.join("sub"));
+        let _ = sys::unlink(&d.join("new"));
+    }
+    seen.push(format!(
+        "content: {:?}",
+        String::from_utf8_lossy(&std::fs::read(&f).unwrap())
+    ));
+    seen
+}
+
+#[test]
+fn immutable_and_append_only_guard_every_change_as_on_tmpfs() {
+    let native = Tmpfs::new("16M");
+    let expected = guarded_changes(&native.path);
+    for kind in KINDS {
+        let source = Source::new(kind, "guards");
+        let m = source.mount(&[]);
+        let got = guarded_changes(&m.mountpoint);
+        assert_eq!(got, expected, "lanefs ({kind:?}) vs tmpfs");
+        m.unmount();
+    }
+}
+
+/// The volume keeps the flags across a remount, and its xattr calls never show the row
+/// that holds them.
+#[test]
+fn the_volume_keeps_the_flags_and_hides_where() {
+    let source = Source::new(Kind::Volume, "chattr-kept");
+    let m = source.mount(&[]);
+    std::fs::write(m.path("f"), b"x").unwrap();
+    chattr(&m.path("f"), "+a").unwrap();
+    chattr(&m.path("f"), "+d").unwrap();
+    m.unmount();
+    let m = source.mount(&[]);
+    assert_eq!(lsattr(&m.path("f")), "-----ad---------------");
     assert_eq!(
-        lsattr(&source.path.join("f")),
-        lsattr(&native.path.join("f"))
+        sys::open(&m.path("f"), libc::O_WRONLY, 0).unwrap_err(),
+        Errno(libc::EPERM)
     );
-    assert!(m.op_count("ioctl") > 0);
+    assert_eq!(
+        sys::listxattr(&m.path("f"), 1024).unwrap().1,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        sys::getxattr(&m.path("f"), "lanefs.fileattr", 64).unwrap_err(),
+        Errno(libc::ENODATA)
+    );
+    chattr(&m.path("f"), "-a").unwrap();
+    std::fs::write(m.path("f"), b"y").unwrap();
     m.unmount();
 }
 
@@ -244,11 +348,13 @@ fn capability_answers_stay_true_as_on_tmpfs() {
     let native = Tmpfs::new("16M");
     let expected = capability_session(&native.path);
     assert_eq!(expected[3], "after set: Ok(20)", "{expected:?}");
-    let source = Tmpfs::new("16M");
-    let m = Mount::passthrough(&source.path, &["--attr-timeout", "60"]);
-    let got = capability_session(&m.mountpoint);
-    assert_eq!(got, expected, "lanefs vs tmpfs");
-    m.unmount();
+    for kind in KINDS {
+        let source = Source::new(kind, "caps");
+        let m = source.mount(&["--attr-timeout", "60"]);
+        let got = capability_session(&m.mountpoint);
+        assert_eq!(got, expected, "lanefs ({kind:?}) vs tmpfs");
+        m.unmount();
+    }
 }
 
 /// FS_IOC_SETFLAGS and its 32-bit twin FS_IOC32_SETFLAGS (which the kernel forwards to us

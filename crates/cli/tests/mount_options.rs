@@ -1,8 +1,10 @@
-//! Mount options and flags as any kernel file system has them (issue 17 items 1-3, 6, 7;
+//! Mount options and flags as any kernel file system has them (issue 17 items 1-3, 6-8;
 //! issue 11 item 8's mount bits): the generic mount(8) options, remount, atime, dev/suid, a
-//! quiet mount helper, fusermount3's flags, --allow-other for a regular user, and `lanefs
-//! umount` touching only its own mount. Compared with native tmpfs where the flag has a
-//! visible meaning. Every mount runs under the transport `LANEFS_TEST_TRANSPORT` names.
+//! quiet mount helper, unmounting right after use, fusermount3's flags, --allow-other for a
+//! regular user, and `lanefs umount` touching only its own mount. Compared with native
+//! tmpfs where the flag has a visible meaning; the issue 17 cases run on the passthrough
+//! and on a volume (`common::subject`). Every mount runs under the transport
+//! `LANEFS_TEST_TRANSPORT` names.
 
 mod common;
 
@@ -11,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::subject::{KINDS, Kind, Source};
 use common::sys::{self, Errno};
-use common::{Mount, TempDir, Tmpfs, is_mounted, lanefs, process_alive, wait_until};
+use common::{Mount, TempDir, is_mounted, lanefs, process_alive, wait_until};
 
 /// The per-mount and the superblock options of the mount at `path` (its mountinfo line).
 fn mount_options(path: &Path) -> (BTreeSet<String>, BTreeSet<String>) {
@@ -114,95 +117,130 @@ fn generic_mount_options_are_applied_as_on_tmpfs() {
             .arg(native.path()),
     );
     let _native_guard = Unmount(native.path().to_owned());
-    let source = TempDir::new("generic-src");
-    let dir = TempDir::new("generic");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let out = mount_8(source.path(), &mnt, options);
-    let _guard = Unmount(mnt.clone());
-    assert_ok("mount(8) with every generic option", &out);
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("mand"),
-        "the dropped `mand` is not mentioned: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (ours, our_sb) = mount_options(&mnt);
     let (theirs, their_sb) = mount_options(native.path());
-    assert_eq!(ours, theirs, "per-mount flags differ from tmpfs'");
-    let generic = ["ro", "rw", "sync", "dirsync", "lazytime"];
-    let pick = |sb: &BTreeSet<String>| {
-        sb.iter()
-            .filter(|o| generic.contains(&o.as_str()))
-            .cloned()
-            .collect::<BTreeSet<_>>()
-    };
-    assert_eq!(pick(&our_sb), pick(&their_sb), "superblock flags differ");
-    assert!(our_sb.contains("sync"), "{our_sb:?}");
-    std::fs::write(mnt.join("f"), b"synchronous").unwrap();
-    assert_eq!(
-        std::fs::read(source.path().join("f")).unwrap(),
-        b"synchronous"
-    );
-    assert_ok(
-        "umount",
-        &Command::new("umount").arg(&mnt).output().unwrap(),
-    );
+    for kind in KINDS {
+        let source = Source::new(kind, "generic");
+        let dir = TempDir::new("generic");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let out = mount_8(source.path(), &mnt, options);
+        let _guard = Unmount(mnt.clone());
+        assert_ok(
+            &format!("{kind:?}: mount(8) with every generic option"),
+            &out,
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("mand"),
+            "{kind:?}: the dropped `mand` is not mentioned: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (ours, our_sb) = mount_options(&mnt);
+        assert_eq!(ours, theirs, "{kind:?}: per-mount flags differ from tmpfs'");
+        let generic = ["ro", "rw", "sync", "dirsync", "lazytime"];
+        let pick = |sb: &BTreeSet<String>| {
+            sb.iter()
+                .filter(|o| generic.contains(&o.as_str()))
+                .cloned()
+                .collect::<BTreeSet<_>>()
+        };
+        assert_eq!(
+            pick(&our_sb),
+            pick(&their_sb),
+            "{kind:?}: superblock flags differ"
+        );
+        assert!(our_sb.contains("sync"), "{kind:?}: {our_sb:?}");
+        std::fs::write(mnt.join("f"), b"synchronous").unwrap();
+        assert_eq!(
+            std::fs::read(source.host(&mnt).join("f")).unwrap(),
+            b"synchronous"
+        );
+        umount_retrying(&mnt);
+    }
+}
+
+/// `umount MP`, retried while the mount is busy for a moment (another test of this process
+/// that forks holds copies of our fds until it execs).
+fn umount_retrying(mnt: &Path) {
+    let mut out = None;
+    for _ in 0..50 {
+        let o = Command::new("umount").arg(mnt).output().unwrap();
+        let busy = String::from_utf8_lossy(&o.stderr).contains("busy");
+        out = Some(o);
+        if !busy {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_ok("umount", &out.unwrap());
 }
 
 /// Issue 17 item 7: the mount(8) form prints nothing when it succeeds (the old code printed
 /// "mounted SRC on MP (...)" into every script's output).
 #[test]
 fn the_mount_helper_prints_nothing_on_success() {
-    let source = TempDir::new("quiet-src");
-    let dir = TempDir::new("quiet");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let out = mount_8(source.path(), &mnt, "defaults");
-    let _guard = Unmount(mnt.clone());
-    assert_ok("mount(8)", &out);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "", "stdout");
-    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "stderr");
-    assert!(is_mounted(&mnt));
+    for kind in KINDS {
+        let source = Source::new(kind, "quiet");
+        let dir = TempDir::new("quiet");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let out = mount_8(source.path(), &mnt, "defaults");
+        let _guard = Unmount(mnt.clone());
+        assert_ok(&format!("{kind:?}: mount(8)"), &out);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{kind:?}: stdout");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{kind:?}: stderr");
+        assert!(is_mounted(&mnt));
+        umount_retrying(&mnt);
+    }
 }
 
 /// Issue 17 item 2: `mount -o remount,ro MP` makes the mount refuse writes (EROFS) from then
 /// on, and `remount,rw` gives them back, without a new daemon; the daemon keeps serving.
 #[test]
 fn remount_read_only_and_back() {
-    let source = TempDir::new("remount-src");
-    std::fs::write(source.path().join("old"), b"kept").unwrap();
-    let m = Mount::passthrough(source.path(), &[]);
+    for kind in KINDS {
+        remount_read_only_and_back_on(kind);
+    }
+}
+
+fn remount_read_only_and_back_on(kind: Kind) {
+    let source = Source::new(kind, "remount");
+    let m = source.mount(&[]);
+    std::fs::write(m.path("old"), b"kept").unwrap();
+    let host = source.host(&m.mountpoint);
     let bin = lanefs_on_path();
     let options = |flags: &str| {
         // What mount(8) passes: the mount's flags with the change, its FUSE options back.
         format!("{flags},nosuid,nodev,remount,user_id=0,group_id=0,default_permissions,allow_other")
     };
     let out = mount_fuse3_remount(bin.path(), source.path(), &m.mountpoint, &options("ro"));
-    assert_ok("remount,ro", &out);
+    assert_ok(&format!("{kind:?}: remount,ro"), &out);
     assert!(mount_options(&m.mountpoint).0.contains("ro"));
     assert_eq!(
         sys::open(&m.path("new"), libc::O_CREAT | libc::O_WRONLY, 0o644).unwrap_err(),
-        Errno(libc::EROFS)
+        Errno(libc::EROFS),
+        "{kind:?}"
     );
     assert_eq!(
         sys::open(&m.path("old"), libc::O_WRONLY, 0).unwrap_err(),
-        Errno(libc::EROFS)
+        Errno(libc::EROFS),
+        "{kind:?}"
     );
+    assert_eq!(sys::unlink(&m.path("old")).unwrap_err(), Errno(libc::EROFS));
     assert_eq!(std::fs::read(m.path("old")).unwrap(), b"kept");
-    assert!(!source.path().join("new").exists());
+    assert!(!host.join("new").exists());
 
     let out = mount_fuse3_remount(bin.path(), source.path(), &m.mountpoint, &options("rw"));
-    assert_ok("remount,rw", &out);
+    assert_ok(&format!("{kind:?}: remount,rw"), &out);
     assert!(mount_options(&m.mountpoint).0.contains("rw"));
     std::fs::write(m.path("new"), b"writable again").unwrap();
-    assert_eq!(
-        std::fs::read(source.path().join("new")).unwrap(),
-        b"writable again"
-    );
+    assert_eq!(std::fs::read(host.join("new")).unwrap(), b"writable again");
     // A file open for writing keeps the mount writable, as on any file system.
     let held = sys::open(&m.path("new"), libc::O_WRONLY, 0).unwrap();
     let out = mount_fuse3_remount(bin.path(), source.path(), &m.mountpoint, &options("ro"));
-    assert!(!out.status.success(), "remount,ro with a writer succeeded");
+    assert!(
+        !out.status.success(),
+        "{kind:?}: remount,ro with a writer succeeded"
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("open for writing"),
         "{}",
@@ -249,7 +287,9 @@ fn atime_pattern(mount: &Path, host: &Path) -> [(bool, bool); 3] {
 /// Issue 17 item 3: noatime, relatime (the default), strictatime and nodiratime move access
 /// times exactly as on tmpfs, on the mount and on the host. The old code let the daemon's
 /// own reads move atime on the host whatever the mount said, so a noatime mount's reads
-/// moved it. Runs with kernel passthrough (reads never reach the daemon) and without.
+/// moved it; without kernel passthrough a relatime read after a write was served from the
+/// page cache and moved nothing; the volume never moved atime. Runs on the passthrough
+/// with kernel passthrough and without, and on the volume.
 #[test]
 fn atime_follows_the_mount_flags_as_on_tmpfs() {
     for (options, lanefs_args) in [
@@ -270,26 +310,26 @@ fn atime_follows_the_mount_flags_as_on_tmpfs() {
         let guard = Unmount(native.path().to_owned());
         let expected = atime_pattern(native.path(), native.path());
         drop(guard);
-        // Reads that the kernel serves from its page cache never reach the daemon, and FUSE
-        // leaves atime to the daemon: without kernel passthrough only noatime is exact.
-        let modes: &[bool] = if options == "noatime" {
-            &[true, false]
-        } else {
-            &[true]
-        };
-        for &passthrough in modes {
-            let source = Tmpfs::new("16M");
+        // The passthrough with kernel passthrough (reads never reach the daemon) and
+        // without (reads the kernel serves from its page cache never reach it either); the
+        // volume keeps atime in its own records.
+        for (kind, passthrough) in [
+            (Kind::Passthrough, true),
+            (Kind::Passthrough, false),
+            (Kind::Volume, false),
+        ] {
+            let source = Source::new(kind, "atime");
             let mut args = lanefs_args.to_vec();
             args.extend(["--attr-timeout", "0"]);
-            if !passthrough {
+            if kind == Kind::Passthrough && !passthrough {
                 args.push("--no-passthrough");
             }
-            let m = Mount::passthrough(&source.path, &args);
-            let got = atime_pattern(&m.mountpoint, &source.path);
+            let m = source.mount(&args);
+            let got = atime_pattern(&m.mountpoint, &source.host(&m.mountpoint));
             assert_eq!(
                 got, expected,
-                "{options} (passthrough {passthrough}): (host, mount) moved on first read, \
-                 second read, listing"
+                "{options} ({kind:?}, kernel passthrough {passthrough}): (host, mount) moved on \
+                 first read, second read, listing"
             );
             m.unmount();
         }
@@ -300,41 +340,50 @@ fn atime_follows_the_mount_flags_as_on_tmpfs() {
 /// and `remount,strictatime` makes every read move it, from then on.
 #[test]
 fn a_remount_changes_the_atime_rule() {
-    let source = Tmpfs::new("16M");
-    let m = Mount::passthrough(&source.path, &["--attr-timeout", "0"]);
-    let bin = lanefs_on_path();
-    let remount = |flags: &str| {
-        let options = format!("rw,{flags},nosuid,nodev,remount,user_id=0,group_id=0");
-        assert_ok(
-            flags,
-            &mount_fuse3_remount(bin.path(), &source.path, &m.mountpoint, &options),
+    for kind in KINDS {
+        let source = Source::new(kind, "atime-remount");
+        let m = source.mount(&["--attr-timeout", "0"]);
+        let host = source.host(&m.mountpoint);
+        let bin = lanefs_on_path();
+        let remount = |flags: &str| {
+            let options = format!("rw,{flags},nosuid,nodev,remount,user_id=0,group_id=0");
+            assert_ok(
+                flags,
+                &mount_fuse3_remount(bin.path(), source.path(), &m.mountpoint, &options),
+            );
+        };
+        std::fs::write(m.path("f"), b"x").unwrap();
+        let read_moves = || {
+            sys::utimens(
+                &m.path("f"),
+                sys::ts(1_000_000_000, 0),
+                sys::ts(1_500_000_000, 0),
+                0,
+            )
+            .unwrap();
+            let before = sys::stat(&host.join("f")).unwrap().st_atime;
+            // The watcher applies the new rule right after the mount table changes.
+            std::thread::sleep(Duration::from_millis(200));
+            std::fs::read(m.path("f")).unwrap();
+            sys::stat(&host.join("f")).unwrap().st_atime != before
+        };
+        assert!(
+            read_moves(),
+            "{kind:?}: relatime: a read after a write moves atime"
         );
-    };
-    std::fs::write(m.path("f"), b"x").unwrap();
-    let read_moves = || {
-        sys::utimens(
-            &m.path("f"),
-            sys::ts(1_000_000_000, 0),
-            sys::ts(1_500_000_000, 0),
-            0,
-        )
-        .unwrap();
-        let before = sys::stat(&source.path.join("f")).unwrap().st_atime;
-        // The watcher applies the new rule right after the mount table changes.
-        std::thread::sleep(Duration::from_millis(200));
-        std::fs::read(m.path("f")).unwrap();
-        sys::stat(&source.path.join("f")).unwrap().st_atime != before
-    };
-    assert!(read_moves(), "relatime: a read after a write moves atime");
-    remount("noatime");
-    assert!(mount_options(&m.mountpoint).0.contains("noatime"));
-    assert!(!read_moves(), "after remount,noatime a read moved atime");
-    remount("strictatime");
-    assert!(
-        read_moves(),
-        "after remount,strictatime a read left atime alone"
-    );
-    m.unmount();
+        remount("noatime");
+        assert!(mount_options(&m.mountpoint).0.contains("noatime"));
+        assert!(
+            !read_moves(),
+            "{kind:?}: after remount,noatime a read moved atime"
+        );
+        remount("strictatime");
+        assert!(
+            read_moves(),
+            "{kind:?}: after remount,strictatime a read left atime alone"
+        );
+        m.unmount();
+    }
 }
 
 /// Issue 17 item 6 and issue 11 item 8: as root, `-o dev,suid` (mount(8)) and `--dev
@@ -342,7 +391,13 @@ fn a_remount_changes_the_atime_rule() {
 /// old code mounted nodev,nosuid whatever was asked, so opening the node failed (EACCES).
 #[test]
 fn dev_and_suid_take_effect_for_root() {
-    let source = Tmpfs::new("16M");
+    for kind in KINDS {
+        dev_and_suid_take_effect_on(kind);
+    }
+}
+
+fn dev_and_suid_take_effect_on(kind: Kind) {
+    let source = Source::new(kind, "devsuid");
     let check = |mnt: &Path, dev: bool, name: &str| {
         let node = mnt.join(name);
         sys::mknod(&node, libc::S_IFCHR | 0o666, libc::makedev(1, 3)).unwrap();
@@ -353,30 +408,31 @@ fn dev_and_suid_take_effect_for_root() {
             assert_eq!(sys::write(&fd, b"gone").unwrap(), 4);
             assert!(
                 !flags.contains("nodev") && !flags.contains("nosuid"),
-                "{flags:?}"
+                "{kind:?}: {flags:?}"
             );
         } else {
-            assert_eq!(opened.unwrap_err(), Errno(libc::EACCES));
+            assert_eq!(opened.unwrap_err(), Errno(libc::EACCES), "{kind:?}");
             assert!(
                 flags.contains("nodev") && flags.contains("nosuid"),
-                "{flags:?}"
+                "{kind:?}: {flags:?}"
             );
         }
     };
-    let m = Mount::passthrough(&source.path, &["--dev", "--suid"]);
+    let m = source.mount(&["--dev", "--suid"]);
     check(&m.mountpoint, true, "cli");
     m.unmount();
-    let m = Mount::passthrough(&source.path, &[]);
+    let m = source.mount(&[]);
     check(&m.mountpoint, false, "default");
     m.unmount();
 
     let dir = TempDir::new("devsuid");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    let out = mount_8(&source.path, &mnt, "dev,suid");
+    let out = mount_8(source.path(), &mnt, "dev,suid");
     let _guard = Unmount(mnt.clone());
-    assert_ok("mount(8) -o dev,suid", &out);
+    assert_ok(&format!("{kind:?}: mount(8) -o dev,suid"), &out);
     check(&mnt, true, "mount8");
+    umount_retrying(&mnt);
 }
 
 /// Issue 11 item 8: `lanefs umount` acts on its own mount only. With a file system mounted
@@ -549,4 +605,55 @@ fn umount_waits_out_a_moment_of_busy() {
     assert!(wait_until(Duration::from_secs(10), || !process_alive(
         m.pid
     )));
+}
+
+/// Issue 17 item 8: `umount MP` (util-linux's, which does not retry) right after a mount and
+/// some work ending in `rm -rf MP/*` succeeds at once, 20 times in a row with every CPU
+/// busy, on both kinds. The report had 7 of 20 fail with "target is busy" for 0.1-0.3 s;
+/// that has not been seen again (nor with the old binary), so this guards against it coming
+/// back. Every file on the mount is touched by child processes only: this test process
+/// holds no fd of the mount that a fork elsewhere in it could copy.
+#[test]
+fn umount_right_after_use_succeeds_at_once_under_load() {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hogs: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for kind in KINDS {
+        for attempt in 0..20 {
+            let source = Source::new(kind, "umount-now");
+            let dir = TempDir::new("umount-now");
+            let mnt = dir.path().join("mnt");
+            std::fs::create_dir(&mnt).unwrap();
+            assert_ok("mount(8)", &mount_8(source.path(), &mnt, "defaults"));
+            let _guard = Unmount(mnt.clone());
+            let work = format!(
+                "cd {m} && mkdir -p a/b && for i in 1 2 3 4 5 6 7 8; do echo x > a/b/f$i; \
+                 echo y > g$i; done && cat a/b/* g* >/dev/null && ls -lR >/dev/null && \
+                 rm -rf {m}/*",
+                m = mnt.display()
+            );
+            assert_ok("the work", &common::sh(&work));
+            let out = Command::new("umount").arg(&mnt).output().unwrap();
+            if !out.status.success() {
+                failures.push(format!(
+                    "{kind:?} try {attempt}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for hog in hogs {
+        hog.join().unwrap();
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -504,11 +504,12 @@ impl Drop for BindGuard {
 }
 
 /// What `nobody` does to set-ID files it may write, and the mode each file ends with (on
-/// the host, and as the caller's view shows it): truncate, write, O_TRUNC and chgrp, as a
-/// member of the file's group (primary or supplementary) and as an outsider.
+/// the host, and as the caller's view shows it): truncate, write, O_TRUNC, chgrp, fallocate
+/// and copy_file_range, as a member of the file's group (primary or supplementary) and as an
+/// outsider.
 fn set_id_changes(view: &Path, host: &Path) -> String {
     // (name, owner gid, mode, operation, the caller's supplementary groups)
-    let cases: [(&str, u32, u32, &str, &[u32]); 10] = [
+    let cases: [(&str, u32, u32, &str, &[u32]); 14] = [
         ("member-truncate", NOBODY, 0o2664, "truncate", &[]),
         ("member-write", NOBODY, 0o2664, "write", &[]),
         ("member-otrunc", NOBODY, 0o2664, "otrunc", &[]),
@@ -519,6 +520,10 @@ fn set_id_changes(view: &Path, host: &Path) -> String {
         ("setuid-truncate", NOBODY, 0o6664, "truncate", &[]),
         ("member-chgrp", NOBODY, 0o2664, "chgrp", &[GROUP]),
         ("outsider-chgrp", 0, 0o2664, "chgrp", &[]),
+        ("member-fallocate", NOBODY, 0o2664, "fallocate", &[]),
+        ("outsider-fallocate", 0, 0o2666, "fallocate", &[]),
+        ("setuid-fallocate", NOBODY, 0o6664, "fallocate", &[]),
+        ("outsider-copy", 0, 0o6666, "copy", &[]),
     ];
     let mut out = String::new();
     for (name, gid, mode, op, groups) in cases {
@@ -535,6 +540,25 @@ fn set_id_changes(view: &Path, host: &Path) -> String {
                 match op {
                     "truncate" => libc::truncate(path.as_ptr(), 1),
                     "chgrp" => libc::chown(path.as_ptr(), u32::MAX, new_gid),
+                    "fallocate" | "copy" => {
+                        let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+                        if fd < 0 {
+                            return errno();
+                        }
+                        let ret = if op == "fallocate" {
+                            libc::fallocate(fd, 0, 0, 8192)
+                        } else {
+                            let (mut from, mut to) = (0i64, 64i64);
+                            let n = libc::copy_file_range(fd, &mut from, fd, &mut to, 4, 0);
+                            if n == 4 { 0 } else { -1 }
+                        };
+                        let e = errno();
+                        libc::close(fd);
+                        if ret == 0 {
+                            return 0;
+                        }
+                        return e;
+                    }
                     _ => {
                         let flags = if op == "otrunc" {
                             libc::O_WRONLY | libc::O_TRUNC
@@ -581,6 +605,10 @@ fn set_id_bits_on_truncate_write_and_chown_follow_the_kernel() {
         "setuid-truncate: ok host 102664",
         "member-chgrp: ok host 102664 65534:4242",
         "outsider-chgrp: ok host 100664 65534:65534",
+        "member-fallocate: ok host 102664",
+        "outsider-fallocate: ok host 100666",
+        "setuid-fallocate: ok host 102664",
+        "outsider-copy: ok host 100666",
     ] {
         assert!(
             expected.contains(line),
@@ -595,6 +623,14 @@ fn set_id_bits_on_truncate_write_and_chown_follow_the_kernel() {
         m.unmount();
         assert_eq!(got, expected, "{extra:?}: the mount differs from native");
     }
+    // The volume (issue 17 item 4): the same, root preparing the files through the mount.
+    let volume = common::volume::Volume::format("setid");
+    let m = volume.mount(&[]);
+    sys::chmod(&m.mountpoint, 0o777).unwrap();
+    let got = set_id_changes(&m.mountpoint, &m.mountpoint);
+    m.unmount();
+    assert_eq!(got, expected, "the volume differs from native");
+    volume.assert_clean();
 }
 
 /// A lock in a forked child: `cmd` (F_SETLK or F_SETLKW) of `kind` on [start, start+len) of

@@ -2,11 +2,15 @@
 //! two transports: cloned /dev/fuse queues, or one io_uring per CPU (FUSE over io_uring). See ARCHITECTURE.md for the layers.
 
 pub mod abi;
+pub mod atime;
+pub mod caller;
 pub mod control;
 pub mod dev;
 pub mod dispatch;
+pub mod fileattr;
 pub mod filesystem;
 pub mod mount;
+pub mod notify;
 pub mod offload;
 pub mod reply;
 pub mod request;

@@ -18,6 +18,13 @@ use crate::file::{DataPath, FileState};
 use crate::meta::*;
 use crate::now_ns;
 
+mod atime;
+mod fileattr;
+mod setid;
+
+pub use atime::AtimeSwitch;
+use lanefs_fuse::atime::Atime;
+
 /// Shards of the open-file and directory-handle tables.
 const OPEN_SHARDS: usize = 64;
 /// How often the session's heartbeat row is refreshed.
@@ -38,6 +45,9 @@ pub struct VolumeOptions {
     pub capacity: Option<u64>,
     /// Answer O_DIRECT opens with FOPEN_PARALLEL_DIRECT_WRITES (seed 000's switch).
     pub parallel_writes: bool,
+    /// The mount's atime flags at mount time (a remount changes them through
+    /// [`VolumeFs::atime_switch`]).
+    pub atime: Atime,
 }
 
 impl Default for VolumeOptions {
@@ -47,6 +57,7 @@ impl Default for VolumeOptions {
             entry_timeout: Duration::from_secs(1),
             capacity: None,
             parallel_writes: true,
+            atime: Atime::default(),
         }
     }
 }
@@ -165,6 +176,16 @@ pub struct VolumeFs {
     started: std::time::Instant,
     /// Flushes that failed and were reported: counted for `lanefs stats`.
     flush_errors: AtomicU64,
+    /// The mount's atime flags (see `atime`).
+    atime: AtimeSwitch,
+    /// Opens whose first read has yet to apply the relatime rule (see `atime`).
+    atime_due: atime::AtimeDue,
+    /// chattr's flags of the inodes that have any (see `fileattr`).
+    fileattrs: fileattr::FileAttrs,
+    /// Open inodes known to have no set-ID bits and no capability (see `setid`).
+    no_privileges: setid::NoPrivileges,
+    /// The session's /dev/fuse fd, for notifications; set once the session is connected.
+    session_fd: std::sync::OnceLock<i32>,
 }
 
 fn errno_name(e: Errno) -> std::io::Error {
@@ -217,7 +238,13 @@ impl VolumeFs {
                 Err(e) => tracing::warn!("volume: no heartbeat thread ({e})"),
             }
         }
+        let fileattrs = fileattr::FileAttrs::load(&*store);
         VolumeFs {
+            atime: AtimeSwitch::new(options.atime),
+            atime_due: atime::AtimeDue::new(),
+            fileattrs,
+            no_privileges: setid::NoPrivileges::new(),
+            session_fd: std::sync::OnceLock::new(),
             store,
             data,
             open: Arc::new(OpenTable {
@@ -307,6 +334,7 @@ impl VolumeFs {
         if name.len() > NAME_MAX {
             return Err(libc::ENAMETOOLONG);
         }
+        self.fileattrs.may_add_to(parent)?;
         Ok(NewNode {
             parent,
             name: name.as_bytes().to_vec(),
@@ -357,6 +385,7 @@ impl VolumeFs {
 
     /// The last release of an inode: flush, and free it if it lost its last name.
     fn last_release(&self, state: Arc<FileState>) {
+        self.forget_privileges(state.ino);
         if let Err(e) = self.flush_state(&state, false) {
             tracing::error!(
                 "volume: flushing inode {} at its last close: {}",
@@ -567,9 +596,16 @@ fn time_of(
 impl Filesystem for VolumeFs {
     fn init(&self, _offered: u64) -> InitRequest {
         InitRequest {
-            want: init_flags::DO_READDIRPLUS | init_flags::READDIRPLUS_AUTO,
+            // HANDLE_KILLPRIV_V2: set-ID bits and capabilities are ours to drop (`setid`).
+            want: init_flags::DO_READDIRPLUS
+                | init_flags::READDIRPLUS_AUTO
+                | init_flags::HANDLE_KILLPRIV_V2,
             max_stack_depth: 0,
         }
+    }
+
+    fn connected(&self, conn: &lanefs_fuse::Connection) {
+        let _ = self.session_fd.set(conn.session_fd);
     }
 
     fn destroy(&self) {
@@ -627,6 +663,9 @@ impl Filesystem for VolumeFs {
     fn setattr(&self, req: &Request, ino: u64, arg: &abi::SetattrIn, reply: Reply) {
         let now = now_ns();
         let valid = arg.valid;
+        if let Err(e) = self.fileattrs.may_setattr(ino, valid) {
+            return reply.error(e);
+        }
         if valid & fattr::SIZE != 0 {
             match self.store.getattr(req.queue, ino) {
                 Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
@@ -636,6 +675,10 @@ impl Filesystem for VolumeFs {
             }
             if arg.size > crate::file::MAX_FILE_BYTES {
                 return reply.error(libc::EFBIG);
+            }
+            let unprivileged = valid & fattr::KILL_SUIDGID != 0;
+            if let Err(e) = self.drop_privileges(req, ino, setid::Change::Data { unprivileged }) {
+                return reply.error(e);
             }
             if let Err(e) = self.truncate(req, ino, arg.size) {
                 return reply.error(e);
@@ -654,8 +697,24 @@ impl Filesystem for VolumeFs {
             Ok(rec) => rec,
             Err(e) => return reply.error(e),
         };
+        let chown = valid & (fattr::UID | fattr::GID) != 0;
+        let mode = if mode_valid {
+            Some((old.mode & libc::S_IFMT) | (arg.mode & 0o7777))
+        } else if chown {
+            // The kernel leaves a chown's set-ID bits to us (HANDLE_KILLPRIV_V2).
+            let kept = setid::mode_after(req, old.mode, old.gid, setid::Change::Owner);
+            (kept != old.mode).then_some(kept)
+        } else {
+            None
+        };
+        if mode.is_some() || chown {
+            self.forget_privileges(ino);
+        }
+        if chown && let Err(e) = self.drop_capability(req, ino) {
+            return reply.error(e);
+        }
         let change = AttrChange {
-            mode: mode_valid.then_some((old.mode & libc::S_IFMT) | (arg.mode & 0o7777)),
+            mode,
             uid: (valid & fattr::UID != 0).then_some(arg.uid),
             gid: (valid & fattr::GID != 0).then_some(arg.gid),
             atime_ns: time_of(
@@ -680,8 +739,8 @@ impl Filesystem for VolumeFs {
                 now
             },
         };
-        // A chown was checked by the kernel (default_permissions), which also sends the
-        // set-ID bits it drops as a MODE change in the same request: nothing more to do here.
+        // A chown was checked by the kernel (default_permissions); the set-ID bits it drops
+        // are in `mode` above.
         if let Some(state) = self.open.get(ino)
             && change.mtime_ns.is_some()
         {
@@ -752,7 +811,10 @@ impl Filesystem for VolumeFs {
         self.reply_new_entry(node, reply)
     }
 
-    fn unlink(&self, _req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+    fn unlink(&self, req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+        if let Err(e) = self.may_unlink(req.queue, parent, name) {
+            return reply.error(e);
+        }
         let fs_reaper = self.reaper.clone();
         self.store.remove(
             parent,
@@ -770,7 +832,10 @@ impl Filesystem for VolumeFs {
         )
     }
 
-    fn rmdir(&self, _req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+    fn rmdir(&self, req: &Request, parent: u64, name: &OsStr, reply: Reply) {
+        if let Err(e) = self.may_unlink(req.queue, parent, name) {
+            return reply.error(e);
+        }
         self.store.remove(
             parent,
             name.as_bytes().to_vec(),
@@ -786,7 +851,7 @@ impl Filesystem for VolumeFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: u64,
         name: &OsStr,
         newparent: u64,
@@ -799,6 +864,9 @@ impl Filesystem for VolumeFs {
         }
         if newname.len() > NAME_MAX {
             return reply.error(libc::ENAMETOOLONG);
+        }
+        if let Err(e) = self.may_rename(req.queue, parent, name, newparent, newname) {
+            return reply.error(e);
         }
         let fs_reaper = self.reaper.clone();
         self.store.rename(
@@ -825,6 +893,13 @@ impl Filesystem for VolumeFs {
         if newname.len() > NAME_MAX {
             return reply.error(libc::ENAMETOOLONG);
         }
+        if let Err(e) = self
+            .fileattrs
+            .may_change_entry(ino)
+            .and_then(|()| self.fileattrs.may_add_to(newparent))
+        {
+            return reply.error(e);
+        }
         let tmpl = self.entry_template();
         let open = self.open.clone();
         self.store.link(
@@ -848,18 +923,17 @@ impl Filesystem for VolumeFs {
     }
 
     fn open(&self, req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
-        match self.store.getattr(req.queue, ino) {
+        let rec = match self.store.getattr(req.queue, ino) {
             Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
             Ok(rec) if !rec.is_reg() => return reply.error(libc::EINVAL),
-            Ok(_) => {}
+            Ok(rec) => rec,
             Err(e) => return reply.error(e),
+        };
+        if let Err(e) = self.fileattrs.may_open(ino, arg.flags) {
+            return reply.error(e);
         }
         match self.open_state(req, ino) {
-            Ok(_) => reply.open(&abi::OpenOut {
-                fh: 0,
-                open_flags: self.open_flags(arg.flags),
-                backing_id: 0,
-            }),
+            Ok(_) => reply.open(&self.open_out(&rec, arg.flags)),
             Err(e) => reply.error(e),
         }
     }
@@ -890,33 +964,33 @@ impl Filesystem for VolumeFs {
             }
             Err(e) => return reply.error(e),
         };
+        if let Err(e) = self.fileattrs.may_open(rec.ino, arg.flags) {
+            return reply.error(e);
+        }
         match self.open_state(req, rec.ino) {
-            Ok(_) => reply.create(
-                &self.entry_out(&rec),
-                &abi::OpenOut {
-                    fh: 0,
-                    open_flags: self.open_flags(arg.flags),
-                    backing_id: 0,
-                },
-            ),
+            Ok(_) => reply.create(&self.entry_out(&rec), &self.open_out(&rec, arg.flags)),
             Err(e) => reply.error(e),
         }
     }
 
-    fn read(&self, _req: &Request, ino: u64, arg: &abi::ReadIn, reply: Reply) {
+    fn read(&self, req: &Request, ino: u64, arg: &abi::ReadIn, reply: Reply) {
         let Some(state) = self.open.get(ino) else {
             return reply.error(libc::EBADF);
         };
         match state.read(&self.data, arg.offset, arg.size) {
-            Ok(bytes) => reply.data(&bytes),
+            Ok(bytes) => self.reply_read(req.queue, ino, arg.fh, bytes, reply),
             Err(e) => reply.error(e),
         }
     }
 
-    fn write(&self, _req: &Request, ino: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply) {
+    fn write(&self, req: &Request, ino: u64, arg: &abi::WriteIn, data: &[u8], reply: Reply) {
         let Some(state) = self.open.get(ino) else {
             return reply.error(libc::EBADF);
         };
+        let unprivileged = arg.write_flags & abi::write_flags::KILL_SUIDGID != 0;
+        if let Err(e) = self.drop_privileges(req, ino, setid::Change::Data { unprivileged }) {
+            return reply.error(e);
+        }
         match state.write(
             &self.data,
             arg.offset,
@@ -944,7 +1018,8 @@ impl Filesystem for VolumeFs {
         }
     }
 
-    fn release(&self, _req: &Request, ino: u64, _arg: &abi::ReleaseIn, reply: Reply) {
+    fn release(&self, _req: &Request, ino: u64, arg: &abi::ReleaseIn, reply: Reply) {
+        self.atime_due.release(arg.fh);
         if let Some(last) = self.open.release(ino) {
             self.last_release(last);
         }
@@ -983,6 +1058,8 @@ impl Filesystem for VolumeFs {
             return reply.error(libc::EBADF);
         };
         let mut listing = snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        // The directory, when this request took its listing (its atime may move).
+        let mut listed = None;
         if listing.is_none() || arg.offset == 0 {
             let dir = match self.store.getattr(req.queue, ino) {
                 Ok(rec) => rec,
@@ -1005,6 +1082,7 @@ impl Filesystem for VolumeFs {
                 all.push((item.attr.ino, typ, item.name, Some(item.attr)));
             }
             *listing = Some(all);
+            listed = Some(dir);
         }
         let Some(all) = listing.as_ref() else {
             return reply.error(libc::EIO);
@@ -1030,7 +1108,8 @@ impl Filesystem for VolumeFs {
                 break;
             }
         }
-        reply.data(buf.as_bytes())
+        drop(listing);
+        self.reply_listing(listed.as_ref(), buf.as_bytes(), reply)
     }
 
     fn releasedir(&self, _req: &Request, _ino: u64, arg: &abi::ReleaseIn, reply: Reply) {
@@ -1123,6 +1202,12 @@ impl Filesystem for VolumeFs {
         {
             return reply.error(libc::EOPNOTSUPP);
         }
+        if let Err(e) = self.fileattrs.may_change_entry(ino) {
+            return reply.error(e);
+        }
+        if name.as_bytes() == setid::CAPABILITY_XATTR {
+            self.forget_privileges(ino);
+        }
         self.store.setxattr(
             ino,
             name.as_bytes().to_vec(),
@@ -1136,6 +1221,9 @@ impl Filesystem for VolumeFs {
     }
 
     fn getxattr(&self, req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {
+        if name.as_bytes() == FILEATTR_XATTR {
+            return reply.error(libc::ENODATA);
+        }
         match self.store.getxattr(req.queue, ino, name.as_bytes()) {
             Ok(value) if size == 0 => reply.xattr_size(value.len() as u32),
             Ok(value) if value.len() > size as usize => reply.error(libc::ERANGE),
@@ -1148,7 +1236,7 @@ impl Filesystem for VolumeFs {
         match self.store.listxattr(req.queue, ino) {
             Ok(names) => {
                 let mut list = Vec::new();
-                for n in names {
+                for n in names.into_iter().filter(|n| n != FILEATTR_XATTR) {
                     list.extend_from_slice(&n);
                     list.push(0);
                 }
@@ -1165,6 +1253,15 @@ impl Filesystem for VolumeFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: u64, name: &OsStr, reply: Reply) {
+        if !XATTR_NAMESPACES
+            .iter()
+            .any(|ns| name.as_bytes().starts_with(ns))
+        {
+            return reply.error(libc::EOPNOTSUPP);
+        }
+        if let Err(e) = self.fileattrs.may_change_entry(ino) {
+            return reply.error(e);
+        }
         self.store.removexattr(
             ino,
             name.as_bytes().to_vec(),
@@ -1175,10 +1272,19 @@ impl Filesystem for VolumeFs {
         )
     }
 
-    fn fallocate(&self, _req: &Request, ino: u64, arg: &abi::FallocateIn, reply: Reply) {
+    fn fallocate(&self, req: &Request, ino: u64, arg: &abi::FallocateIn, reply: Reply) {
         let Some(state) = self.open.get(ino) else {
             return reply.error(libc::EBADF);
         };
+        if let Err(e) = self.fileattrs.may_fallocate(ino, arg.mode) {
+            return reply.error(e);
+        }
+        // The kernel's file_modified leaves this to us under HANDLE_KILLPRIV_V2 and does not
+        // say whether the caller has CAP_FSETID: uid 0 stands for it.
+        let unprivileged = req.uid != 0;
+        if let Err(e) = self.drop_privileges(req, ino, setid::Change::Data { unprivileged }) {
+            return reply.error(e);
+        }
         let mode = arg.mode as i32;
         let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let zero = match mode & !libc::FALLOC_FL_KEEP_SIZE {
@@ -1243,6 +1349,10 @@ impl Filesystem for VolumeFs {
             // The kernel answers SEEK_SET/CUR/END itself; anything else is invalid.
             _ => reply.error(libc::EINVAL),
         }
+    }
+
+    fn ioctl(&self, req: &Request, ino: u64, arg: &abi::IoctlIn, data: &[u8], reply: Reply) {
+        self.fileattr_ioctl(req, ino, arg, data, reply)
     }
 }
 

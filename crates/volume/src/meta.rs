@@ -206,7 +206,21 @@ pub trait MetaStore: Send + Sync + 'static {
     fn heartbeat(&self, now_ns: i64, done: Done<()>);
     /// Ends the session (unmount): removes its row and ranges; the committer stops after it.
     fn close(&self);
+
+    // Access times and file attributes (issue 17).
+    /// Sets an inode's atime alone (a read or a listing moved it): ctime stays.
+    fn touch_atime(&self, ino: u64, atime_ns: i64, done: Done<()>);
+    /// Every inode with file-attribute flags (chattr's), and its flags.
+    fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno>;
+    /// Sets an inode's file-attribute flags (none: 0) and its ctime, in one change.
+    fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>);
 }
+
+/// Where an inode's file-attribute flags (FS_*_FL) are kept: a row of its xattrs under this
+/// name, outside every namespace a caller can reach (the file system hides it), as 4 bytes,
+/// little-endian. An xattr row rather than an inode column, so a volume of format 1 carries
+/// them with no migration, and dump/load and fsck keep them.
+pub const FILEATTR_XATTR: &[u8] = b"lanefs.fileattr";
 
 /// Waits for a change's outcome on the calling thread (for callers with nothing else to do).
 pub fn wait<T: Send + 'static>(submit: impl FnOnce(Done<T>)) -> Result<T, Errno> {

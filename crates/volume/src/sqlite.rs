@@ -1239,4 +1239,71 @@ impl MetaStore for SqliteStore {
             let _ = handle.join();
         }
     }
+
+    fn touch_atime(&self, ino: u64, atime_ns: i64, done: Done<()>) {
+        self.submit(
+            false,
+            move |w| {
+                w.conn
+                    .prepare_cached("UPDATE inodes SET atime_ns = ? WHERE ino = ?")
+                    .and_then(|mut s| s.execute(params![atime_ns, ino as i64]))
+                    .map_err(db)?;
+                Ok(())
+            },
+            done,
+        )
+    }
+
+    fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno> {
+        let conn = self.reader(0);
+        conn.prepare_cached("SELECT ino, value FROM xattrs WHERE name = ?")
+            .and_then(|mut s| {
+                s.query_map(params![FILEATTR_XATTR], |r| {
+                    let value: Vec<u8> = r.get(1)?;
+                    let flags = value
+                        .first_chunk::<4>()
+                        .map_or(0, |b| u32::from_le_bytes(*b));
+                    Ok((r.get::<_, i64>(0)? as u64, flags))
+                })?
+                .collect()
+            })
+            .map_err(db)
+    }
+
+    fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>) {
+        self.submit(
+            false,
+            move |w| {
+                let n = w
+                    .conn
+                    .prepare_cached("UPDATE inodes SET ctime_ns = ? WHERE ino = ?")
+                    .and_then(|mut s| s.execute(params![ctime_ns, ino as i64]))
+                    .map_err(db)?;
+                if n == 0 {
+                    return Err(libc::ENOENT);
+                }
+                let written = if flags == 0 {
+                    w.conn
+                        .prepare_cached("DELETE FROM xattrs WHERE ino = ? AND name = ?")
+                        .and_then(|mut s| s.execute(params![ino as i64, FILEATTR_XATTR]))
+                } else {
+                    w.conn
+                        .prepare_cached(
+                            "INSERT INTO xattrs (ino, name, value) VALUES (?, ?, ?)
+                             ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
+                        )
+                        .and_then(|mut s| {
+                            s.execute(params![
+                                ino as i64,
+                                FILEATTR_XATTR,
+                                flags.to_le_bytes().as_slice()
+                            ])
+                        })
+                };
+                written.map_err(db)?;
+                Ok(())
+            },
+            done,
+        )
+    }
 }

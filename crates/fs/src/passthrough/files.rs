@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 use lanefs_fuse::abi::{self, fopen};
 use lanefs_fuse::{Reply, Request};
 
-use super::PassthroughFs;
 use super::counters::Counters;
 use super::creds;
 use super::handle::OpenFile;
 use super::inode::{Backing, Inode};
 use super::sys::{self, SysResult};
+use super::{AtimeRule, PassthroughFs};
 
 /// The flags of our host open for a client's open: the kernel's own (O_CREAT, O_EXCL) and
 /// O_DIRECT dropped (our buffers are not aligned for it, and the kernel's cache is already
@@ -216,7 +216,12 @@ impl PassthroughFs {
                 if o_direct {
                     out.open_flags = direct_io;
                 } else {
-                    out.open_flags = fopen::KEEP_CACHE;
+                    // The kernel serves cached pages without asking us, so a read that must
+                    // move atime (the host's read does, by the mount's rule) needs the
+                    // cache dropped at this open.
+                    if !self.next_read_moves_atime(&fd) {
+                        out.open_flags = fopen::KEEP_CACHE;
+                    }
                     state.cached += 1;
                     cached = true;
                 }
@@ -231,6 +236,29 @@ impl PassthroughFs {
             cached,
         });
         Ok(out)
+    }
+
+    /// Whether the next read of the host file `fd` moves its atime by the FUSE mount's rule
+    /// (the kernel's: `atime_needs_update`).
+    fn next_read_moves_atime(&self, fd: &OwnedFd) -> bool {
+        let atime = super::Atime::from_bits(self.atime.load(Ordering::Relaxed));
+        match atime.rule {
+            AtimeRule::Never => false,
+            AtimeRule::Always => true,
+            AtimeRule::Relative => sys::fstat(fd).is_ok_and(|st| {
+                let ns = |s: i64, n: i64| s * 1_000_000_000 + n;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as i64);
+                atime.moves(
+                    false,
+                    ns(st.st_atime, st.st_atime_nsec),
+                    ns(st.st_mtime, st.st_mtime_nsec),
+                    ns(st.st_ctime, st.st_ctime_nsec),
+                    now,
+                )
+            }),
+        }
     }
 
     /// Tells the kernel to refetch the attributes of `nodeid`.
@@ -393,10 +421,15 @@ impl PassthroughFs {
         sys::fsync(&file.fd, arg.fsync_flags & abi::FSYNC_FDATASYNC != 0)
     }
 
-    pub(super) fn do_fallocate(&self, arg: &abi::FallocateIn) -> SysResult<()> {
+    /// The kernel's file_modified leaves set-ID bits to us under HANDLE_KILLPRIV_V2 (no flag
+    /// says whether the caller has CAP_FSETID: uid 0 stands for it), as for copy_file_range.
+    pub(super) fn do_fallocate(&self, req: &Request, arg: &abi::FallocateIn) -> SysResult<()> {
         let file = self.file(arg.fh)?;
         let _gate = file.inode.gate.exclusive();
-        sys::fallocate(&file.fd, arg.mode as i32, arg.offset, arg.length)?;
+        let kill = self.killpriv_v2() && req.uid != 0;
+        self.killing_privileges(req, &file.inode, (&file.fd, false), kill, || {
+            sys::fallocate(&file.fd, arg.mode as i32, arg.offset, arg.length)
+        })?;
         if arg.mode as i32 & libc::FALLOC_FL_KEEP_SIZE == 0 {
             file.inode
                 .gate
@@ -411,19 +444,26 @@ impl PassthroughFs {
         sys::lseek(&file.fd, arg.offset, arg.whence as i32)
     }
 
-    pub(super) fn do_copy_file_range(&self, arg: &abi::CopyFileRangeIn) -> SysResult<u64> {
+    pub(super) fn do_copy_file_range(
+        &self,
+        req: &Request,
+        arg: &abi::CopyFileRangeIn,
+    ) -> SysResult<u64> {
         let from = self.file(arg.fh_in)?;
         let to = self.file(arg.fh_out)?;
         let end = arg.off_out.saturating_add(arg.len);
         let _gate = to.inode.gate.enter_write(end, self.opts.parallel_writes);
-        let copied = sys::copy_file_range(
-            &from.fd,
-            arg.off_in,
-            &to.fd,
-            arg.off_out,
-            arg.len,
-            arg.flags as u32,
-        )?;
+        let kill = self.killpriv_v2() && req.uid != 0;
+        let copied = self.killing_privileges(req, &to.inode, (&to.fd, false), kill, || {
+            sys::copy_file_range(
+                &from.fd,
+                arg.off_in,
+                &to.fd,
+                arg.off_out,
+                arg.len,
+                arg.flags as u32,
+            )
+        })?;
         to.inode.gate.written(arg.off_out + copied as u64);
         Ok(copied as u64)
     }

@@ -69,52 +69,26 @@ pub struct PassthroughOptions {
     pub atime: Atime,
 }
 
-/// When reading a file or listing a directory updates its access time: the FUSE mount's
-/// atime flags. FUSE inodes are S_NOATIME (the kernel leaves atime to the server), so what
-/// decides is the rule of the host mount the daemon (and kernel passthrough, whose backing
-/// files are opened from the daemon's) reads through. As root the daemon reaches SOURCE
-/// through a private copy of its mount tree whose atime flags are these, so the host applies
-/// the FUSE mount's rule, exactly as the kernel would (`PassthroughFs::set_atime` changes
-/// it on remount).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Atime {
-    pub rule: AtimeRule,
-    /// Directories' atime moves too (not `nodiratime`).
-    pub directories: bool,
-}
+// When reading a file or listing a directory updates its access time: the FUSE mount's
+// atime flags. FUSE inodes are S_NOATIME (the kernel leaves atime to the server), so what
+// decides is the rule of the host mount the daemon (and kernel passthrough, whose backing
+// files are opened from the daemon's) reads through. As root the daemon reaches SOURCE
+// through a private copy of its mount tree whose atime flags are these, so the host applies
+// the FUSE mount's rule, exactly as the kernel would (`PassthroughFs::set_atime` changes
+// it on remount).
+pub use lanefs_fuse::atime::{Atime, AtimeRule};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AtimeRule {
-    /// `relatime` (the default): when atime is older than mtime or ctime, or a day old.
-    Relative,
-    /// `strictatime`: on every access.
-    Always,
-    /// `noatime`.
-    Never,
-}
-
-impl Default for Atime {
-    fn default() -> Self {
-        Atime {
-            rule: AtimeRule::Relative,
-            directories: true,
-        }
-    }
-}
-
-impl Atime {
-    /// The MOUNT_ATTR_* bits of this rule, for mount_setattr.
-    fn mount_attr(self) -> u64 {
-        let rule = match self.rule {
-            AtimeRule::Relative => libc::MOUNT_ATTR_RELATIME,
-            AtimeRule::Always => libc::MOUNT_ATTR_STRICTATIME,
-            AtimeRule::Never => libc::MOUNT_ATTR_NOATIME,
-        };
-        if self.directories {
-            rule
-        } else {
-            rule | libc::MOUNT_ATTR_NODIRATIME
-        }
+/// The MOUNT_ATTR_* bits of an atime rule, for mount_setattr.
+fn mount_attr(atime: Atime) -> u64 {
+    let rule = match atime.rule {
+        AtimeRule::Relative => libc::MOUNT_ATTR_RELATIME,
+        AtimeRule::Always => libc::MOUNT_ATTR_STRICTATIME,
+        AtimeRule::Never => libc::MOUNT_ATTR_NOATIME,
+    };
+    if atime.directories {
+        rule
+    } else {
+        rule | libc::MOUNT_ATTR_NODIRATIME
     }
 }
 
@@ -185,6 +159,10 @@ pub struct State {
     /// Without that copy, a `noatime` mount opens host files with O_NOATIME where the host
     /// allows it (files the daemon's user owns).
     noatime_opens: AtomicBool,
+    /// The FUSE mount's atime flags ([`Atime::to_bits`]), changed by a remount: a page-cache
+    /// open after which a read must move atime drops the cache, so that the read reaches
+    /// the host (`files::finish_open`).
+    atime: std::sync::atomic::AtomicU8,
     /// The origin of `now_ns`, the clock of cached answers' expiry.
     clock: std::time::Instant,
 }
@@ -259,6 +237,7 @@ impl PassthroughFs {
             tracing::info!("--no-file-handles: keeping an O_PATH fd per known inode");
         }
         let opts_atime_never = opts.atime.rule == AtimeRule::Never;
+        let atime_bits = opts.atime.to_bits();
         let root = Inode::new(
             abi::ROOT_ID,
             InodeKey {
@@ -285,6 +264,7 @@ impl PassthroughFs {
             root_mount: Arc::new(root_mount),
             stack_depth,
             noatime_opens: AtomicBool::new(tree.is_none() && opts_atime_never),
+            atime: std::sync::atomic::AtomicU8::new(atime_bits),
             tree,
             clock: std::time::Instant::now(),
         })))
@@ -292,9 +272,10 @@ impl PassthroughFs {
 
     /// Applies new atime flags of the FUSE mount (a remount) to the daemon's own reads.
     pub fn set_atime(&self, atime: Atime) {
+        self.atime.store(atime.to_bits(), Ordering::Relaxed);
         match &self.tree {
             Some(tree) => {
-                if let Err(e) = sys::set_tree_atime(tree, atime.mount_attr()) {
+                if let Err(e) = sys::set_tree_atime(tree, mount_attr(atime)) {
                     tracing::warn!(
                         "cannot apply the mount's new atime flags to the daemon's reads: {}",
                         io::Error::from_raw_os_error(e)
@@ -604,7 +585,7 @@ impl Found<'_> {
 /// `opened` itself. The copy is returned a second time as the tree to change on remount.
 fn private_tree(opened: OwnedFd, atime: Atime) -> (Arc<OwnedFd>, Option<Arc<OwnedFd>>) {
     let copy = sys::clone_tree(&opened).and_then(|tree| {
-        sys::set_tree_atime(&tree, atime.mount_attr())?;
+        sys::set_tree_atime(&tree, mount_attr(atime))?;
         Ok(Arc::new(tree))
     });
     match copy {
@@ -1000,10 +981,10 @@ impl Filesystem for PassthroughFs {
         self.do_setlk(req, ino, arg, sleep, reply)
     }
 
-    fn fallocate(&self, _req: &Request, _ino: u64, arg: &abi::FallocateIn, reply: Reply) {
-        let arg = *arg;
+    fn fallocate(&self, req: &Request, _ino: u64, arg: &abi::FallocateIn, reply: Reply) {
+        let (req, arg) = (*req, *arg);
         self.answer_off_queue(reply, move |fs, reply| {
-            answer(reply, fs.do_fallocate(&arg), |r, ()| r.ok())
+            answer(reply, fs.do_fallocate(&req, &arg), |r, ()| r.ok())
         })
     }
 
@@ -1011,11 +992,11 @@ impl Filesystem for PassthroughFs {
         answer(reply, self.do_lseek(arg), |r, off| r.lseek(off))
     }
 
-    fn copy_file_range(&self, _req: &Request, _ino: u64, arg: &abi::CopyFileRangeIn, reply: Reply) {
+    fn copy_file_range(&self, req: &Request, _ino: u64, arg: &abi::CopyFileRangeIn, reply: Reply) {
         // Of unbounded length.
-        let arg = *arg;
+        let (req, arg) = (*req, *arg);
         self.answer_off_queue(reply, move |fs, reply| {
-            answer(reply, fs.do_copy_file_range(&arg), |r, n| r.copied(n))
+            answer(reply, fs.do_copy_file_range(&req, &arg), |r, n| r.copied(n))
         })
     }
 

@@ -1,0 +1,195 @@
+//! Access times on the volume (issue 17 item 3): reads and listings move atime by the
+//! mount's rule (noatime, relatime, strictatime, nodiratime; a read-only mount counts as
+//! noatime; an inode's FS_NOATIME_FL too), exactly as the kernel decides for its own file
+//! systems, in the volume's records.
+//!
+//! FUSE inodes are S_NOATIME: the kernel moves no atime itself and tells us of no read it
+//! serves from its page cache. So an open after which the next read must move atime (by the
+//! rule, from the inode's times at the open; under strictatime every open) is answered
+//! without FOPEN_KEEP_CACHE, which makes the kernel drop the file's cached pages and send
+//! that read here, and gets a handle of its own with [`FH_ATIME_DUE`] set. Under relatime
+//! the first read of such an open applies the rule (one store read) and later ones cost
+//! nothing (`AtimeDue`); under strictatime every read moves atime. The atime is committed
+//! before the read is answered, so a stat right after it sees the new time.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use lanefs_fuse::Reply;
+use lanefs_fuse::abi::{self, fopen};
+use lanefs_fuse::atime::{Atime, AtimeRule};
+use lanefs_fuse::fileattr::FS_NOATIME_FL;
+
+use super::{OPEN_SHARDS, VolumeFs};
+use crate::meta::*;
+use crate::now_ns;
+
+/// In an open's fh: its reads may have to move atime (the other bits number the open).
+const FH_ATIME_DUE: u64 = 1;
+
+/// The mount's atime flags ([`Atime::to_bits`]); a remount changes them from the mount
+/// table's watcher thread.
+#[derive(Clone)]
+pub struct AtimeSwitch(Arc<AtomicU8>);
+
+impl AtimeSwitch {
+    pub(super) fn new(atime: Atime) -> AtimeSwitch {
+        AtimeSwitch(Arc::new(AtomicU8::new(atime.to_bits())))
+    }
+
+    pub fn set(&self, atime: Atime) {
+        self.0.store(atime.to_bits(), Ordering::Relaxed)
+    }
+
+    fn get(&self) -> Atime {
+        Atime::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// The handles of opens whose first read has yet to apply the relatime rule.
+pub(super) struct AtimeDue {
+    /// Each mutex protects one shard's set; leaf locks, held for one set operation.
+    shards: Vec<Mutex<HashSet<u64>>>,
+    /// The next open's number (fh = number << 1 | FH_ATIME_DUE).
+    next: AtomicU64,
+}
+
+impl AtimeDue {
+    pub(super) fn new() -> AtimeDue {
+        AtimeDue {
+            shards: (0..OPEN_SHARDS)
+                .map(|_| Mutex::new(HashSet::new()))
+                .collect(),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn shard(&self, fh: u64) -> MutexGuard<'_, HashSet<u64>> {
+        self.shards[((fh >> 1) as usize) % OPEN_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self) -> u64 {
+        let fh = (self.next.fetch_add(1, Ordering::Relaxed) << 1) | FH_ATIME_DUE;
+        self.shard(fh).insert(fh);
+        fh
+    }
+
+    /// Whether `fh` was still waiting for its first read (it no longer is).
+    fn take(&self, fh: u64) -> bool {
+        self.shard(fh).remove(&fh)
+    }
+
+    /// The open `fh` is released.
+    pub(super) fn release(&self, fh: u64) {
+        if fh & FH_ATIME_DUE != 0 {
+            self.take(fh);
+        }
+    }
+}
+
+impl VolumeFs {
+    /// The handle of the mount's atime flags, for following remounts.
+    pub fn atime_switch(&self) -> AtimeSwitch {
+        self.atime.clone()
+    }
+
+    /// Whether an access now moves `rec`'s atime (its times as the kernel sees them).
+    fn atime_moves(&self, rec: &InodeRec, now: i64) -> bool {
+        let mtime = self
+            .open
+            .get(rec.ino)
+            .and_then(|state| state.dirty_mtime())
+            .unwrap_or(rec.mtime_ns);
+        let ctime = rec.ctime_ns.max(mtime);
+        self.fileattrs.get(rec.ino) & FS_NOATIME_FL == 0
+            && self
+                .atime
+                .get()
+                .moves(rec.is_dir(), rec.atime_ns, mtime, ctime, now)
+    }
+
+    /// The answer to an open of `rec` with `flags`: without FOPEN_KEEP_CACHE and with a
+    /// handle of its own when its reads may move atime.
+    pub(super) fn open_out(&self, rec: &InodeRec, flags: u32) -> abi::OpenOut {
+        let mut open_flags = self.open_flags(flags);
+        let due = match self.atime.get().rule {
+            AtimeRule::Never => false,
+            AtimeRule::Always => true,
+            AtimeRule::Relative => self.atime_moves(rec, now_ns()),
+        };
+        let mut fh = 0;
+        if due {
+            open_flags &= !fopen::KEEP_CACHE;
+            fh = self.atime_due.add();
+        }
+        abi::OpenOut {
+            fh,
+            open_flags,
+            backing_id: 0,
+        }
+    }
+
+    /// Answers a read of `ino` through open `fh` with `bytes`, first moving its atime if
+    /// the rule says so.
+    pub(super) fn reply_read(&self, queue: usize, ino: u64, fh: u64, bytes: Vec<u8>, reply: Reply) {
+        if fh & FH_ATIME_DUE == 0 {
+            return reply.data(&bytes);
+        }
+        let now = now_ns();
+        let moves = match self.atime.get().rule {
+            AtimeRule::Never => false,
+            AtimeRule::Always => self.fileattrs.get(ino) & FS_NOATIME_FL == 0,
+            // At most once per open: after it, atime is after mtime and ctime.
+            AtimeRule::Relative => {
+                self.atime_due.take(fh)
+                    && self
+                        .store
+                        .getattr(queue, ino)
+                        .is_ok_and(|rec| self.atime_moves(&rec, now))
+            }
+        };
+        if !moves {
+            return reply.data(&bytes);
+        }
+        self.store.touch_atime(
+            ino,
+            now,
+            Box::new(move |r| {
+                if let Err(e) = r {
+                    tracing::warn!(
+                        "volume: moving the atime of inode {ino}: {}",
+                        std::io::Error::from_raw_os_error(e)
+                    );
+                }
+                reply.data(&bytes)
+            }),
+        )
+    }
+
+    /// Answers a READDIR with `bytes`; when it took the listing of directory `rec`, first
+    /// moves the directory's atime if the rule says so.
+    pub(super) fn reply_listing(&self, rec: Option<&InodeRec>, bytes: &[u8], reply: Reply) {
+        let now = now_ns();
+        let Some(rec) = rec.filter(|rec| self.atime_moves(rec, now)) else {
+            return reply.data(bytes);
+        };
+        let ino = rec.ino;
+        let bytes = bytes.to_vec();
+        self.store.touch_atime(
+            ino,
+            now,
+            Box::new(move |r| {
+                if let Err(e) = r {
+                    tracing::warn!(
+                        "volume: moving the atime of directory {ino}: {}",
+                        std::io::Error::from_raw_os_error(e)
+                    );
+                }
+                reply.data(&bytes)
+            }),
+        )
+    }
+}
