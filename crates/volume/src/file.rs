@@ -412,15 +412,11 @@ impl FileState {
         dp.prefetch(wanted);
     }
 
-    /// Commits the unflushed writes: new blocks for dirty chunks (or the inline bytes), then
-    /// one metadata change. With `sync`, blocks and metadata are durable when it returns.
-    /// Returns the blocks the change released (to delete from the block store).
-    pub fn flush(
-        &self,
-        dp: &DataPath,
-        store: &dyn MetaStore,
-        sync: bool,
-    ) -> Result<Vec<u64>, Errno> {
+    /// Commits the unflushed writes: new blocks for dirty chunks (or the inline bytes), made
+    /// durable, then one metadata change referring to them (durable at the next sync; see
+    /// ARCHITECTURE.md, "Durability"). Returns the blocks the change released (to delete from
+    /// the block store once the change is durable).
+    pub fn flush(&self, dp: &DataPath, store: &dyn MetaStore) -> Result<Vec<u64>, Errno> {
         let _gate = write_lock(&self.gate);
         let dirty: Vec<(u64, ChunkBuf)> = lock(&self.dirty)
             .iter()
@@ -485,13 +481,17 @@ impl FileState {
                 self.discard(dp, &uploaded);
                 return Err(e.raw_os_error().unwrap_or(libc::EIO));
             }
-            if sync && let Err(e) = dp.blocks.sync(&uploaded) {
+            // Durable before the commit that refers to them is written: SQLite's WAL may
+            // reach the disk at any time after (the kernel's writeback, a checkpoint, the
+            // next sync's fsync), and a row must never outlive its block.
+            if let Err(e) = dp.blocks.sync(&uploaded) {
                 tracing::error!("volume: syncing blocks of inode {}: {e}", self.ino);
+                self.discard(dp, &uploaded);
                 return Err(e.raw_os_error().unwrap_or(libc::EIO));
             }
         }
         let applied = update.clone();
-        let released = match meta::wait(|done| store.update_data(update, sync, done)) {
+        let released = match meta::wait(|done| store.update_data(update, done)) {
             Ok(released) => released,
             Err(e) => {
                 self.discard(dp, &uploaded);
@@ -607,7 +607,7 @@ impl FileState {
             ..Default::default()
         };
         let applied = update.clone();
-        let released = meta::wait(|done| store.update_data(update, false, done))?;
+        let released = meta::wait(|done| store.update_data(update, done))?;
         {
             let mut c = write_lock(&self.committed);
             c.inline = applied.inline.map(Bytes::from);
@@ -810,13 +810,13 @@ mod tests {
             assert!(got[10..] == data[..]);
         };
         expect(&file);
-        file.flush(&f.data, &*f.store, false).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
         expect(&file);
         expect(&f.reopen(file.ino));
         // A small overwrite in the middle rewrites one chunk and releases its old block.
         file.write(&f.data, CHUNK_BYTES + 7, b"xyz", true, 6)
             .unwrap();
-        let released = file.flush(&f.data, &*f.store, false).unwrap();
+        let released = file.flush(&f.data, &*f.store).unwrap();
         assert_eq!(released.len(), 1);
         let got = f
             .reopen(file.ino)
@@ -825,18 +825,103 @@ mod tests {
         assert_eq!(got, b"xyz");
     }
 
+    /// cachestat(2)'s answer (Linux 6.5+; not in the libc crate for x86_64 yet).
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat {
+        cached: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+
+    /// Pages of `path` the page cache holds and has not yet written to the disk.
+    fn unwritten_pages(path: &std::path::Path) -> u64 {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(path).unwrap();
+        let range = [0u64, 0u64]; // offset 0, length 0: the whole file
+        let mut stat = CacheStat::default();
+        // SAFETY: cachestat reads `range` (two u64) and fills `stat` (five u64); both live
+        // across the call, and the fd is open.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_CACHESTAT,
+                file.as_raw_fd(),
+                range.as_ptr(),
+                &mut stat as *mut CacheStat,
+                0u32,
+            )
+        };
+        assert_eq!(rc, 0, "cachestat: {}", std::io::Error::last_os_error());
+        stat.dirty + stat.writeback
+    }
+
+    /// Every file under `dir`, recursively.
+    fn files_under(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files_under(&path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+
+    /// A flush that is not an fsync (close, the dirty limit, before a setattr) still writes
+    /// its blocks to the disk before committing the rows that refer to them: the WAL may
+    /// reach the disk before any later fsync, and a row must never outlive its block.
+    #[test]
+    fn every_flush_makes_its_blocks_durable_before_committing_them() {
+        let f = Fixture::new("durable");
+        let file = f.new_file("d");
+        file.write(
+            &f.data,
+            0,
+            &pattern(3 * CHUNK_BYTES as usize + 5, 7),
+            true,
+            1,
+        )
+        .unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
+        let names: Vec<String> = f
+            .store
+            .load_file(0, file.ino)
+            .unwrap()
+            .chunks
+            .iter()
+            .map(|c| format!("{:016x}", c.block))
+            .collect();
+        assert_eq!(names.len(), 4);
+        let mut blocks = Vec::new();
+        files_under(&f.dir.join("data").join("blocks"), &mut blocks);
+        for name in names {
+            let path = blocks
+                .iter()
+                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy() == name))
+                .unwrap_or_else(|| panic!("block {name} is not in the data directory"));
+            assert_eq!(
+                unwritten_pages(path),
+                0,
+                "block {name} was committed while its bytes were only in the page cache"
+            );
+        }
+    }
+
     #[test]
     fn small_files_stay_inline_and_grow_into_blocks() {
         let f = Fixture::new("inline");
         let file = f.new_file("s");
         file.write(&f.data, 0, b"hello", true, 1).unwrap();
-        file.flush(&f.data, &*f.store, false).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
         let rec = f.store.load_file(0, file.ino).unwrap();
         assert_eq!(rec.inline.as_deref(), Some(&b"hello"[..]));
         assert!(rec.chunks.is_empty());
         file.write(&f.data, INLINE_MAX_BYTES, b"!", true, 2)
             .unwrap();
-        file.flush(&f.data, &*f.store, false).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
         let rec = f.store.load_file(0, file.ino).unwrap();
         assert_eq!(rec.inline, None);
         assert_eq!(rec.chunks.len(), 1);
@@ -851,7 +936,7 @@ mod tests {
         let file = f.new_file("t");
         file.write(&f.data, 0, &pattern(2 * CHUNK_BYTES as usize, 3), true, 1)
             .unwrap();
-        file.flush(&f.data, &*f.store, false).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
         file.truncate(&f.data, &*f.store, 100, 2).unwrap();
         file.truncate(&f.data, &*f.store, 2 * CHUNK_BYTES, 3)
             .unwrap();

@@ -342,8 +342,8 @@ impl VolumeFs {
         }
     }
 
-    fn flush_state(&self, state: &FileState, sync: bool) -> Result<(), Errno> {
-        match state.flush(&self.data, &*self.store, sync) {
+    fn flush_state(&self, state: &FileState) -> Result<(), Errno> {
+        match state.flush(&self.data, &*self.store) {
             Ok(released) => {
                 self.reap(released);
                 Ok(())
@@ -357,7 +357,7 @@ impl VolumeFs {
 
     /// The last release of an inode: flush, and free it if it lost its last name.
     fn last_release(&self, state: Arc<FileState>) {
-        if let Err(e) = self.flush_state(&state, false) {
+        if let Err(e) = self.flush_state(&state) {
             tracing::error!(
                 "volume: flushing inode {} at its last close: {}",
                 state.ino,
@@ -574,7 +574,7 @@ impl Filesystem for VolumeFs {
 
     fn destroy(&self) {
         for state in self.open.all() {
-            if let Err(e) = self.flush_state(&state, false) {
+            if let Err(e) = self.flush_state(&state) {
                 tracing::error!(
                     "volume: flushing inode {} at unmount: {}",
                     state.ino,
@@ -686,7 +686,7 @@ impl Filesystem for VolumeFs {
             && change.mtime_ns.is_some()
         {
             // An explicit mtime wins over the write's (flushed later with the data).
-            if let Err(e) = self.flush_state(&state, false) {
+            if let Err(e) = self.flush_state(&state) {
                 return reply.error(e);
             }
         }
@@ -925,7 +925,7 @@ impl Filesystem for VolumeFs {
             now_ns(),
         ) {
             Ok(over) => {
-                if over && let Err(e) = self.flush_state(&state, false) {
+                if over && let Err(e) = self.flush_state(&state) {
                     return reply.error(e);
                 }
                 reply.written(data.len() as u32)
@@ -936,7 +936,7 @@ impl Filesystem for VolumeFs {
 
     fn flush(&self, _req: &Request, ino: u64, _arg: &abi::FlushIn, reply: Reply) {
         match self.open.get(ino) {
-            Some(state) => match self.flush_state(&state, false) {
+            Some(state) => match self.flush_state(&state) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
             },
@@ -952,9 +952,12 @@ impl Filesystem for VolumeFs {
     }
 
     fn fsync(&self, _req: &Request, ino: u64, _arg: &abi::FsyncIn, reply: Reply) {
+        // The flush syncs the file's new blocks before committing their rows (every flush
+        // does, so blocks of earlier flushes are durable too); the sync then fsyncs the WAL,
+        // which holds the flush's commit and every one before it.
         let result = match self.open.get(ino) {
             Some(state) => self
-                .flush_state(&state, true)
+                .flush_state(&state)
                 .and_then(|()| wait(|done| self.store.sync(done))),
             None => wait(|done| self.store.sync(done)),
         };
@@ -1046,8 +1049,10 @@ impl Filesystem for VolumeFs {
     }
 
     fn syncfs(&self, _req: &Request, _ino: u64, reply: Reply) {
+        // Every open file's data into blocks (durable) and rows, then one fsync of the WAL
+        // for all of them and everything committed before.
         for state in self.open.all() {
-            if let Err(e) = self.flush_state(&state, true) {
+            if let Err(e) = self.flush_state(&state) {
                 return reply.error(e);
             }
         }

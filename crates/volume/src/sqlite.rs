@@ -1052,9 +1052,9 @@ impl MetaStore for SqliteStore {
         )
     }
 
-    fn update_data(&self, u: DataUpdate, sync: bool, done: Done<Vec<u64>>) {
+    fn update_data(&self, u: DataUpdate, done: Done<Vec<u64>>) {
         self.submit(
-            sync,
+            false,
             move |w| {
                 let n = w
                     .conn
