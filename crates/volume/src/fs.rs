@@ -478,6 +478,22 @@ fn split_duration(d: Duration) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
 }
 
+/// Makes everything committed so far durable: the commits that released blocks, or the
+/// state in which no chunk refers to them, must survive a power loss before the blocks are
+/// deleted, or the database could come back referring to a deleted block.
+fn sync_before_deleting(store: &dyn MetaStore) -> bool {
+    match wait(|done| store.sync(done)) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                "volume: syncing the metadata before deleting blocks: {} (they stay until the next try)",
+                errno_name(e)
+            );
+            false
+        }
+    }
+}
+
 /// Deletes the blocks that sessions which ended without unmounting (kill -9, a crash) wrote
 /// but never committed: a block is stored before the change that refers to it.
 fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
@@ -519,7 +535,9 @@ fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
     }
 }
 
-/// The reaper: deletes released blocks from the block store, then forgets their gc rows.
+/// The reaper: makes the commits that released blocks durable, deletes the blocks from the
+/// block store, then forgets their gc rows (a batch of whatever was queued meanwhile shares
+/// one sync).
 fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
     let mut stopping = false;
     while !stopping {
@@ -531,7 +549,7 @@ fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
                 ReapMsg::Stop => stopping = true,
             }
         }
-        if blocks.is_empty() {
+        if blocks.is_empty() || !sync_before_deleting(&*store) {
             continue;
         }
         let mut gone = Vec::with_capacity(blocks.len());
@@ -1288,3 +1306,112 @@ fn host_statvfs(path: &std::path::Path) -> Option<HostStatfs> {
 /// Namespaces of xattrs the volume stores (POSIX ACLs, `system.*`, need FUSE_POSIX_ACL, which
 /// the volume does not negotiate yet).
 const XATTR_NAMESPACES: &[&[u8]] = &[b"user.", b"trusted.", b"security."];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file::{CHUNK_BYTES, DataPath, FileState};
+    use crate::meta::{NewNode, ROOT_INO};
+    use crate::sqlite::SqliteStore;
+    use crate::volume;
+
+    /// A formatted volume in a temp dir; removed when dropped.
+    struct Dir {
+        dir: std::path::PathBuf,
+        db: std::path::PathBuf,
+    }
+
+    impl Dir {
+        fn new(tag: &str) -> Dir {
+            let dir = std::env::temp_dir().join(format!("lanefs-fs-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let db = dir.join("v.db");
+            volume::format(&db, &dir.join("data"), false).unwrap();
+            Dir { dir, db }
+        }
+
+        /// A session on the volume, as a mount opens it.
+        fn open(&self) -> (Arc<SqliteStore>, Arc<DataPath>) {
+            let (_, settings) = volume::check(&self.db, true).unwrap();
+            let blocks = volume::open_blocks(&self.db, &settings).unwrap();
+            let store = Arc::new(SqliteStore::open(&self.db, "test", "/none", 1).unwrap());
+            let data = Arc::new(DataPath::new(blocks, store.session));
+            (store, data)
+        }
+
+        /// The session's heartbeat: a sync writes it (its time), nothing else here does.
+        fn last_sync_ns(&self, session: u64) -> i64 {
+            let conn = crate::sqlite::connect(&self.db, false).unwrap();
+            conn.query_row(
+                "SELECT heartbeat_ns FROM sessions WHERE id = ?",
+                [session as i64],
+                |r| r.get(0),
+            )
+            .unwrap()
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// A file of two chunks, flushed: its blocks are stored and committed.
+    fn flushed_file(store: &SqliteStore, data: &DataPath, name: &str) -> FileState {
+        let rec = wait(|done| {
+            store.create(
+                NewNode {
+                    parent: ROOT_INO,
+                    name: name.as_bytes().to_vec(),
+                    mode: libc::S_IFREG | 0o644,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    target: None,
+                    now_ns: 1,
+                },
+                done,
+            )
+        })
+        .unwrap();
+        let file = FileState::new(rec.ino);
+        file.load(|| store.load_file(0, rec.ino)).unwrap();
+        file.write(data, 0, &vec![7u8; 2 * CHUNK_BYTES as usize], true, 2)
+            .unwrap();
+        file.flush(data, store).unwrap();
+        file
+    }
+
+    fn block_exists(data: &DataPath, block: u64) -> bool {
+        data.blocks.get(block).is_ok()
+    }
+
+    /// The reaper deletes a released block only after a sync made the commit that released
+    /// it durable.
+    #[test]
+    fn the_reaper_syncs_the_releasing_commit_before_deleting() {
+        let dir = Dir::new("reap");
+        let (store, data) = dir.open();
+        let file = flushed_file(&store, &data, "f");
+        file.write(&data, 5, b"new", true, 3).unwrap();
+        let released = file.flush(&data, &*store).unwrap();
+        assert_eq!(released.len(), 1);
+        let released_at = now_ns();
+        let (tx, rx) = channel();
+        tx.send(ReapMsg::Blocks(released.clone())).unwrap();
+        tx.send(ReapMsg::Stop).unwrap();
+        let (s, d) = (store.clone() as Arc<dyn MetaStore>, data.clone());
+        std::thread::spawn(move || reap(s, d, rx)).join().unwrap();
+        assert!(
+            !block_exists(&data, released[0]),
+            "the block was not deleted"
+        );
+        assert!(
+            dir.last_sync_ns(store.session) >= released_at,
+            "the released block was deleted with no sync after the commit that released it"
+        );
+        store.close();
+    }
+}
