@@ -497,7 +497,12 @@ fn sync_before_deleting(store: &dyn MetaStore) -> bool {
 /// Deletes the blocks that sessions which ended without unmounting (kill -9, a crash) wrote
 /// but never committed: a block is stored before the change that refers to it.
 fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
-    for session in store.crashed_sessions() {
+    let crashed = store.crashed_sessions();
+    // What this session's start found (and WAL recovery replayed) may not be on the disk yet.
+    if crashed.is_empty() || !sync_before_deleting(store) {
+        return;
+    }
+    for session in crashed {
         let lo = session << crate::file::BLOCK_ID_SESSION_SHIFT;
         let hi = (session + 1) << crate::file::BLOCK_ID_SESSION_SHIFT;
         let (stored, used) = match (
@@ -1413,5 +1418,36 @@ mod tests {
             "the released block was deleted with no sync after the commit that released it"
         );
         store.close();
+    }
+
+    /// A mount deletes the uncommitted blocks of a crashed session only after a sync made
+    /// the state it read durable.
+    #[test]
+    fn reclaiming_a_crashed_sessions_blocks_syncs_first() {
+        let dir = Dir::new("reclaim");
+        let (crashed, crashed_data) = dir.open();
+        let file = flushed_file(&crashed, &crashed_data, "kept");
+        // A block stored whose commit never came (the session "dies" here: never closed).
+        let stray = (crashed.session << crate::file::BLOCK_ID_SESSION_SHIFT) + 1000;
+        crashed_data
+            .blocks
+            .put(vec![(stray, bytes::Bytes::from_static(b"stray"))])
+            .unwrap();
+        let (store, data) = dir.open();
+        assert_eq!(store.crashed_sessions(), vec![crashed.session]);
+        let started = now_ns();
+        recover_crashed_blocks(&*store, &data);
+        assert!(
+            !block_exists(&data, stray),
+            "the stray block was not deleted"
+        );
+        let kept = store.load_file(0, file.ino).unwrap().chunks;
+        assert!(kept.iter().all(|c| block_exists(&data, c.block)));
+        assert!(
+            dir.last_sync_ns(store.session) >= started,
+            "a crashed session's blocks were deleted before this session's start was durable"
+        );
+        store.close();
+        crashed.close();
     }
 }
