@@ -17,6 +17,7 @@ use lanefs_fuse::{DirBuffer, DirEntry, Filesystem, InitRequest, Reply, Request};
 use crate::file::{DataPath, FileState};
 use crate::meta::*;
 use crate::now_ns;
+use crate::volume::VolumeLock;
 
 /// Shards of the open-file and directory-handle tables.
 const OPEN_SHARDS: usize = 64;
@@ -165,6 +166,9 @@ pub struct VolumeFs {
     started: std::time::Instant,
     /// Flushes that failed and were reported: counted for `lanefs stats`.
     flush_errors: AtomicU64,
+    /// The volume's lock: let go at the very end of `destroy`, after the session ended and
+    /// the database was closed, before the daemon says it is unmounted.
+    lock: VolumeLock,
 }
 
 fn errno_name(e: Errno) -> std::io::Error {
@@ -177,6 +181,7 @@ impl VolumeFs {
         data: Arc<DataPath>,
         data_dir: std::path::PathBuf,
         options: VolumeOptions,
+        lock: VolumeLock,
     ) -> VolumeFs {
         let mut threads = Vec::new();
         let (reap_tx, reap_rx) = channel::<ReapMsg>();
@@ -241,6 +246,7 @@ impl VolumeFs {
             usage_bytes: AtomicU64::new(0),
             started: std::time::Instant::now(),
             flush_errors: AtomicU64::new(0),
+            lock,
         }
     }
 
@@ -612,6 +618,7 @@ impl Filesystem for VolumeFs {
             let _ = handle.join();
         }
         self.store.close();
+        self.lock.release();
     }
 
     fn counters(&self) -> Vec<(String, u64)> {

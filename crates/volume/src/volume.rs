@@ -31,7 +31,7 @@ pub fn looks_like_volume(path: &Path) -> bool {
 /// flock on the database file, which SQLite's own fcntl locks do not touch. Released when
 /// dropped (or when the process dies, kill -9 included).
 pub struct VolumeLock {
-    _file: File,
+    file: File,
 }
 
 impl VolumeLock {
@@ -45,7 +45,16 @@ impl VolumeLock {
                 db.display()
             ));
         }
-        Ok(VolumeLock { _file: file })
+        Ok(VolumeLock { file })
+    }
+
+    /// Lets go of the volume before the lock is dropped: at the very end of a mount's
+    /// teardown, so that a command run as soon as the daemon says it is unmounted finds the
+    /// volume free. The fd stays open until the drop (closing one of the database file's fds
+    /// would not touch SQLite's fcntl locks, but there is no need to).
+    pub fn release(&self) {
+        // SAFETY: flock on an fd we own; no memory is involved.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
     }
 }
 
@@ -254,18 +263,13 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
     ))
 }
 
-/// Everything a mount of the volume needs, checked; the volume is held until it is dropped.
-pub struct Mountable {
-    pub fs: VolumeFs,
-    pub lock: VolumeLock,
-}
-
-/// Checks the volume, takes its lock, registers a session: the file system to serve.
+/// Checks the volume, takes its lock, registers a session: the file system to serve, which
+/// holds the volume until the end of its `destroy` (or until it is dropped).
 pub fn open_for_mount(
     db: &Path,
     mountpoint: &Path,
     options: VolumeOptions,
-) -> Result<Mountable, String> {
+) -> Result<VolumeFs, String> {
     let db = &std::path::absolute(db).map_err(|e| format!("{}: {e}", db.display()))?;
     let (conn, settings) = check(db, true)?;
     drop(conn);
@@ -274,8 +278,13 @@ pub fn open_for_mount(
     let store = SqliteStore::open(db, &hostname(), &mountpoint.to_string_lossy(), now_ns())
         .map_err(|e| format!("{}: starting a session: {e}", db.display()))?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
-    let fs = VolumeFs::new(Arc::new(store), data, settings.data.clone(), options);
-    Ok(Mountable { fs, lock })
+    Ok(VolumeFs::new(
+        Arc::new(store),
+        data,
+        settings.data.clone(),
+        options,
+        lock,
+    ))
 }
 
 fn hostname() -> String {
