@@ -787,3 +787,30 @@ fn dump_and_load_round_trip_is_identical() {
     );
     assert!(!volume.dir.path().join("other.db").exists());
 }
+
+#[test]
+fn format_force_checks_everything_before_deleting_the_old_volume() {
+    let volume = Volume::format("reformat");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("kept"), b"still here").unwrap();
+    m.unmount();
+    // A data directory that is not ours: refused, and the old volume is untouched.
+    let other = TempDir::new("vol-reformat-other");
+    std::fs::write(other.path().join("precious"), b"not a block").unwrap();
+    let out = lanefs(&[
+        "format",
+        volume.source(),
+        "--data",
+        other.path().to_str().unwrap(),
+        "--force",
+    ]);
+    assert!(!out.status.success(), "format --force replaced the volume");
+    assert!(stderr(&out).contains("is not empty"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(other.path().join("precious")).unwrap(),
+        b"not a block"
+    );
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"still here");
+}

@@ -174,37 +174,36 @@ fn random_id() -> Result<String, String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// `lanefs format`: a new, empty volume.
+/// `lanefs format`: a new, empty volume. Everything is checked (and the old volume locked)
+/// before anything is deleted: a refusal leaves an existing volume as it was.
 pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
     let shown = db.display();
-    if db.exists() {
+    let mut _lock = None;
+    let replace_db = db.exists();
+    if replace_db {
         if !force {
             return Err(format!(
                 "{shown} exists; add --force to replace it (everything in it is lost)"
             ));
         }
-        let _lock = VolumeLock::take(db)?;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = db.as_os_str().to_owned();
-            p.push(suffix);
-            match std::fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("removing {}: {e}", Path::new(&p).display())),
-            }
+        if !db.is_file() {
+            return Err(format!(
+                "{shown} exists and is not a file; give a file's path"
+            ));
         }
+        _lock = Some(VolumeLock::take(db)?);
     }
     std::fs::create_dir_all(data).map_err(|e| format!("data directory {}: {e}", data.display()))?;
     let data = data
         .canonicalize()
         .map_err(|e| format!("data directory {}: {e}", data.display()))?;
-    let mut entries = std::fs::read_dir(&data)
+    let entries = std::fs::read_dir(&data)
         .map_err(|e| format!("data directory {}: {e}", data.display()))?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name())
         .collect::<Vec<_>>();
-    entries.sort();
-    if !entries.is_empty() {
+    let clear_data = !entries.is_empty();
+    if clear_data {
         let ours = entries.iter().all(|n| n == "blocks" || n == VOLUME_ID_KEY);
         if !ours {
             return Err(format!(
@@ -218,10 +217,24 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
                 data.display()
             ));
         }
+    }
+    let uuid = random_id()?;
+    // Checked; now the old volume goes.
+    if replace_db {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = db.as_os_str().to_owned();
+            p.push(suffix);
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("removing {}: {e}", Path::new(&p).display())),
+            }
+        }
+    }
+    if clear_data {
         let _ = std::fs::remove_dir_all(data.join("blocks"));
         let _ = std::fs::remove_file(data.join(VOLUME_ID_KEY));
     }
-    let uuid = random_id()?;
     let now = now_ns();
     let conn = Connection::open(db).map_err(|e| format!("{shown}: {e}"))?;
     conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
