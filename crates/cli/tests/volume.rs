@@ -814,3 +814,61 @@ fn format_force_checks_everything_before_deleting_the_old_volume() {
     let m = volume.mount(&[]);
     assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"still here");
 }
+
+#[test]
+fn two_volume_files_sharing_a_data_directory_are_not_mounted_at_once() {
+    let volume = Volume::format("shared-data");
+    let dump = lanefs(&["dump", volume.source()]);
+    assert!(dump.status.success(), "{}", stderr(&dump));
+    // A copy loaded from the dump names the same data directory.
+    let copy = volume.dir.path().join("copy.db");
+    let mut child = Command::new(common::lanefs())
+        .arg("load")
+        .arg(&copy)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&dump.stdout).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("big"), content(9, 2 * MIB)).unwrap();
+    let other = TempDir::new("vol-shared-data-mp");
+    // Should the second mount go ahead after all, it goes at the end of the test.
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            if is_mounted(self.0) {
+                let _ = Command::new(common::lanefs())
+                    .arg("umount")
+                    .arg(self.0)
+                    .status();
+            }
+        }
+    }
+    let _guard = Unmount(other.path());
+    for args in [
+        vec![
+            "mount",
+            "--daemon",
+            copy.to_str().unwrap(),
+            other.path().to_str().unwrap(),
+        ],
+        vec!["fsck", copy.to_str().unwrap()],
+        vec!["gc", copy.to_str().unwrap()],
+    ] {
+        let out = lanefs(&args);
+        assert!(!out.status.success(), "{args:?} went ahead");
+        assert!(
+            stderr(&out).contains("is in use by another volume file"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(!is_mounted(other.path()));
+    assert_eq!(std::fs::read(m.path("big")).unwrap(), content(9, 2 * MIB));
+    m.unmount();
+    volume.assert_clean();
+}

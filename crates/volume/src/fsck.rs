@@ -57,9 +57,10 @@ fn ids(conn: &Connection, query: &str) -> Result<Vec<i64>, String> {
 
 /// Runs the checks; `progress` gets a line per phase and per problem.
 pub fn run(db: &Path, repair: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
-    let _lock = VolumeLock::take(db)?;
+    let mut lock = VolumeLock::take(db)?;
     let (conn, settings) = volume::check(db, true)?;
     let blocks = volume::open_blocks(db, &settings)?;
+    lock.cover_data(&settings.data)?;
     let mut report = Report {
         repaired: repair,
         ..Default::default()
@@ -316,9 +317,10 @@ fn check_all(
 /// `lanefs gc`: deletes the blocks no file refers to (released ones whose deletion a crash
 /// interrupted, and strays) from a volume that is not mounted. Returns how many it deleted.
 pub fn gc(db: &Path) -> Result<usize, String> {
-    let _lock = VolumeLock::take(db)?;
+    let mut lock = VolumeLock::take(db)?;
     let (conn, settings) = volume::check(db, true)?;
     let blocks = volume::open_blocks(db, &settings)?;
+    lock.cover_data(&settings.data)?;
     let stored = blocks
         .list(None)
         .map_err(|e| format!("gc: listing the data directory: {e}"))?;

@@ -32,6 +32,8 @@ pub fn looks_like_volume(path: &Path) -> bool {
 /// dropped (or when the process dies, kill -9 included).
 pub struct VolumeLock {
     file: File,
+    /// The data directory's hold (flock on its volume-id object), once `cover_data` took it.
+    data: Option<File>,
 }
 
 impl VolumeLock {
@@ -45,7 +47,7 @@ impl VolumeLock {
                 db.display()
             ));
         }
-        Ok(VolumeLock { file })
+        Ok(VolumeLock { file, data: None })
     }
 
     /// Lets go of the volume before the lock is dropped: at the very end of a mount's
@@ -53,9 +55,34 @@ impl VolumeLock {
     /// volume free. The fd stays open until the drop (closing one of the database file's fds
     /// would not touch SQLite's fcntl locks, but there is no need to).
     pub fn release(&self) {
-        // SAFETY: flock on an fd we own; no memory is involved.
-        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+        for file in std::iter::once(&self.file).chain(&self.data) {
+            // SAFETY: flock on an fd we own; no memory is involved.
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        }
     }
+
+    /// Holds the volume's data directory too: two volume files can name one directory (a
+    /// copy made by `lanefs load` does), and two mounts writing and deleting blocks in one
+    /// directory would destroy each other's data.
+    pub fn cover_data(&mut self, data_dir: &Path) -> Result<(), String> {
+        self.data = Some(lock_data_dir(data_dir)?);
+        Ok(())
+    }
+}
+
+/// flock(LOCK_EX) on a data directory's volume-id object (every data directory of a volume
+/// has one; `open_blocks` checks it).
+fn lock_data_dir(data_dir: &Path) -> Result<File, String> {
+    let path = data_dir.join(VOLUME_ID_KEY);
+    let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: flock on an fd we own; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "the data directory {} is in use by another volume file's mount or check (a copy made by `lanefs load` shares its data directory); one data directory serves one volume at a time",
+            data_dir.display()
+        ));
+    }
+    Ok(file)
 }
 
 /// "(pid N at MP)" from the sessions table, if it can be read.
@@ -179,6 +206,7 @@ fn random_id() -> Result<String, String> {
 pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
     let shown = db.display();
     let mut _lock = None;
+    let mut _data_lock = None;
     let replace_db = db.exists();
     if replace_db {
         if !force {
@@ -216,6 +244,9 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
                 "the data directory {} holds another volume's blocks; add --force to delete them",
                 data.display()
             ));
+        }
+        if data.join(VOLUME_ID_KEY).exists() {
+            _data_lock = Some(lock_data_dir(&data)?);
         }
     }
     let uuid = random_id()?;
@@ -286,8 +317,9 @@ pub fn open_for_mount(
     let db = &std::path::absolute(db).map_err(|e| format!("{}: {e}", db.display()))?;
     let (conn, settings) = check(db, true)?;
     drop(conn);
-    let lock = VolumeLock::take(db)?;
+    let mut lock = VolumeLock::take(db)?;
     let blocks = open_blocks(db, &settings)?;
+    lock.cover_data(&settings.data)?;
     let store = SqliteStore::open(db, &hostname(), &mountpoint.to_string_lossy(), now_ns())
         .map_err(|e| format!("{}: starting a session: {e}", db.display()))?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
