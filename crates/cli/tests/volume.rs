@@ -741,19 +741,6 @@ fn dump_and_load_round_trip_is_identical() {
     let first = lanefs(&["dump", volume.source()]);
     assert!(first.status.success(), "{}", stderr(&first));
     let copy = volume.dir.path().join("copy.db");
-    let load = |db: &Path, input: &[u8]| {
-        let mut child = Command::new(common::lanefs())
-            .arg("load")
-            .arg(db)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        // A refused load may exit before reading its input.
-        let _ = child.stdin.take().unwrap().write_all(input);
-        child.wait_with_output().unwrap()
-    };
     let out = load(&copy, &first.stdout);
     assert!(out.status.success(), "{}", stderr(&out));
     let second = lanefs(&["dump", copy.to_str().unwrap()]);
@@ -822,16 +809,7 @@ fn two_volume_files_sharing_a_data_directory_are_not_mounted_at_once() {
     assert!(dump.status.success(), "{}", stderr(&dump));
     // A copy loaded from the dump names the same data directory.
     let copy = volume.dir.path().join("copy.db");
-    let mut child = Command::new(common::lanefs())
-        .arg("load")
-        .arg(&copy)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(&dump.stdout).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = load(&copy, &dump.stdout);
     assert!(out.status.success(), "{}", stderr(&out));
     let m = volume.mount(&[]);
     std::fs::write(m.path("big"), content(9, 2 * MIB)).unwrap();
@@ -871,4 +849,92 @@ fn two_volume_files_sharing_a_data_directory_are_not_mounted_at_once() {
     assert_eq!(std::fs::read(m.path("big")).unwrap(), content(9, 2 * MIB));
     m.unmount();
     volume.assert_clean();
+}
+
+/// `lanefs load` of `input` into a new volume file `db`.
+fn load(db: &Path, input: &[u8]) -> std::process::Output {
+    let mut child = Command::new(common::lanefs())
+        .arg("load")
+        .arg(db)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A refused load may exit before reading its input.
+    let _ = child.stdin.take().unwrap().write_all(input);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn dump_and_load_keep_any_bytes_in_names_and_xattr_values() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let names: [&[u8]; 4] = [
+        "naïve-ünïcödé-名前.txt".as_bytes(),
+        b"raw-\xff\xfe\x80-bytes",
+        b"\xc3(-broken-utf8",
+        "emoji-🦀".as_bytes(),
+    ];
+    // Values as setfattr's hex: non-UTF-8 bytes, a NUL, UTF-8 text.
+    let values = ["0xff00fe80c328", "0x6e61c3af7665", "0x00"];
+    let volume = Volume::format("dump-bytes");
+    let m = volume.mount(&[]);
+    for (i, name) in names.iter().enumerate() {
+        let path = m.mountpoint.join(OsStr::from_bytes(name));
+        std::fs::write(&path, content(i, 100)).unwrap();
+        run_ok(
+            Command::new("setfattr")
+                .args(["-n", &format!("user.v{i}"), "-v", values[i % values.len()]])
+                .arg(&path),
+        );
+    }
+    m.unmount();
+    let first = lanefs(&["dump", volume.source()]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let copy = volume.dir.path().join("copy.db");
+    let out = load(&copy, &first.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let second = lanefs(&["dump", copy.to_str().unwrap()]);
+    assert!(
+        first.stdout == second.stdout,
+        "the loaded volume dumps differently"
+    );
+    let copy_volume = Volume {
+        dir: TempDir::new("vol-dump-bytes-unused"),
+        db: copy.clone(),
+        data: volume.data.clone(),
+    };
+    let m = copy_volume.mount(&[]);
+    for (i, name) in names.iter().enumerate() {
+        let path = m.mountpoint.join(OsStr::from_bytes(name));
+        assert_eq!(std::fs::read(&path).unwrap(), content(i, 100), "{path:?}");
+        let attr = format!("user.v{i}");
+        let listing = run_ok(
+            Command::new("getfattr")
+                .args(["--absolute-names", "-e", "hex", "-n", &attr])
+                .arg(&path),
+        );
+        let value = listing
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{attr}=")))
+            .unwrap_or_else(|| panic!("no {attr} in {listing}"));
+        assert_eq!(value, values[i % values.len()], "{path:?}");
+    }
+    m.unmount();
+    // Hex that is not ASCII (a slice through a character panicked here) or not hex: refused
+    // with a sentence.
+    let text = String::from_utf8(first.stdout).unwrap();
+    for bad in ["aé0", "zz", "abc"] {
+        let broken = text.replacen("{\"hex\":\"", &format!("{{\"hex\":\"{bad}"), 1);
+        let db = volume.dir.path().join("bad.db");
+        let out = load(&db, broken.as_bytes());
+        assert!(!out.status.success(), "loaded {bad:?}");
+        assert!(
+            stderr(&out).contains("load: a hex value"),
+            "{bad:?}: {}",
+            stderr(&out)
+        );
+        assert!(!db.exists());
+    }
 }
