@@ -526,6 +526,60 @@ impl FileState {
         }
     }
 
+    /// Zeros [start, end) within the size, in memory (a flush turns it into holes), at a cost
+    /// in time and memory proportional to the chunks that hold data there, not to the range
+    /// (a punch of 1 TiB over a sparse file touches a few chunks): the partial chunks at the
+    /// two ends are zeroed in their buffers, and every whole chunk in between that holds
+    /// data (stored or unflushed) gets an empty buffer, which reads as zeros.
+    fn zero_range(&self, dp: &DataPath, start: u64, end: u64, now_ns: i64) -> Result<(), Errno> {
+        let _gate = write_lock(&self.gate);
+        let end = end.min(self.size());
+        if start >= end {
+            return Ok(());
+        }
+        let first_whole = start.div_ceil(CHUNK_BYTES);
+        let end_whole = end / CHUNK_BYTES;
+        // The partial chunks: at most two, each zeroed within its buffer (past a buffer's
+        // end is zeros already).
+        let mut edges = vec![(start, end.min(first_whole * CHUNK_BYTES))];
+        if end_whole >= first_whole {
+            edges.push(((end_whole * CHUNK_BYTES).max(start), end));
+        }
+        for (from, to) in edges {
+            if from >= to {
+                continue;
+            }
+            let idx = from / CHUNK_BYTES;
+            let within = (from % CHUNK_BYTES) as usize;
+            let buf = self.chunk_buf(dp, idx, false)?;
+            let mut buf = lock(&buf);
+            let stop = buf.len().min(within + (to - from) as usize);
+            if within < stop {
+                buf[within..stop].fill(0);
+            }
+        }
+        if first_whole < end_whole {
+            let holding: Vec<u64> = {
+                let c = read_lock(&self.committed);
+                let inline = c.inline.is_some() && first_whole == 0;
+                inline
+                    .then_some(0)
+                    .into_iter()
+                    .chain(c.chunks.range(first_whole..end_whole).map(|(i, _)| *i))
+                    .collect()
+            };
+            let mut dirty = lock(&self.dirty);
+            for buf in dirty.range(first_whole..end_whole).map(|(_, b)| b) {
+                *lock(buf) = Vec::new();
+            }
+            for idx in holding {
+                dirty.entry(idx).or_default();
+            }
+        }
+        self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// fallocate: `zero` writes zeros over [offset, offset+len) (within the size when
     /// `keep_size`); without `keep_size` the size grows to cover the range. Nothing is
     /// preallocated: blocks are written at flush, and all-zero chunks become holes.
@@ -546,15 +600,8 @@ impl FileState {
         if end > MAX_FILE_BYTES {
             return Err(libc::EFBIG);
         }
-        let size = self.size();
         if zero {
-            let zero_end = if keep_size { end.min(size) } else { end };
-            let mut pos = offset;
-            while pos < zero_end {
-                let n = (zero_end - pos).min(CHUNK_BYTES - pos % CHUNK_BYTES);
-                self.write(dp, pos, &vec![0u8; n as usize], false, now_ns)?;
-                pos += n;
-            }
+            self.zero_range(dp, offset, end, now_ns)?;
         }
         if !keep_size && end > self.size() {
             // Growing by truncate keeps the new range a hole.
@@ -908,6 +955,53 @@ mod tests {
                 "block {name} was committed while its bytes were only in the page cache"
             );
         }
+    }
+
+    /// A punch of 1 TiB over a sparse file costs what the chunks holding data there cost,
+    /// not the range: the old code made a zeroed 1 MiB buffer per chunk of the range.
+    #[test]
+    fn punching_a_terabyte_touches_only_the_chunks_that_hold_data() {
+        const TIB: u64 = 1 << 40;
+        let f = Fixture::new("punch");
+        let file = f.new_file("sparse");
+        file.truncate(&f.data, &*f.store, 2 * TIB, 1).unwrap();
+        let spots = [0, 7 * CHUNK_BYTES + 3, TIB / 2, TIB - 10, TIB + 5];
+        for (i, at) in spots.iter().enumerate() {
+            file.write(&f.data, *at, &pattern(20, i as u8 + 1), true, 2)
+                .unwrap();
+        }
+        file.flush(&f.data, &*f.store).unwrap();
+        // One more unflushed write inside the range.
+        file.write(&f.data, 3 * CHUNK_BYTES, &pattern(10, 9), true, 3)
+            .unwrap();
+        let punch = Fallocate {
+            offset: 5,
+            len: TIB,
+            zero: true,
+            keep_size: true,
+        };
+        file.fallocate(&f.data, &*f.store, punch, 4).unwrap();
+        let held: usize = lock(&file.dirty).values().map(|b| lock(b).capacity()).sum();
+        assert!(
+            held <= 2 * CHUNK_BYTES as usize,
+            "the punch holds {held} bytes in memory"
+        );
+        assert!(lock(&file.dirty).len() <= spots.len() + 2);
+        file.flush(&f.data, &*f.store).unwrap();
+        let again = f.reopen(file.ino);
+        assert_eq!(again.size(), 2 * TIB);
+        assert_eq!(again.read(&f.data, 0, 5).unwrap(), pattern(5, 1));
+        for at in [5, 7 * CHUNK_BYTES + 3, 3 * CHUNK_BYTES, TIB / 2, TIB - 10] {
+            assert!(
+                again.read(&f.data, at, 15).unwrap().iter().all(|b| *b == 0),
+                "data left at {at}"
+            );
+        }
+        // The punch ends at TIB + 5, where the last write begins: it stays.
+        assert_eq!(again.read(&f.data, TIB + 5, 20).unwrap(), pattern(20, 5));
+        // Stored chunks are data up to their length (chunk 0 keeps its 20 bytes, 15 of them
+        // zeros); everything punched in between is a hole.
+        assert_eq!(again.seek(20, libc::SEEK_DATA), Ok(TIB));
     }
 
     #[test]
