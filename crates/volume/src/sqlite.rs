@@ -420,7 +420,18 @@ impl<T: Send, F: FnOnce(&mut Writer) -> Result<T, Errno> + Send> Job for Change<
             self.result = Some(Err(db(e)));
             return;
         }
-        let result = op(w);
+        // A panic in an operation (a bug) must not take the writer, and with it every later
+        // change of the mount, down: the operation's savepoint is rolled back and it gets EIO.
+        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(w))) {
+            Ok(result) => result,
+            Err(panic) => {
+                tracing::error!(
+                    "volume: a metadata change panicked ({}); it is rolled back and answered EIO",
+                    panic_text(&*panic)
+                );
+                Err(libc::EIO)
+            }
+        };
         let end = match result {
             Ok(_) => "RELEASE op",
             Err(_) => "ROLLBACK TO op; RELEASE op",
@@ -651,9 +662,7 @@ fn commit_batch(w: &mut Writer, mut batch: Vec<Box<dyn Job>>) {
     let sync = batch.iter().any(|j| j.sync());
     if sync && let Err(e) = w.conn.execute_batch("PRAGMA synchronous=FULL") {
         tracing::error!("volume: PRAGMA synchronous=FULL: {e}");
-        for job in batch {
-            job.finish(Err(libc::EIO));
-        }
+        answer(batch, Err(libc::EIO));
         return;
     }
     let committed = match begin(w) {
@@ -691,9 +700,32 @@ fn commit_batch(w: &mut Writer, mut batch: Vec<Box<dyn Job>>) {
     if sync && let Err(e) = w.conn.execute_batch("PRAGMA synchronous=NORMAL") {
         tracing::warn!("volume: PRAGMA synchronous=NORMAL: {e}");
     }
+    answer(batch, committed);
+}
+
+/// Answers every job of a batch. An answer that panics (a bug in a completion) is logged and
+/// the others are still answered: the writer, and with it the mount, goes on. Its own
+/// request was answered EIO when its `Reply` was dropped in the unwinding.
+fn answer(batch: Vec<Box<dyn Job>>, committed: Result<(), Errno>) {
     for job in batch {
-        job.finish(committed);
+        if let Err(panic) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.finish(committed)))
+        {
+            tracing::error!(
+                "volume: answering a metadata change panicked ({})",
+                panic_text(&*panic)
+            );
+        }
     }
+}
+
+/// A panic's message, as far as it is text.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
 }
 
 impl MetaStore for SqliteStore {
@@ -1288,6 +1320,55 @@ mod tests {
             self.store.close();
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+
+    /// A panic in a change or in its answer costs that change (EIO), not the writer: the
+    /// changes around it and after it are committed and answered.
+    #[test]
+    fn a_panicking_change_or_answer_leaves_the_writer_running() {
+        let f = Fixture::new("panic");
+        let beat = |store: &SqliteStore| {
+            wait(|done| {
+                store.submit(
+                    false,
+                    |w| {
+                        w.conn
+                            .execute("UPDATE sessions SET heartbeat_ns = 7", [])
+                            .map_err(db)?;
+                        Ok(())
+                    },
+                    done,
+                )
+            })
+        };
+        let failed = wait(|done: Done<()>| {
+            f.store.submit(
+                false,
+                |_| -> Result<(), Errno> { panic!("a bug in a change") },
+                done,
+            )
+        });
+        assert_eq!(failed, Err(libc::EIO));
+        assert_eq!(beat(&f.store), Ok(()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        f.store.submit(
+            false,
+            |_| Ok(()),
+            Box::new(|_: Result<(), Errno>| panic!("a bug in an answer")),
+        );
+        f.store.submit(
+            false,
+            |_| Ok(()),
+            Box::new(move |r: Result<(), Errno>| {
+                let _ = tx.send(r);
+            }),
+        );
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(Ok(())));
+        assert_eq!(
+            beat(&f.store),
+            Ok(()),
+            "the writer died with the answer's panic"
+        );
     }
 
     /// A sync must commit something: SQLite fsyncs the WAL at a FULL commit only when the
