@@ -183,7 +183,19 @@ struct Committed {
     chunks: BTreeMap<u64, ChunkRec>,
 }
 
-type ChunkBuf = Arc<Mutex<Vec<u8>>>;
+/// One chunk's unflushed bytes, shared so that a flush hands them to the block store without
+/// copying them: a write that finds a flush still holding them copies first (`Arc::make_mut`).
+type ChunkBytes = Arc<Vec<u8>>;
+type ChunkBuf = Arc<Mutex<ChunkBytes>>;
+
+/// A chunk's bytes as the `Bytes` of a block to store, without a copy.
+struct SharedChunk(ChunkBytes);
+
+impl AsRef<[u8]> for SharedChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
 
 pub struct FileState {
     pub ino: u64,
@@ -298,7 +310,7 @@ impl FileState {
         let mut dirty = lock(&self.dirty);
         let buf = dirty
             .entry(idx)
-            .or_insert_with(|| Arc::new(Mutex::new(base)));
+            .or_insert_with(|| Arc::new(Mutex::new(Arc::new(base))));
         Ok(buf.clone())
     }
 
@@ -335,7 +347,8 @@ impl FileState {
             let n = rest.len().min(CHUNK_BYTES as usize - within);
             let whole = within == 0 && n == CHUNK_BYTES as usize;
             let buf = self.chunk_buf(dp, idx, whole)?;
-            let mut buf = lock(&buf);
+            let mut guard = lock(&buf);
+            let buf = Arc::make_mut(&mut guard);
             if buf.len() < within + n {
                 buf.resize(within + n, 0);
             }
@@ -440,26 +453,29 @@ impl FileState {
         let mut uploaded = Vec::new();
         if committed_chunks.is_empty() && size <= INLINE_MAX_BYTES {
             let mut content = match dirty.iter().find(|(i, _)| *i == 0) {
-                Some((_, buf)) => lock(buf).clone(),
+                Some((_, buf)) => lock(buf).to_vec(),
                 None => inline.map(|b| b.to_vec()).unwrap_or_default(),
             };
             content.truncate(size as usize);
             update.inline = Some(content);
         } else {
-            let mut pieces: Vec<(u64, Vec<u8>)> =
-                dirty.iter().map(|(i, b)| (*i, lock(b).clone())).collect();
+            let mut pieces: Vec<(u64, Bytes)> = dirty
+                .iter()
+                .map(|(i, b)| (*i, Bytes::from_owner(SharedChunk(lock(b).clone()))))
+                .collect();
             if let Some(inline) = inline
                 && !dirty.iter().any(|(i, _)| *i == 0)
             {
-                pieces.push((0, inline.to_vec()));
+                pieces.push((0, inline));
             }
             let mut puts = Vec::new();
-            for (idx, mut bytes) in pieces {
+            for (idx, bytes) in pieces {
                 let start = idx * CHUNK_BYTES;
                 if start >= size {
                     continue;
                 }
-                bytes.truncate((size - start).min(CHUNK_BYTES) as usize);
+                let bytes =
+                    bytes.slice(..bytes.len().min((size - start).min(CHUNK_BYTES) as usize));
                 if bytes.iter().all(|b| *b == 0) {
                     if committed_chunks.contains(&idx) {
                         update.holes.push(idx);
@@ -473,7 +489,7 @@ impl FileState {
                     len: bytes.len() as u64,
                     crc: checksum(&bytes),
                 });
-                puts.push((block, Bytes::from(bytes)));
+                puts.push((block, bytes));
                 uploaded.push(block);
             }
             if let Err(e) = dp.blocks.put(puts) {
@@ -552,7 +568,8 @@ impl FileState {
             let idx = from / CHUNK_BYTES;
             let within = (from % CHUNK_BYTES) as usize;
             let buf = self.chunk_buf(dp, idx, false)?;
-            let mut buf = lock(&buf);
+            let mut guard = lock(&buf);
+            let buf = Arc::make_mut(&mut guard);
             let stop = buf.len().min(within + (to - from) as usize);
             if within < stop {
                 buf[within..stop].fill(0);
@@ -570,7 +587,7 @@ impl FileState {
             };
             let mut dirty = lock(&self.dirty);
             for buf in dirty.range(first_whole..end_whole).map(|(_, b)| b) {
-                *lock(buf) = Vec::new();
+                *lock(buf) = ChunkBytes::default();
             }
             for idx in holding {
                 dirty.entry(idx).or_default();
@@ -627,7 +644,7 @@ impl FileState {
             if rem != 0
                 && let Some(buf) = dirty.get(&(size / CHUNK_BYTES))
             {
-                lock(buf).truncate(rem as usize);
+                Arc::make_mut(&mut lock(buf)).truncate(rem as usize);
             }
         }
         let (inline, trim) = {
