@@ -203,11 +203,18 @@ pub struct FileState {
     size: AtomicU64,
     /// mtime set by writes not yet flushed (0: none).
     dirty_mtime_ns: AtomicI64,
+    /// One flush of the file at a time, across its block I/O and commit; truncate and
+    /// fallocate take it too, so that their commits never interleave with a flush's. Before
+    /// the gate.
+    flushing: Mutex<()>,
     /// The write gate (seed 000): shared by writes ending within the size, exclusive for
-    /// extending writes, truncate and flush. Protects the set of dirty chunks against a
-    /// flush taking them away mid-write. Before `dirty` and a chunk buffer; never held with
-    /// another file's gate.
+    /// extending writes, truncate, and a flush's two short steps (taking its snapshot of the
+    /// dirty chunks, and retiring them after its commit; not across its I/O). Before `dirty`
+    /// and a chunk buffer; never held with another file's gate.
     gate: RwLock<()>,
+    /// Writes so far: a flush that finds it moved since its snapshot leaves the file marked
+    /// dirty. Changed under the gate.
+    writes: AtomicU64,
     /// Opens of the inode on this mount; changed only under the open table's shard lock.
     pub opens: AtomicU32,
     /// Lost its last name while open: freed at the last release.
@@ -242,7 +249,9 @@ impl FileState {
             ino,
             size: AtomicU64::new(0),
             dirty_mtime_ns: AtomicI64::new(0),
+            flushing: Mutex::new(()),
             gate: RwLock::new(()),
+            writes: AtomicU64::new(0),
             opens: AtomicU32::new(0),
             orphaned: AtomicBool::new(false),
             loaded: OnceLock::new(),
@@ -357,6 +366,7 @@ impl FileState {
             rest = &rest[n..];
         }
         self.size.fetch_max(end, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
         self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
         let dirty = self
             .dirty_bytes
@@ -429,19 +439,32 @@ impl FileState {
     /// durable, then one metadata change referring to them (durable at the next sync; see
     /// ARCHITECTURE.md, "Durability"). Returns the blocks the change released (to delete from
     /// the block store once the change is durable).
+    ///
+    /// Writes wait for it only while it takes its snapshot and while it retires what it
+    /// flushed, not across its block I/O and commit: the snapshot holds a reference to each
+    /// dirty chunk's bytes, so a write meanwhile copies the chunk (`Arc::make_mut`) and the
+    /// flush, seeing a different buffer afterwards, leaves that chunk dirty.
     pub fn flush(&self, dp: &DataPath, store: &dyn MetaStore) -> Result<Vec<u64>, Errno> {
-        let _gate = write_lock(&self.gate);
-        let dirty: Vec<(u64, ChunkBuf)> = lock(&self.dirty)
-            .iter()
-            .map(|(i, b)| (*i, b.clone()))
-            .collect();
-        let Some(mtime) = self.dirty_mtime() else {
-            return Ok(Vec::new());
-        };
-        let size = self.size();
-        let (inline, committed_chunks): (Option<Bytes>, Vec<u64>) = {
+        let _flushing = lock(&self.flushing);
+        let (dirty, writes, flushed_bytes, mtime, size, inline, committed_chunks) = {
+            let _gate = write_lock(&self.gate);
+            let Some(mtime) = self.dirty_mtime() else {
+                return Ok(Vec::new());
+            };
+            let dirty: Vec<(u64, ChunkBytes)> = lock(&self.dirty)
+                .iter()
+                .map(|(i, b)| (*i, lock(b).clone()))
+                .collect();
             let c = read_lock(&self.committed);
-            (c.inline.clone(), c.chunks.keys().copied().collect())
+            (
+                dirty,
+                self.writes.load(Ordering::Relaxed),
+                self.dirty_bytes.load(Ordering::Relaxed),
+                mtime,
+                self.size(),
+                c.inline.clone(),
+                c.chunks.keys().copied().collect::<Vec<u64>>(),
+            )
         };
         let mut update = DataUpdate {
             ino: self.ino,
@@ -453,7 +476,7 @@ impl FileState {
         let mut uploaded = Vec::new();
         if committed_chunks.is_empty() && size <= INLINE_MAX_BYTES {
             let mut content = match dirty.iter().find(|(i, _)| *i == 0) {
-                Some((_, buf)) => lock(buf).to_vec(),
+                Some((_, bytes)) => bytes.to_vec(),
                 None => inline.map(|b| b.to_vec()).unwrap_or_default(),
             };
             content.truncate(size as usize);
@@ -461,7 +484,7 @@ impl FileState {
         } else {
             let mut pieces: Vec<(u64, Bytes)> = dirty
                 .iter()
-                .map(|(i, b)| (*i, Bytes::from_owner(SharedChunk(lock(b).clone()))))
+                .map(|(i, b)| (*i, Bytes::from_owner(SharedChunk(b.clone()))))
                 .collect();
             if let Some(inline) = inline
                 && !dirty.iter().any(|(i, _)| *i == 0)
@@ -514,6 +537,7 @@ impl FileState {
                 return Err(e);
             }
         };
+        let _gate = write_lock(&self.gate);
         {
             let mut c = write_lock(&self.committed);
             c.inline = applied.inline.map(Bytes::from);
@@ -524,9 +548,22 @@ impl FileState {
                 c.chunks.insert(chunk.idx, chunk);
             }
         }
-        lock(&self.dirty).clear();
-        self.dirty_bytes.store(0, Ordering::Relaxed);
-        self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+        // Retire the chunks no write touched since the snapshot; the others stay dirty.
+        {
+            let mut map = lock(&self.dirty);
+            for (idx, bytes) in &dirty {
+                if map
+                    .get(idx)
+                    .is_some_and(|buf| Arc::ptr_eq(&lock(buf), bytes))
+                {
+                    map.remove(idx);
+                }
+            }
+        }
+        self.dirty_bytes.fetch_sub(flushed_bytes, Ordering::Relaxed);
+        if self.writes.load(Ordering::Relaxed) == writes {
+            self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+        }
         for b in &released {
             dp.forget_cached(*b);
         }
@@ -548,6 +585,7 @@ impl FileState {
     /// two ends are zeroed in their buffers, and every whole chunk in between that holds
     /// data (stored or unflushed) gets an empty buffer, which reads as zeros.
     fn zero_range(&self, dp: &DataPath, start: u64, end: u64, now_ns: i64) -> Result<(), Errno> {
+        let _flushing = lock(&self.flushing);
         let _gate = write_lock(&self.gate);
         let end = end.min(self.size());
         if start >= end {
@@ -635,6 +673,7 @@ impl FileState {
         size: u64,
         now_ns: i64,
     ) -> Result<Vec<u64>, Errno> {
+        let _flushing = lock(&self.flushing);
         let _gate = write_lock(&self.gate);
         let rem = size % CHUNK_BYTES;
         let keep = size.div_ceil(CHUNK_BYTES);
@@ -1019,6 +1058,62 @@ mod tests {
         // Stored chunks are data up to their length (chunk 0 keeps its 20 bytes, 15 of them
         // zeros); everything punched in between is a hole.
         assert_eq!(again.seek(20, libc::SEEK_DATA), Ok(TIB));
+    }
+
+    /// A write does not wait for a flush's block I/O and commit, and what it wrote while the
+    /// flush ran stays dirty and reaches the store at the next flush.
+    #[test]
+    fn writes_go_on_while_a_flush_stores_blocks() {
+        let f = Arc::new(Fixture::new("flushing"));
+        let file = Arc::new(f.new_file("busy"));
+        let chunks = 32;
+        file.write(
+            &f.data,
+            0,
+            &pattern(chunks * CHUNK_BYTES as usize, 1),
+            true,
+            1,
+        )
+        .unwrap();
+        let flush_done = Arc::new(std::sync::OnceLock::new());
+        let flusher = {
+            let (f, file, flush_done) = (f.clone(), file.clone(), flush_done.clone());
+            std::thread::spawn(move || {
+                file.flush(&f.data, &*f.store).unwrap();
+                flush_done.set(std::time::Instant::now()).unwrap();
+            })
+        };
+        // Into the flush's I/O (32 MiB of puts and fsyncs), then a write within the size.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        file.write(&f.data, 5 * CHUNK_BYTES + 3, b"during", true, 2)
+            .unwrap();
+        let written = std::time::Instant::now();
+        flusher.join().unwrap();
+        assert!(
+            written < *flush_done.get().unwrap(),
+            "the write waited for the flush's I/O"
+        );
+        // The write's bytes are still to be flushed, then stored.
+        assert_eq!(
+            file.read(&f.data, 5 * CHUNK_BYTES + 3, 6).unwrap(),
+            b"during"
+        );
+        assert!(
+            file.dirty_mtime().is_some(),
+            "the write during the flush was forgotten"
+        );
+        file.flush(&f.data, &*f.store).unwrap();
+        let again = f.reopen(file.ino);
+        assert_eq!(
+            again.read(&f.data, 5 * CHUNK_BYTES + 3, 6).unwrap(),
+            b"during"
+        );
+        let mut expect = pattern(chunks * CHUNK_BYTES as usize, 1);
+        expect[5 * CHUNK_BYTES as usize + 3..][..6].copy_from_slice(b"during");
+        let got = again
+            .read(&f.data, 0, (chunks * CHUNK_BYTES as usize) as u32)
+            .unwrap();
+        assert!(got == expect, "the file differs after the two flushes");
     }
 
     #[test]
