@@ -183,6 +183,27 @@ struct Committed {
     chunks: BTreeMap<u64, ChunkRec>,
 }
 
+impl Committed {
+    /// A committed change, applied here as the store applied it (same fields, same order).
+    fn apply(&mut self, u: DataUpdate) {
+        self.inline = u.inline.map(Bytes::from);
+        if let Some(keep) = u.drop_from {
+            self.chunks.retain(|idx, _| *idx < keep);
+        }
+        if let Some((idx, len)) = u.trim
+            && let Some(chunk) = self.chunks.get_mut(&idx)
+        {
+            chunk.len = len;
+        }
+        for idx in &u.holes {
+            self.chunks.remove(idx);
+        }
+        for chunk in u.set {
+            self.chunks.insert(chunk.idx, chunk);
+        }
+    }
+}
+
 /// One chunk's unflushed bytes, shared so that a flush hands them to the block store without
 /// copying them: a write that finds a flush still holding them copies first (`Arc::make_mut`).
 type ChunkBytes = Arc<Vec<u8>>;
@@ -538,16 +559,7 @@ impl FileState {
             }
         };
         let _gate = write_lock(&self.gate);
-        {
-            let mut c = write_lock(&self.committed);
-            c.inline = applied.inline.map(Bytes::from);
-            for idx in &applied.holes {
-                c.chunks.remove(idx);
-            }
-            for chunk in applied.set {
-                c.chunks.insert(chunk.idx, chunk);
-            }
-        }
+        write_lock(&self.committed).apply(applied);
         // Retire the chunks no write touched since the snapshot; the others stay dirty.
         {
             let mut map = lock(&self.dirty);
@@ -711,16 +723,7 @@ impl FileState {
         };
         let applied = update.clone();
         let released = meta::wait(|done| store.update_data(update, done))?;
-        {
-            let mut c = write_lock(&self.committed);
-            c.inline = applied.inline.map(Bytes::from);
-            c.chunks.retain(|idx, _| *idx < keep);
-            if let Some((idx, len)) = applied.trim
-                && let Some(chunk) = c.chunks.get_mut(&idx)
-            {
-                chunk.len = len;
-            }
-        }
+        write_lock(&self.committed).apply(applied);
         self.size.store(size, Ordering::Relaxed);
         for b in &released {
             dp.forget_cached(*b);

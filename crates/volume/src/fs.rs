@@ -396,6 +396,15 @@ impl VolumeFs {
         }
     }
 
+    /// The answer to an open or create of a regular file with open(2) `flags`.
+    fn open_out(&self, flags: u32) -> abi::OpenOut {
+        abi::OpenOut {
+            fh: 0,
+            open_flags: self.open_flags(flags),
+            backing_id: 0,
+        }
+    }
+
     fn open_flags(&self, flags: u32) -> u32 {
         if flags as i32 & libc::O_DIRECT != 0 {
             let mut f = fopen::DIRECT_IO;
@@ -885,11 +894,7 @@ impl Filesystem for VolumeFs {
             Err(e) => return reply.error(e),
         }
         match self.open_state(req, ino) {
-            Ok(_) => reply.open(&abi::OpenOut {
-                fh: 0,
-                open_flags: self.open_flags(arg.flags),
-                backing_id: 0,
-            }),
+            Ok(_) => reply.open(&self.open_out(arg.flags)),
             Err(e) => reply.error(e),
         }
     }
@@ -921,14 +926,7 @@ impl Filesystem for VolumeFs {
             Err(e) => return reply.error(e),
         };
         match self.open_state(req, rec.ino) {
-            Ok(_) => reply.create(
-                &self.entry_out(&rec),
-                &abi::OpenOut {
-                    fh: 0,
-                    open_flags: self.open_flags(arg.flags),
-                    backing_id: 0,
-                },
-            ),
+            Ok(_) => reply.create(&self.entry_out(&rec), &self.open_out(arg.flags)),
             Err(e) => reply.error(e),
         }
     }
@@ -1253,14 +1251,7 @@ impl Filesystem for VolumeFs {
         match self.open_state(req, rec.ino) {
             Ok(state) => {
                 state.orphaned.store(true, Ordering::Relaxed);
-                reply.create(
-                    &self.entry_out(&rec),
-                    &abi::OpenOut {
-                        fh: 0,
-                        open_flags: self.open_flags(arg.flags),
-                        backing_id: 0,
-                    },
-                )
+                reply.create(&self.entry_out(&rec), &self.open_out(arg.flags))
             }
             Err(e) => reply.error(e),
         }
