@@ -1011,3 +1011,54 @@ fn dump_and_load_keep_any_bytes_in_names_and_xattr_values() {
         assert!(!db.exists());
     }
 }
+
+/// Address space the daemon gets in the punch test (with two malloc arenas, so that the
+/// figure does not grow with the machine's CPUs): a punch that allocated memory for each byte
+/// of its range (1 TiB) would die of it.
+const PUNCH_DAEMON_AS_BYTES: u64 = 4 << 30;
+
+#[test]
+fn punching_a_terabyte_hole_in_a_sparse_file_costs_no_memory_for_the_range() {
+    use std::os::unix::fs::FileExt;
+    const TIB: u64 = 1 << 40;
+    let volume = Volume::format("punch");
+    let limit = format!("--as={PUNCH_DAEMON_AS_BYTES}");
+    let m = common::Mount::start_wrapped(
+        &["env", "MALLOC_ARENA_MAX=2", "prlimit", &limit],
+        volume.source(),
+        &[],
+    );
+    let path = m.path("sparse");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(2 * TIB).unwrap();
+    let spots = [0, 1 << 30, TIB - 3, TIB + 5];
+    for (i, at) in spots.iter().enumerate() {
+        file.write_all_at(&content(i, 100), *at).unwrap();
+    }
+    file.sync_all().unwrap();
+    let started = std::time::Instant::now();
+    run_ok(
+        Command::new("fallocate")
+            .args(["--punch-hole", "--offset", "5", "--length"])
+            .arg(TIB.to_string())
+            .arg(&path),
+    );
+    eprintln!("punch of 1 TiB: {:?}", started.elapsed());
+    file.sync_all().unwrap();
+    drop(file);
+    let file = std::fs::File::open(&path).unwrap();
+    let read = |at: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, at).unwrap();
+        buf
+    };
+    assert_eq!(read(0, 5), content(0, 100)[..5]);
+    assert!(read(5, 95).iter().all(|b| *b == 0));
+    assert!(read(1 << 30, 100).iter().all(|b| *b == 0));
+    assert!(read(TIB - 3, 8).iter().all(|b| *b == 0));
+    assert_eq!(read(TIB + 5, 100), content(3, 100));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 * TIB);
+    drop(file);
+    m.unmount();
+    volume.assert_clean();
+}
