@@ -201,7 +201,7 @@ fn untar_until_killed(dir: &Path, every: usize, acked: &Mutex<Vec<usize>>) {
             drop(f);
             std::fs::set_permissions(
                 &p,
-                std::os::unix::fs::PermissionsExt::from_mode(0o644 | (i as u32 % 2) * 0o111),
+                std::os::unix::fs::PermissionsExt::from_mode(0o644 | ((i as u32 % 2) * 0o111)),
             )?;
             std::fs::File::options()
                 .write(true)

@@ -65,7 +65,7 @@ fn from_json(v: &serde_json::Value) -> Result<Value, String> {
 /// non-ASCII character is an error, never a slice through the middle of one.
 fn from_hex(hex: &str) -> Result<Vec<u8>, String> {
     let digits = hex.as_bytes();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err("load: a hex value of odd length".into());
     }
     let digit = |d: u8| {
