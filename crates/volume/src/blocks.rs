@@ -197,10 +197,12 @@ impl BlockStore for ObjectBlockStore {
                 above = parent.parent();
             }
         }
-        // Files first, then the directories naming them: both are done before this returns,
-        // and the commit that refers to the blocks comes after.
-        self.fsync_all(files)?;
-        self.fsync_all(dirs.into_iter().collect())?;
+        // Files and the directories naming them at once (no order between them is needed:
+        // all are done before this returns, and the commit that refers to the blocks comes
+        // after); concurrent fsyncs share the file system's journal commits.
+        let mut paths = files;
+        paths.extend(dirs);
+        self.fsync_all(paths)?;
         lock(&self.durable_dirs).extend(new_dirs);
         Ok(())
     }
