@@ -156,6 +156,9 @@ fn untar_of_a_tree_matches_with_diff_and_after_remount() {
 const KILL9_RUNS: u64 = 20;
 /// kill -9 runs of the slow test (`cargo test -- --ignored kill_9_many`).
 const KILL9_RUNS_SLOW: u64 = 300;
+/// Runs share a volume in groups of this many (each run's fsck reads the whole volume, so
+/// one volume for all the slow test's runs would cost time quadratic in the runs).
+const KILL9_RUNS_PER_VOLUME: u64 = 20;
 /// The kill comes this long into the untar, at most.
 const KILL9_LATEST: Duration = Duration::from_millis(700);
 
@@ -225,9 +228,9 @@ fn untar_until_killed(dir: &Path, every: usize, acked: &Mutex<Vec<usize>>) {
 }
 
 /// `runs` times: mount, untar, kill -9 the daemon at a random moment, remount: every file
-/// fsynced before the kill is there, byte for byte, and fsck finds nothing to repair. One
-/// volume for all runs, so each run also remounts over what earlier kills left; at the end
-/// every run's fsynced files are checked again.
+/// fsynced before the kill is there, byte for byte, and fsck finds nothing to repair. Runs
+/// share a volume in groups of KILL9_RUNS_PER_VOLUME, so each run also remounts over what
+/// earlier kills left; at the end of a group every run's fsynced files are checked again.
 fn kill_9_during_untars(runs: u64) {
     let seed = std::env::var("LANEFS_KILL9_SEED")
         .ok()
@@ -241,9 +244,19 @@ fn kill_9_during_untars(runs: u64) {
         });
     eprintln!("kill -9 runs: seed {seed} (LANEFS_KILL9_SEED={seed} replays them)");
     let mut rng = Rng(seed);
+    let mut first = 0;
+    while first < runs {
+        let last = runs.min(first + KILL9_RUNS_PER_VOLUME);
+        kill_9_group(first..last, seed, &mut rng);
+        first = last;
+    }
+}
+
+/// Runs `runs` of [`kill_9_during_untars`] on one new volume.
+fn kill_9_group(runs: std::ops::Range<u64>, seed: u64, rng: &mut Rng) {
     let volume = Volume::format("kill9");
     let mut all_acked = Vec::new();
-    for run in 0..runs {
+    for run in runs {
         let every = 1 + rng.below(10) as usize;
         let delay = Duration::from_millis(rng.below(KILL9_LATEST.as_millis() as u64) + 1);
         let m = volume.mount(&[]);
