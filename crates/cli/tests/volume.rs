@@ -1075,3 +1075,45 @@ fn punching_a_terabyte_hole_in_a_sparse_file_costs_no_memory_for_the_range() {
     m.unmount();
     volume.assert_clean();
 }
+
+/// The volume is free the moment `lanefs umount` returns, even when the daemon is slow to
+/// exit after it: here the daemon's log is a pipe the test has filled, so the daemon blocks
+/// at its last log line ("unmounted; exiting"), after its control socket closed (which is
+/// what `lanefs umount` waits for). A daemon that let go of the volume only when it exited
+/// would still hold it.
+#[test]
+fn the_volume_is_free_as_soon_as_lanefs_umount_returns() {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let volume = Volume::format("umount-free");
+    let fifo = volume.dir.path().join("log.fifo");
+    run_ok(Command::new("mkfifo").arg(&fifo));
+    let mut reader = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let m = volume.mount(&["--log", fifo.to_str().unwrap()]);
+    std::fs::write(m.path("f"), content(1, 2 * MIB)).unwrap();
+    // Fill the pipe: the daemon's next log line blocks until the test reads.
+    let mut filler = std::fs::File::options()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    for piece in [4096, 1] {
+        while filler.write(&vec![b'.'; piece]).is_ok() {}
+    }
+    let out = lanefs(&["umount", m.mountpoint.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (clean, report) = volume.fsck(false);
+    // Let the daemon finish its log and exit.
+    let mut sink = vec![0u8; 1 << 16];
+    assert!(wait_until(Duration::from_secs(10), || {
+        while reader.read(&mut sink).is_ok_and(|n| n > 0) {}
+        !process_alive(m.pid)
+    }));
+    assert!(clean, "fsck right after lanefs umount:\n{report}");
+    drop(m);
+    volume.assert_clean();
+}
