@@ -931,39 +931,6 @@ mod tests {
         assert_eq!(got, b"xyz");
     }
 
-    /// cachestat(2)'s answer (Linux 6.5+; not in the libc crate for x86_64 yet).
-    #[repr(C)]
-    #[derive(Default)]
-    struct CacheStat {
-        cached: u64,
-        dirty: u64,
-        writeback: u64,
-        evicted: u64,
-        recently_evicted: u64,
-    }
-    const SYS_CACHESTAT: libc::c_long = 451;
-
-    /// Pages of `path` the page cache holds and has not yet written to the disk.
-    fn unwritten_pages(path: &std::path::Path) -> u64 {
-        use std::os::fd::AsRawFd;
-        let file = std::fs::File::open(path).unwrap();
-        let range = [0u64, 0u64]; // offset 0, length 0: the whole file
-        let mut stat = CacheStat::default();
-        // SAFETY: cachestat reads `range` (two u64) and fills `stat` (five u64); both live
-        // across the call, and the fd is open.
-        let rc = unsafe {
-            libc::syscall(
-                SYS_CACHESTAT,
-                file.as_raw_fd(),
-                range.as_ptr(),
-                &mut stat as *mut CacheStat,
-                0u32,
-            )
-        };
-        assert_eq!(rc, 0, "cachestat: {}", std::io::Error::last_os_error());
-        stat.dirty + stat.writeback
-    }
-
     /// Every file under `dir`, recursively.
     fn files_under(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         for entry in std::fs::read_dir(dir).unwrap() {
@@ -1009,7 +976,7 @@ mod tests {
                 .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy() == name))
                 .unwrap_or_else(|| panic!("block {name} is not in the data directory"));
             assert_eq!(
-                unwritten_pages(path),
+                crate::testing::unwritten_pages(path),
                 0,
                 "block {name} was committed while its bytes were only in the page cache"
             );

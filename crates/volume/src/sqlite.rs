@@ -1324,7 +1324,7 @@ impl MetaStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::wait;
+    use crate::meta::{ROOT_INO, wait};
     use crate::volume;
 
     /// A formatted volume in a temp dir, opened as a mount would; removed when dropped.
@@ -1401,6 +1401,38 @@ mod tests {
             Ok(()),
             "the writer died with the answer's panic"
         );
+    }
+
+    /// After a sync, no page of the WAL is only in the page cache: the commits before it are
+    /// on the disk.
+    #[test]
+    fn a_sync_writes_the_wal_to_the_disk() {
+        let f = Fixture::new("walsync");
+        let mut wal = f.db.clone().into_os_string();
+        wal.push("-wal");
+        let wal = std::path::PathBuf::from(wal);
+        let unwritten = || crate::testing::unwritten_pages(&wal);
+        let change = |i: u8| {
+            wait(|done| {
+                f.store
+                    .setxattr(ROOT_INO, b"user.x".to_vec(), vec![i; 100], 0, done)
+            })
+            .unwrap()
+        };
+        // A change committed with synchronous=NORMAL leaves WAL pages to write (the
+        // checkpointer may have written them meanwhile: then once more).
+        let mut i = 0;
+        while {
+            change(i);
+            i += 1;
+            unwritten() == 0 && i < 10
+        } {}
+        assert!(
+            unwritten() > 0,
+            "a commit left nothing to write: this test shows nothing"
+        );
+        wait(|done| f.store.sync(done)).unwrap();
+        assert_eq!(unwritten(), 0, "the WAL is not on the disk after a sync");
     }
 
     /// A sync must commit something: SQLite fsyncs the WAL at a FULL commit only when the
