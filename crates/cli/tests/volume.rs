@@ -1117,3 +1117,62 @@ fn the_volume_is_free_as_soon_as_lanefs_umount_returns() {
     drop(m);
     volume.assert_clean();
 }
+
+/// Pages of `path` the page cache holds and has not yet written to the disk (cachestat(2),
+/// Linux 6.5+, not in the libc crate for x86_64 yet).
+fn unwritten_pages(path: &Path) -> u64 {
+    use std::os::fd::AsRawFd;
+    /// cachestat's answer: cached, dirty, writeback, evicted, recently evicted pages.
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat([u64; 5]);
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let file = std::fs::File::open(path).unwrap();
+    let range = [0u64, 0u64]; // offset 0, length 0: the whole file
+    let mut stat = CacheStat::default();
+    // SAFETY: cachestat reads `range` (two u64) and fills `stat` (five u64); both live across
+    // the call, and the fd is open.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            range.as_ptr(),
+            &mut stat as *mut CacheStat,
+            0u32,
+        )
+    };
+    assert_eq!(rc, 0, "cachestat: {}", std::io::Error::last_os_error());
+    stat.0[1] + stat.0[2]
+}
+
+/// fsync of a file whose data a close already flushed puts that data and the metadata on the
+/// disk: nothing of the WAL or of the file's blocks is left only in the page cache.
+#[test]
+fn fsync_after_close_puts_data_and_metadata_on_the_disk() {
+    let volume = Volume::format("fsync-disk");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("f"), content(1, 3 * MIB)).unwrap();
+    let blocks = block_files(&volume.data);
+    assert_eq!(blocks.len(), 3);
+    std::fs::File::open(m.path("f"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let mut wal = volume.db.clone().into_os_string();
+    wal.push("-wal");
+    assert_eq!(
+        unwritten_pages(Path::new(&wal)),
+        0,
+        "the WAL is not on the disk after fsync"
+    );
+    for block in blocks {
+        assert_eq!(
+            unwritten_pages(&block),
+            0,
+            "{} is not on the disk after fsync",
+            block.display()
+        );
+    }
+    m.unmount();
+    volume.assert_clean();
+}
