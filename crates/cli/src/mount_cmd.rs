@@ -13,7 +13,6 @@ use lanefs_fuse::mount::{self, MountSpec};
 use lanefs_fuse::session::{self, MAX_MAX_WRITE, Mounted};
 use lanefs_fuse::{Filesystem, Labels, SessionOptions};
 use lanefs_volume::fs::{VolumeFs, VolumeOptions};
-use lanefs_volume::volume::VolumeLock;
 
 use crate::options;
 
@@ -245,8 +244,8 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
             };
             serve(fs, &spec, &session_options, &source, "passthrough", ready)
         }
-        SourceFs::Volume(volume) => {
-            let VolumeMount { fs, lock } = *volume;
+        // The volume's lock is the file system's: let go at the end of its destroy.
+        SourceFs::Volume(fs) => {
             let switch = fs.atime_switch();
             let ready = move |mounted: &Mounted| {
                 ready(mounted);
@@ -255,10 +254,7 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
                     switch.set(atime);
                 });
             };
-            let result = serve(fs, &spec, &session_options, &source, "volume", ready);
-            // Held until the file system is gone (its session ended by destroy).
-            drop(lock);
-            result
+            serve(*fs, &spec, &session_options, &source, "volume", ready)
         }
         SourceFs::Null => {
             let fs = NullFs::new(NullOptions {
@@ -279,7 +275,7 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
 enum SourceFs {
     Null,
     Passthrough(PassthroughFs),
-    Volume(Box<VolumeMount>),
+    Volume(Box<VolumeFs>),
 }
 
 /// `null:` → null; a regular file → a volume (an SQLite file made by `lanefs format`), or a
@@ -308,20 +304,11 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
         if let Some(secs) = args.entry_timeout {
             options.entry_timeout = std::time::Duration::from_secs_f64(secs);
         }
-        let opened = lanefs_volume::volume::open_for_mount(Path::new(source), mountpoint, options)
+        let fs = lanefs_volume::volume::open_for_mount(Path::new(source), mountpoint, options)
             .map_err(io::Error::other)?;
-        return Ok(SourceFs::Volume(Box::new(VolumeMount {
-            fs: opened.fs,
-            lock: opened.lock,
-        })));
+        return Ok(SourceFs::Volume(Box::new(fs)));
     }
     PassthroughFs::new(passthrough_options(args)).map(SourceFs::Passthrough)
-}
-
-/// A volume and the lock that keeps other processes off it while it is mounted.
-struct VolumeMount {
-    fs: VolumeFs,
-    lock: VolumeLock,
 }
 
 fn serve<F: Filesystem>(

@@ -152,10 +152,38 @@ fn untar_of_a_tree_matches_with_diff_and_after_remount() {
     assert_eq!(block_files(&volume.data), Vec::<PathBuf>::new());
 }
 
-/// Writes the generated files under `dir` until an error (the daemon was killed), fsyncing
-/// every `every`th file and recording it in `acked` only after fsync returned. A file held
-/// open after being unlinked is an orphan when the daemon dies.
-fn write_until_killed(dir: &Path, every: usize, acked: &Mutex<Vec<usize>>) {
+/// kill -9 runs in CI: each costs ~1 s (a mount, up to 0.7 s of writes, a remount, fsck).
+const KILL9_RUNS: u64 = 20;
+/// kill -9 runs of the slow test (`cargo test -- --ignored kill_9_many`).
+const KILL9_RUNS_SLOW: u64 = 300;
+/// Runs share a volume in groups of this many (each run's fsck reads the whole volume, so
+/// one volume for all the slow test's runs would cost time quadratic in the runs).
+const KILL9_RUNS_PER_VOLUME: u64 = 20;
+/// The kill comes this long into the untar, at most.
+const KILL9_LATEST: Duration = Duration::from_millis(700);
+
+/// A small xorshift generator: runs are replayable from their printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Untars a kernel-like tree into `dir` as tar does (mkdir, create, write in 10 KiB pieces,
+/// close, chmod, set mtime; a symlink and a hard link now and then), fsyncing every
+/// `every`th file and recording it in `acked` only after its fsync returned, until an error
+/// (the daemon was killed). A file held open after being unlinked is an orphan when the
+/// daemon dies.
+fn untar_until_killed(dir: &Path, every: usize, acked: &Mutex<Vec<usize>>) {
     let held = std::fs::File::create(dir.join("held-open")).and_then(|mut f| {
         f.write_all(&content(7, 100 * KIB))?;
         std::fs::remove_file(dir.join("held-open"))?;
@@ -166,12 +194,29 @@ fn write_until_killed(dir: &Path, every: usize, acked: &Mutex<Vec<usize>>) {
         let result = std::fs::create_dir_all(p.parent().unwrap()).and_then(|()| {
             let mut f = std::fs::File::create(&p)?;
             let data = content(i, size_of(i));
-            let half = data.len() / 2;
-            f.write_all(&data[..half])?;
-            f.write_all(&data[half..])?;
+            for piece in data.chunks(10 * KIB) {
+                f.write_all(piece)?;
+            }
             if i % every == 0 {
                 f.sync_all()?;
                 acked.lock().unwrap().push(i);
+            }
+            drop(f);
+            std::fs::set_permissions(
+                &p,
+                std::os::unix::fs::PermissionsExt::from_mode(0o644 | ((i as u32 % 2) * 0o111)),
+            )?;
+            std::fs::File::options()
+                .write(true)
+                .open(&p)?
+                .set_modified(
+                    std::time::UNIX_EPOCH + Duration::from_secs(1_600_000_000 + i as u64),
+                )?;
+            if i % 23 == 0 {
+                std::os::unix::fs::symlink(format!("f{i}.c"), p.with_extension("link"))?;
+            }
+            if i % 31 == 0 {
+                std::fs::hard_link(&p, p.with_extension("hard"))?;
             }
             Ok(())
         });
@@ -182,26 +227,47 @@ fn write_until_killed(dir: &Path, every: usize, acked: &Mutex<Vec<usize>>) {
     drop(held);
 }
 
-#[test]
-fn kill_9_in_the_middle_of_writes_keeps_every_fsynced_file() {
+/// `runs` times: mount, untar, kill -9 the daemon at a random moment, remount: every file
+/// fsynced before the kill is there, byte for byte, and fsck finds nothing to repair. Runs
+/// share a volume in groups of KILL9_RUNS_PER_VOLUME, so each run also remounts over what
+/// earlier kills left; at the end of a group every run's fsynced files are checked again.
+fn kill_9_during_untars(runs: u64) {
+    let seed = std::env::var("LANEFS_KILL9_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("kill -9 runs: seed {seed} (LANEFS_KILL9_SEED={seed} replays them)");
+    let mut rng = Rng(seed);
+    let mut first = 0;
+    while first < runs {
+        let last = runs.min(first + KILL9_RUNS_PER_VOLUME);
+        kill_9_group(first..last, seed, &mut rng);
+        first = last;
+    }
+}
+
+/// Runs `runs` of [`kill_9_during_untars`] on one new volume.
+fn kill_9_group(runs: std::ops::Range<u64>, seed: u64, rng: &mut Rng) {
     let volume = Volume::format("kill9");
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    for round in 0..3u64 {
+    let mut all_acked = Vec::new();
+    for run in runs {
+        let every = 1 + rng.below(10) as usize;
+        let delay = Duration::from_millis(rng.below(KILL9_LATEST.as_millis() as u64) + 1);
         let m = volume.mount(&[]);
-        let dir = m.path(&format!("round{round}"));
+        let dir = m.path(&format!("run{run}"));
         std::fs::create_dir(&dir).unwrap();
         let acked = Arc::new(Mutex::new(Vec::new()));
         let writer = {
             let (dir, acked) = (dir.clone(), acked.clone());
-            std::thread::spawn(move || write_until_killed(&dir, 5, &acked))
+            std::thread::spawn(move || untar_until_killed(&dir, every, &acked))
         };
-        // Somewhere between 0.3 and 1.5 s into the writes (printed, to replay by hand).
-        let delay = 300 + (seed.wrapping_mul(round + 7) % 1200);
-        eprintln!("round {round}: kill -9 after {delay} ms");
-        std::thread::sleep(Duration::from_millis(delay));
+        std::thread::sleep(delay);
         // SAFETY: sending a signal has no memory effects.
         unsafe { libc::kill(m.pid as i32, libc::SIGKILL) };
         assert!(wait_until(Duration::from_secs(10), || !process_alive(
@@ -209,30 +275,50 @@ fn kill_9_in_the_middle_of_writes_keeps_every_fsynced_file() {
         )));
         writer.join().unwrap();
         drop(m);
-        let status =
-            String::from_utf8_lossy(&lanefs(&["status", volume.source()]).stdout).into_owned();
-        assert!(status.contains("ended without unmounting"), "{status}");
         let acked = acked.lock().unwrap().clone();
         eprintln!(
-            "round {round}: {} files fsynced before the kill",
+            "run {run}: fsync every {every} files, kill -9 after {delay:?}: {} files fsynced",
             acked.len()
-        );
-        assert!(
-            !acked.is_empty(),
-            "round {round}: nothing was fsynced before the kill"
         );
         let m = volume.mount(&[]);
         for i in &acked {
-            let got = std::fs::read(m.path(&format!("round{round}")).join(rel(*i)))
-                .unwrap_or_else(|e| panic!("round {round}: fsynced file {i} after kill -9: {e}"));
+            let path = m.path(&format!("run{run}")).join(rel(*i));
+            let got = std::fs::read(&path)
+                .unwrap_or_else(|e| panic!("run {run}: fsynced file {i} after kill -9: {e}"));
             assert!(
                 got == content(*i, size_of(*i)),
-                "round {round}: fsynced file {i} differs after kill -9"
+                "run {run}: fsynced file {i} differs after kill -9 (seed {seed})"
             );
         }
         m.unmount();
-        volume.assert_clean();
+        let (clean, out) = volume.fsck(false);
+        assert!(
+            clean && out.contains("clean"),
+            "run {run}: fsck after kill -9 and a remount (seed {seed}):\n{out}"
+        );
+        all_acked.extend(acked.into_iter().map(|i| (run, i)));
     }
+    let m = volume.mount(&[]);
+    for (run, i) in &all_acked {
+        let got = std::fs::read(m.path(&format!("run{run}")).join(rel(*i))).unwrap();
+        assert!(
+            got == content(*i, size_of(*i)),
+            "run {run}: fsynced file {i} changed by later runs (seed {seed})"
+        );
+    }
+    m.unmount();
+    volume.assert_clean();
+}
+
+#[test]
+fn kill_9_at_random_points_of_an_untar_keeps_every_fsynced_file() {
+    kill_9_during_untars(KILL9_RUNS);
+}
+
+#[test]
+#[ignore = "slow: KILL9_RUNS_SLOW kill -9 runs (cargo test -- --ignored kill_9_many)"]
+fn kill_9_many_times_during_untars_keeps_every_fsynced_file() {
+    kill_9_during_untars(KILL9_RUNS_SLOW);
 }
 
 /// The inode number of a path.
@@ -586,7 +672,8 @@ fn mount_8_form_mounts_a_volume_with_a_capacity() {
             .is_ok_and(|o| o.status.success())
     });
     assert!(unmounted, "lanefs umount {} kept failing", mnt.display());
-    assert!(wait_until(Duration::from_secs(10), || volume.fsck(false).0));
+    // The daemon lets go of the volume before `lanefs umount` returns: no wait.
+    assert!(volume.fsck(false).0, "fsck right after lanefs umount");
     volume.assert_clean();
 }
 
@@ -740,19 +827,6 @@ fn dump_and_load_round_trip_is_identical() {
     let first = lanefs(&["dump", volume.source()]);
     assert!(first.status.success(), "{}", stderr(&first));
     let copy = volume.dir.path().join("copy.db");
-    let load = |db: &Path, input: &[u8]| {
-        let mut child = Command::new(common::lanefs())
-            .arg("load")
-            .arg(db)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        // A refused load may exit before reading its input.
-        let _ = child.stdin.take().unwrap().write_all(input);
-        child.wait_with_output().unwrap()
-    };
     let out = load(&copy, &first.stdout);
     assert!(out.status.success(), "{}", stderr(&out));
     let second = lanefs(&["dump", copy.to_str().unwrap()]);
@@ -785,4 +859,320 @@ fn dump_and_load_round_trip_is_identical() {
         stderr(&out)
     );
     assert!(!volume.dir.path().join("other.db").exists());
+}
+
+#[test]
+fn format_force_checks_everything_before_deleting_the_old_volume() {
+    let volume = Volume::format("reformat");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("kept"), b"still here").unwrap();
+    m.unmount();
+    // A data directory that is not ours: refused, and the old volume is untouched.
+    let other = TempDir::new("vol-reformat-other");
+    std::fs::write(other.path().join("precious"), b"not a block").unwrap();
+    let out = lanefs(&[
+        "format",
+        volume.source(),
+        "--data",
+        other.path().to_str().unwrap(),
+        "--force",
+    ]);
+    assert!(!out.status.success(), "format --force replaced the volume");
+    assert!(stderr(&out).contains("is not empty"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(other.path().join("precious")).unwrap(),
+        b"not a block"
+    );
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"still here");
+}
+
+#[test]
+fn two_volume_files_sharing_a_data_directory_are_not_mounted_at_once() {
+    let volume = Volume::format("shared-data");
+    let dump = lanefs(&["dump", volume.source()]);
+    assert!(dump.status.success(), "{}", stderr(&dump));
+    // A copy loaded from the dump names the same data directory.
+    let copy = volume.dir.path().join("copy.db");
+    let out = load(&copy, &dump.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("big"), content(9, 2 * MIB)).unwrap();
+    let other = TempDir::new("vol-shared-data-mp");
+    // Should the second mount go ahead after all, it goes at the end of the test.
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            if is_mounted(self.0) {
+                let _ = Command::new(common::lanefs())
+                    .arg("umount")
+                    .arg(self.0)
+                    .status();
+            }
+        }
+    }
+    let _guard = Unmount(other.path());
+    for args in [
+        vec![
+            "mount",
+            "--daemon",
+            copy.to_str().unwrap(),
+            other.path().to_str().unwrap(),
+        ],
+        vec!["fsck", copy.to_str().unwrap()],
+        vec!["gc", copy.to_str().unwrap()],
+    ] {
+        let out = lanefs(&args);
+        assert!(!out.status.success(), "{args:?} went ahead");
+        assert!(
+            stderr(&out).contains("is in use by another volume file"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(!is_mounted(other.path()));
+    assert_eq!(std::fs::read(m.path("big")).unwrap(), content(9, 2 * MIB));
+    m.unmount();
+    volume.assert_clean();
+}
+
+/// `lanefs load` of `input` into a new volume file `db`.
+fn load(db: &Path, input: &[u8]) -> std::process::Output {
+    let mut child = Command::new(common::lanefs())
+        .arg("load")
+        .arg(db)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A refused load may exit before reading its input.
+    let _ = child.stdin.take().unwrap().write_all(input);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn dump_and_load_keep_any_bytes_in_names_and_xattr_values() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let names: [&[u8]; 4] = [
+        "naïve-ünïcödé-名前.txt".as_bytes(),
+        b"raw-\xff\xfe\x80-bytes",
+        b"\xc3(-broken-utf8",
+        "emoji-🦀".as_bytes(),
+    ];
+    // Values as setfattr's hex: non-UTF-8 bytes, a NUL, UTF-8 text.
+    let values = ["0xff00fe80c328", "0x6e61c3af7665", "0x00"];
+    let volume = Volume::format("dump-bytes");
+    let m = volume.mount(&[]);
+    for (i, name) in names.iter().enumerate() {
+        let path = m.mountpoint.join(OsStr::from_bytes(name));
+        std::fs::write(&path, content(i, 100)).unwrap();
+        run_ok(
+            Command::new("setfattr")
+                .args(["-n", &format!("user.v{i}"), "-v", values[i % values.len()]])
+                .arg(&path),
+        );
+    }
+    m.unmount();
+    let first = lanefs(&["dump", volume.source()]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let copy = volume.dir.path().join("copy.db");
+    let out = load(&copy, &first.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let second = lanefs(&["dump", copy.to_str().unwrap()]);
+    assert!(
+        first.stdout == second.stdout,
+        "the loaded volume dumps differently"
+    );
+    let copy_volume = Volume {
+        dir: TempDir::new("vol-dump-bytes-unused"),
+        db: copy.clone(),
+        data: volume.data.clone(),
+    };
+    let m = copy_volume.mount(&[]);
+    for (i, name) in names.iter().enumerate() {
+        let path = m.mountpoint.join(OsStr::from_bytes(name));
+        assert_eq!(std::fs::read(&path).unwrap(), content(i, 100), "{path:?}");
+        let attr = format!("user.v{i}");
+        let listing = run_ok(
+            Command::new("getfattr")
+                .args(["--absolute-names", "-e", "hex", "-n", &attr])
+                .arg(&path),
+        );
+        let value = listing
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{attr}=")))
+            .unwrap_or_else(|| panic!("no {attr} in {listing}"));
+        assert_eq!(value, values[i % values.len()], "{path:?}");
+    }
+    m.unmount();
+    // Hex that is not ASCII (a slice through a character panicked here) or not hex: refused
+    // with a sentence.
+    let text = String::from_utf8(first.stdout).unwrap();
+    for bad in ["aé0", "zz", "abc"] {
+        let broken = text.replacen("{\"hex\":\"", &format!("{{\"hex\":\"{bad}"), 1);
+        let db = volume.dir.path().join("bad.db");
+        let out = load(&db, broken.as_bytes());
+        assert!(!out.status.success(), "loaded {bad:?}");
+        assert!(
+            stderr(&out).contains("load: a hex value"),
+            "{bad:?}: {}",
+            stderr(&out)
+        );
+        assert!(!db.exists());
+    }
+}
+
+/// Address space the daemon gets in the punch test (with two malloc arenas, so that the
+/// figure does not grow with the machine's CPUs): a punch that allocated memory for each byte
+/// of its range (1 TiB) would die of it.
+const PUNCH_DAEMON_AS_BYTES: u64 = 4 << 30;
+
+#[test]
+fn punching_a_terabyte_hole_in_a_sparse_file_costs_no_memory_for_the_range() {
+    use std::os::unix::fs::FileExt;
+    const TIB: u64 = 1 << 40;
+    let volume = Volume::format("punch");
+    let limit = format!("--as={PUNCH_DAEMON_AS_BYTES}");
+    let m = common::Mount::start_wrapped(
+        &["env", "MALLOC_ARENA_MAX=2", "prlimit", &limit],
+        volume.source(),
+        &[],
+    );
+    let path = m.path("sparse");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(2 * TIB).unwrap();
+    let spots = [0, 1 << 30, TIB - 3, TIB + 5];
+    for (i, at) in spots.iter().enumerate() {
+        file.write_all_at(&content(i, 100), *at).unwrap();
+    }
+    file.sync_all().unwrap();
+    let started = std::time::Instant::now();
+    run_ok(
+        Command::new("fallocate")
+            .args(["--punch-hole", "--offset", "5", "--length"])
+            .arg(TIB.to_string())
+            .arg(&path),
+    );
+    eprintln!("punch of 1 TiB: {:?}", started.elapsed());
+    file.sync_all().unwrap();
+    drop(file);
+    let file = std::fs::File::open(&path).unwrap();
+    let read = |at: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, at).unwrap();
+        buf
+    };
+    assert_eq!(read(0, 5), content(0, 100)[..5]);
+    assert!(read(5, 95).iter().all(|b| *b == 0));
+    assert!(read(1 << 30, 100).iter().all(|b| *b == 0));
+    assert!(read(TIB - 3, 8).iter().all(|b| *b == 0));
+    assert_eq!(read(TIB + 5, 100), content(3, 100));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 * TIB);
+    drop(file);
+    m.unmount();
+    volume.assert_clean();
+}
+
+/// The volume is free the moment `lanefs umount` returns, even when the daemon is slow to
+/// exit after it: here the daemon's log is a pipe the test has filled, so the daemon blocks
+/// at its last log line ("unmounted; exiting"), after its control socket closed (which is
+/// what `lanefs umount` waits for). A daemon that let go of the volume only when it exited
+/// would still hold it.
+#[test]
+fn the_volume_is_free_as_soon_as_lanefs_umount_returns() {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let volume = Volume::format("umount-free");
+    let fifo = volume.dir.path().join("log.fifo");
+    run_ok(Command::new("mkfifo").arg(&fifo));
+    let mut reader = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let m = volume.mount(&["--log", fifo.to_str().unwrap()]);
+    std::fs::write(m.path("f"), content(1, 2 * MIB)).unwrap();
+    // Fill the pipe: the daemon's next log line blocks until the test reads.
+    let mut filler = std::fs::File::options()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    for piece in [4096, 1] {
+        while filler.write(&vec![b'.'; piece]).is_ok() {}
+    }
+    let out = lanefs(&["umount", m.mountpoint.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (clean, report) = volume.fsck(false);
+    // Let the daemon finish its log and exit.
+    let mut sink = vec![0u8; 1 << 16];
+    assert!(wait_until(Duration::from_secs(10), || {
+        while reader.read(&mut sink).is_ok_and(|n| n > 0) {}
+        !process_alive(m.pid)
+    }));
+    assert!(clean, "fsck right after lanefs umount:\n{report}");
+    drop(m);
+    volume.assert_clean();
+}
+
+/// Pages of `path` the page cache holds and has not yet written to the disk (cachestat(2),
+/// Linux 6.5+, not in the libc crate for x86_64 yet).
+fn unwritten_pages(path: &Path) -> u64 {
+    use std::os::fd::AsRawFd;
+    /// cachestat's answer: cached, dirty, writeback, evicted, recently evicted pages.
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat([u64; 5]);
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let file = std::fs::File::open(path).unwrap();
+    let range = [0u64, 0u64]; // offset 0, length 0: the whole file
+    let mut stat = CacheStat::default();
+    // SAFETY: cachestat reads `range` (two u64) and fills `stat` (five u64); both live across
+    // the call, and the fd is open.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            range.as_ptr(),
+            &mut stat as *mut CacheStat,
+            0u32,
+        )
+    };
+    assert_eq!(rc, 0, "cachestat: {}", std::io::Error::last_os_error());
+    stat.0[1] + stat.0[2]
+}
+
+/// fsync of a file whose data a close already flushed puts that data and the metadata on the
+/// disk: nothing of the WAL or of the file's blocks is left only in the page cache.
+#[test]
+fn fsync_after_close_puts_data_and_metadata_on_the_disk() {
+    let volume = Volume::format("fsync-disk");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("f"), content(1, 3 * MIB)).unwrap();
+    let blocks = block_files(&volume.data);
+    assert_eq!(blocks.len(), 3);
+    std::fs::File::open(m.path("f"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let mut wal = volume.db.clone().into_os_string();
+    wal.push("-wal");
+    assert_eq!(
+        unwritten_pages(Path::new(&wal)),
+        0,
+        "the WAL is not on the disk after fsync"
+    );
+    for block in blocks {
+        assert_eq!(
+            unwritten_pages(&block),
+            0,
+            "{} is not on the disk after fsync",
+            block.display()
+        );
+    }
+    m.unmount();
+    volume.assert_clean();
 }

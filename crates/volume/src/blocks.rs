@@ -3,9 +3,10 @@
 //! issue 14). The async runtime object_store needs lives inside `ObjectBlockStore` and nowhere
 //! else: callers block on it from their own thread.
 
+use std::collections::{BTreeSet, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -17,6 +18,10 @@ use crate::file::BLOCK_ID_SESSION_SHIFT;
 
 /// Threads of the runtime that drives the object store's requests.
 pub const IO_THREADS: usize = 2;
+/// fsyncs of block files run on at most this many threads at once (the runtime's blocking
+/// pool): a flush of 64 MiB syncs 64 files, and the file system joins concurrent fsyncs
+/// into one journal commit.
+pub const SYNC_THREADS: usize = 16;
 /// The object holding the id of the volume a data directory belongs to.
 pub const VOLUME_ID_KEY: &str = "lanefs-volume-id";
 const BLOCKS_PREFIX: &str = "blocks";
@@ -31,7 +36,9 @@ pub trait BlockStore: Send + Sync + 'static {
     fn prefetch(&self, id: u64, done: Box<dyn FnOnce(io::Result<Bytes>) + Send>);
     /// Every block id in the store, or only those a session wrote.
     fn list(&self, session: Option<u64>) -> io::Result<Vec<u64>>;
-    /// Makes the blocks durable (fsync), for fsync of a file.
+    /// Makes the blocks durable: their bytes and their names, up to the store's root (fsync
+    /// of each file, of its directory, and of every directory above it created since the
+    /// store was opened). Called before the commit that refers to them.
     fn sync(&self, ids: &[u64]) -> io::Result<()>;
     fn get_volume_id(&self) -> io::Result<Option<String>>;
     fn put_volume_id(&self, id: &str) -> io::Result<()>;
@@ -80,6 +87,11 @@ pub struct ObjectBlockStore {
     runtime: tokio::runtime::Runtime,
     /// The directory of a local store (for fsync); None for remote stores.
     local_root: Option<PathBuf>,
+    /// Block directories (`blocks/SESSION/XX`) whose own name and whose parents' names are
+    /// known durable: the first sync of a block in one also fsyncs `blocks/SESSION` and
+    /// `blocks`, which `put` may have just created. The mutex protects the set, held for a
+    /// lookup or an insert only (never across I/O); leaf lock.
+    durable_dirs: Mutex<HashSet<PathBuf>>,
 }
 
 impl ObjectBlockStore {
@@ -88,6 +100,7 @@ impl ObjectBlockStore {
         let store = LocalFileSystem::new_with_prefix(dir).map_err(io_error)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(IO_THREADS)
+            .max_blocking_threads(SYNC_THREADS)
             .thread_name("lanefs-io")
             .enable_all()
             .build()?;
@@ -95,6 +108,7 @@ impl ObjectBlockStore {
             store: Arc::new(store),
             runtime,
             local_root: Some(dir.to_owned()),
+            durable_dirs: Mutex::new(HashSet::new()),
         })
     }
 }
@@ -160,18 +174,36 @@ impl BlockStore for ObjectBlockStore {
         let Some(root) = &self.local_root else {
             return Ok(());
         };
-        let mut dirs = std::collections::BTreeSet::new();
-        for id in ids {
-            let path = root.join(key(*id).as_ref());
-            std::fs::File::open(&path)?.sync_all()?;
-            if let Some(dir) = path.parent() {
-                dirs.insert(dir.to_owned());
+        let files: Vec<PathBuf> = ids.iter().map(|id| root.join(key(*id).as_ref())).collect();
+        // Each block directory once per call: its entries for all the blocks above. A
+        // directory seen for the first time brings its parents up to the root, which `put`
+        // may have created for it (`blocks/SESSION/XX`).
+        let mut dirs = BTreeSet::new();
+        let mut new_dirs = Vec::new();
+        for file in &files {
+            if let Some(dir) = file.parent()
+                && dirs.insert(dir.to_owned())
+            {
+                new_dirs.push(dir.to_owned());
             }
         }
-        // Each directory once: its entries for all the blocks above.
-        for dir in dirs {
-            std::fs::File::open(dir)?.sync_all()?;
+        new_dirs.retain(|d| !lock(&self.durable_dirs).contains(d));
+        for dir in &new_dirs {
+            let mut above = dir.parent();
+            while let Some(parent) = above
+                && parent.starts_with(root)
+            {
+                dirs.insert(parent.to_owned());
+                above = parent.parent();
+            }
         }
+        // Files and the directories naming them at once (no order between them is needed:
+        // all are done before this returns, and the commit that refers to the blocks comes
+        // after); concurrent fsyncs share the file system's journal commits.
+        let mut paths = files;
+        paths.extend(dirs);
+        self.fsync_all(paths)?;
+        lock(&self.durable_dirs).extend(new_dirs);
         Ok(())
     }
 
@@ -197,6 +229,26 @@ impl BlockStore for ObjectBlockStore {
             .map(|_| ())
             .map_err(io_error)
     }
+}
+
+impl ObjectBlockStore {
+    /// fsync of each path, in parallel on the runtime's blocking threads.
+    fn fsync_all(&self, paths: Vec<PathBuf>) -> io::Result<()> {
+        self.runtime.block_on(async {
+            let syncs = paths.into_iter().map(|path| {
+                self.runtime
+                    .spawn_blocking(move || std::fs::File::open(&path)?.sync_all())
+            });
+            for result in futures::future::join_all(syncs).await {
+                result.map_err(|e| io::Error::other(e.to_string()))??;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn lock<T>(l: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// CRC-32 of a block, as stored in `chunks.crc`.

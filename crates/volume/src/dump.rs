@@ -55,18 +55,38 @@ fn from_json(v: &serde_json::Value) -> Result<Value, String> {
                 .get("hex")
                 .and_then(|h| h.as_str())
                 .ok_or("load: an object value that is not {\"hex\": ...}")?;
-            if hex.len() % 2 != 0 {
-                return Err("load: a hex value of odd length".into());
-            }
-            let bytes = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-                .collect::<Result<Vec<u8>, _>>()
-                .map_err(|_| "load: a hex value with a non-hex digit".to_owned())?;
-            Value::Blob(bytes)
+            Value::Blob(from_hex(hex)?)
         }
         other => return Err(format!("load: unexpected value {other}")),
     })
+}
+
+/// The bytes a hex string spells. Works on bytes, not on the string's characters: a
+/// non-ASCII character is an error, never a slice through the middle of one.
+fn from_hex(hex: &str) -> Result<Vec<u8>, String> {
+    let digits = hex.as_bytes();
+    if !digits.len().is_multiple_of(2) {
+        return Err("load: a hex value of odd length".into());
+    }
+    let digit = |d: u8| {
+        (d as char)
+            .to_digit(16)
+            .ok_or_else(|| "load: a hex value with a non-hex digit".to_owned())
+    };
+    digits
+        .chunks_exact(2)
+        .map(|pair| Ok((digit(pair[0])? * 16 + digit(pair[1])?) as u8))
+        .collect()
+}
+
+/// A column name from a dump, used in SQL: letters, digits and `_` only.
+fn column_name(name: &str) -> Result<&str, String> {
+    let plain = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if plain {
+        Ok(name)
+    } else {
+        Err(format!("load: {name:?} is not a column name"))
+    }
 }
 
 /// Writes the volume's metadata to `out` as JSON.
@@ -133,8 +153,8 @@ pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
                 .as_array()
                 .ok_or_else(|| format!("load: table {table} has no columns"))?
                 .iter()
-                .map(|c| c.as_str().unwrap_or(""))
-                .collect();
+                .map(|c| column_name(c.as_str().unwrap_or("")))
+                .collect::<Result<_, String>>()?;
             let insert = format!(
                 "INSERT INTO {table} ({}) VALUES ({})",
                 columns.join(", "),

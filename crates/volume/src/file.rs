@@ -183,7 +183,40 @@ struct Committed {
     chunks: BTreeMap<u64, ChunkRec>,
 }
 
-type ChunkBuf = Arc<Mutex<Vec<u8>>>;
+impl Committed {
+    /// A committed change, applied here as the store applied it (same fields, same order).
+    fn apply(&mut self, u: DataUpdate) {
+        self.inline = u.inline.map(Bytes::from);
+        if let Some(keep) = u.drop_from {
+            self.chunks.retain(|idx, _| *idx < keep);
+        }
+        if let Some((idx, len)) = u.trim
+            && let Some(chunk) = self.chunks.get_mut(&idx)
+        {
+            chunk.len = len;
+        }
+        for idx in &u.holes {
+            self.chunks.remove(idx);
+        }
+        for chunk in u.set {
+            self.chunks.insert(chunk.idx, chunk);
+        }
+    }
+}
+
+/// One chunk's unflushed bytes, shared so that a flush hands them to the block store without
+/// copying them: a write that finds a flush still holding them copies first (`Arc::make_mut`).
+type ChunkBytes = Arc<Vec<u8>>;
+type ChunkBuf = Arc<Mutex<ChunkBytes>>;
+
+/// A chunk's bytes as the `Bytes` of a block to store, without a copy.
+struct SharedChunk(ChunkBytes);
+
+impl AsRef<[u8]> for SharedChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
 
 pub struct FileState {
     pub ino: u64,
@@ -191,11 +224,18 @@ pub struct FileState {
     size: AtomicU64,
     /// mtime set by writes not yet flushed (0: none).
     dirty_mtime_ns: AtomicI64,
+    /// One flush of the file at a time, across its block I/O and commit; truncate and
+    /// fallocate take it too, so that their commits never interleave with a flush's. Before
+    /// the gate.
+    flushing: Mutex<()>,
     /// The write gate (seed 000): shared by writes ending within the size, exclusive for
-    /// extending writes, truncate and flush. Protects the set of dirty chunks against a
-    /// flush taking them away mid-write. Before `dirty` and a chunk buffer; never held with
-    /// another file's gate.
+    /// extending writes, truncate, and a flush's two short steps (taking its snapshot of the
+    /// dirty chunks, and retiring them after its commit; not across its I/O). Before `dirty`
+    /// and a chunk buffer; never held with another file's gate.
     gate: RwLock<()>,
+    /// Writes so far: a flush that finds it moved since its snapshot leaves the file marked
+    /// dirty. Changed under the gate.
+    writes: AtomicU64,
     /// Opens of the inode on this mount; changed only under the open table's shard lock.
     pub opens: AtomicU32,
     /// Lost its last name while open: freed at the last release.
@@ -230,7 +270,9 @@ impl FileState {
             ino,
             size: AtomicU64::new(0),
             dirty_mtime_ns: AtomicI64::new(0),
+            flushing: Mutex::new(()),
             gate: RwLock::new(()),
+            writes: AtomicU64::new(0),
             opens: AtomicU32::new(0),
             orphaned: AtomicBool::new(false),
             loaded: OnceLock::new(),
@@ -298,7 +340,7 @@ impl FileState {
         let mut dirty = lock(&self.dirty);
         let buf = dirty
             .entry(idx)
-            .or_insert_with(|| Arc::new(Mutex::new(base)));
+            .or_insert_with(|| Arc::new(Mutex::new(Arc::new(base))));
         Ok(buf.clone())
     }
 
@@ -335,7 +377,8 @@ impl FileState {
             let n = rest.len().min(CHUNK_BYTES as usize - within);
             let whole = within == 0 && n == CHUNK_BYTES as usize;
             let buf = self.chunk_buf(dp, idx, whole)?;
-            let mut buf = lock(&buf);
+            let mut guard = lock(&buf);
+            let buf = Arc::make_mut(&mut guard);
             if buf.len() < within + n {
                 buf.resize(within + n, 0);
             }
@@ -344,6 +387,7 @@ impl FileState {
             rest = &rest[n..];
         }
         self.size.fetch_max(end, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
         self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
         let dirty = self
             .dirty_bytes
@@ -412,27 +456,36 @@ impl FileState {
         dp.prefetch(wanted);
     }
 
-    /// Commits the unflushed writes: new blocks for dirty chunks (or the inline bytes), then
-    /// one metadata change. With `sync`, blocks and metadata are durable when it returns.
-    /// Returns the blocks the change released (to delete from the block store).
-    pub fn flush(
-        &self,
-        dp: &DataPath,
-        store: &dyn MetaStore,
-        sync: bool,
-    ) -> Result<Vec<u64>, Errno> {
-        let _gate = write_lock(&self.gate);
-        let dirty: Vec<(u64, ChunkBuf)> = lock(&self.dirty)
-            .iter()
-            .map(|(i, b)| (*i, b.clone()))
-            .collect();
-        let Some(mtime) = self.dirty_mtime() else {
-            return Ok(Vec::new());
-        };
-        let size = self.size();
-        let (inline, committed_chunks): (Option<Bytes>, Vec<u64>) = {
+    /// Commits the unflushed writes: new blocks for dirty chunks (or the inline bytes), made
+    /// durable, then one metadata change referring to them (durable at the next sync; see
+    /// ARCHITECTURE.md, "Durability"). Returns the blocks the change released (to delete from
+    /// the block store once the change is durable).
+    ///
+    /// Writes wait for it only while it takes its snapshot and while it retires what it
+    /// flushed, not across its block I/O and commit: the snapshot holds a reference to each
+    /// dirty chunk's bytes, so a write meanwhile copies the chunk (`Arc::make_mut`) and the
+    /// flush, seeing a different buffer afterwards, leaves that chunk dirty.
+    pub fn flush(&self, dp: &DataPath, store: &dyn MetaStore) -> Result<Vec<u64>, Errno> {
+        let _flushing = lock(&self.flushing);
+        let (dirty, writes, flushed_bytes, mtime, size, inline, committed_chunks) = {
+            let _gate = write_lock(&self.gate);
+            let Some(mtime) = self.dirty_mtime() else {
+                return Ok(Vec::new());
+            };
+            let dirty: Vec<(u64, ChunkBytes)> = lock(&self.dirty)
+                .iter()
+                .map(|(i, b)| (*i, lock(b).clone()))
+                .collect();
             let c = read_lock(&self.committed);
-            (c.inline.clone(), c.chunks.keys().copied().collect())
+            (
+                dirty,
+                self.writes.load(Ordering::Relaxed),
+                self.dirty_bytes.load(Ordering::Relaxed),
+                mtime,
+                self.size(),
+                c.inline.clone(),
+                c.chunks.keys().copied().collect::<Vec<u64>>(),
+            )
         };
         let mut update = DataUpdate {
             ino: self.ino,
@@ -444,26 +497,29 @@ impl FileState {
         let mut uploaded = Vec::new();
         if committed_chunks.is_empty() && size <= INLINE_MAX_BYTES {
             let mut content = match dirty.iter().find(|(i, _)| *i == 0) {
-                Some((_, buf)) => lock(buf).clone(),
+                Some((_, bytes)) => bytes.to_vec(),
                 None => inline.map(|b| b.to_vec()).unwrap_or_default(),
             };
             content.truncate(size as usize);
             update.inline = Some(content);
         } else {
-            let mut pieces: Vec<(u64, Vec<u8>)> =
-                dirty.iter().map(|(i, b)| (*i, lock(b).clone())).collect();
+            let mut pieces: Vec<(u64, Bytes)> = dirty
+                .iter()
+                .map(|(i, b)| (*i, Bytes::from_owner(SharedChunk(b.clone()))))
+                .collect();
             if let Some(inline) = inline
                 && !dirty.iter().any(|(i, _)| *i == 0)
             {
-                pieces.push((0, inline.to_vec()));
+                pieces.push((0, inline));
             }
             let mut puts = Vec::new();
-            for (idx, mut bytes) in pieces {
+            for (idx, bytes) in pieces {
                 let start = idx * CHUNK_BYTES;
                 if start >= size {
                     continue;
                 }
-                bytes.truncate((size - start).min(CHUNK_BYTES) as usize);
+                let bytes =
+                    bytes.slice(..bytes.len().min((size - start).min(CHUNK_BYTES) as usize));
                 if bytes.iter().all(|b| *b == 0) {
                     if committed_chunks.contains(&idx) {
                         update.holes.push(idx);
@@ -477,7 +533,7 @@ impl FileState {
                     len: bytes.len() as u64,
                     crc: checksum(&bytes),
                 });
-                puts.push((block, Bytes::from(bytes)));
+                puts.push((block, bytes));
                 uploaded.push(block);
             }
             if let Err(e) = dp.blocks.put(puts) {
@@ -485,32 +541,41 @@ impl FileState {
                 self.discard(dp, &uploaded);
                 return Err(e.raw_os_error().unwrap_or(libc::EIO));
             }
-            if sync && let Err(e) = dp.blocks.sync(&uploaded) {
+            // Durable before the commit that refers to them is written: SQLite's WAL may
+            // reach the disk at any time after (the kernel's writeback, a checkpoint, the
+            // next sync's fsync), and a row must never outlive its block.
+            if let Err(e) = dp.blocks.sync(&uploaded) {
                 tracing::error!("volume: syncing blocks of inode {}: {e}", self.ino);
+                self.discard(dp, &uploaded);
                 return Err(e.raw_os_error().unwrap_or(libc::EIO));
             }
         }
         let applied = update.clone();
-        let released = match meta::wait(|done| store.update_data(update, sync, done)) {
+        let released = match meta::wait(|done| store.update_data(update, done)) {
             Ok(released) => released,
             Err(e) => {
                 self.discard(dp, &uploaded);
                 return Err(e);
             }
         };
+        let _gate = write_lock(&self.gate);
+        write_lock(&self.committed).apply(applied);
+        // Retire the chunks no write touched since the snapshot; the others stay dirty.
         {
-            let mut c = write_lock(&self.committed);
-            c.inline = applied.inline.map(Bytes::from);
-            for idx in &applied.holes {
-                c.chunks.remove(idx);
-            }
-            for chunk in applied.set {
-                c.chunks.insert(chunk.idx, chunk);
+            let mut map = lock(&self.dirty);
+            for (idx, bytes) in &dirty {
+                if map
+                    .get(idx)
+                    .is_some_and(|buf| Arc::ptr_eq(&lock(buf), bytes))
+                {
+                    map.remove(idx);
+                }
             }
         }
-        lock(&self.dirty).clear();
-        self.dirty_bytes.store(0, Ordering::Relaxed);
-        self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+        self.dirty_bytes.fetch_sub(flushed_bytes, Ordering::Relaxed);
+        if self.writes.load(Ordering::Relaxed) == writes {
+            self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+        }
         for b in &released {
             dp.forget_cached(*b);
         }
@@ -524,6 +589,62 @@ impl FileState {
                 tracing::warn!("volume: removing unused block {b:016x}: {e} (fsck will)");
             }
         }
+    }
+
+    /// Zeros [start, end) within the size, in memory (a flush turns it into holes), at a cost
+    /// in time and memory proportional to the chunks that hold data there, not to the range
+    /// (a punch of 1 TiB over a sparse file touches a few chunks): the partial chunks at the
+    /// two ends are zeroed in their buffers, and every whole chunk in between that holds
+    /// data (stored or unflushed) gets an empty buffer, which reads as zeros.
+    fn zero_range(&self, dp: &DataPath, start: u64, end: u64, now_ns: i64) -> Result<(), Errno> {
+        let _flushing = lock(&self.flushing);
+        let _gate = write_lock(&self.gate);
+        let end = end.min(self.size());
+        if start >= end {
+            return Ok(());
+        }
+        let first_whole = start.div_ceil(CHUNK_BYTES);
+        let end_whole = end / CHUNK_BYTES;
+        // The partial chunks: at most two, each zeroed within its buffer (past a buffer's
+        // end is zeros already).
+        let mut edges = vec![(start, end.min(first_whole * CHUNK_BYTES))];
+        if end_whole >= first_whole {
+            edges.push(((end_whole * CHUNK_BYTES).max(start), end));
+        }
+        for (from, to) in edges {
+            if from >= to {
+                continue;
+            }
+            let idx = from / CHUNK_BYTES;
+            let within = (from % CHUNK_BYTES) as usize;
+            let buf = self.chunk_buf(dp, idx, false)?;
+            let mut guard = lock(&buf);
+            let buf = Arc::make_mut(&mut guard);
+            let stop = buf.len().min(within + (to - from) as usize);
+            if within < stop {
+                buf[within..stop].fill(0);
+            }
+        }
+        if first_whole < end_whole {
+            let holding: Vec<u64> = {
+                let c = read_lock(&self.committed);
+                let inline = c.inline.is_some() && first_whole == 0;
+                inline
+                    .then_some(0)
+                    .into_iter()
+                    .chain(c.chunks.range(first_whole..end_whole).map(|(i, _)| *i))
+                    .collect()
+            };
+            let mut dirty = lock(&self.dirty);
+            for buf in dirty.range(first_whole..end_whole).map(|(_, b)| b) {
+                *lock(buf) = ChunkBytes::default();
+            }
+            for idx in holding {
+                dirty.entry(idx).or_default();
+            }
+        }
+        self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
+        Ok(())
     }
 
     /// fallocate: `zero` writes zeros over [offset, offset+len) (within the size when
@@ -546,15 +667,8 @@ impl FileState {
         if end > MAX_FILE_BYTES {
             return Err(libc::EFBIG);
         }
-        let size = self.size();
         if zero {
-            let zero_end = if keep_size { end.min(size) } else { end };
-            let mut pos = offset;
-            while pos < zero_end {
-                let n = (zero_end - pos).min(CHUNK_BYTES - pos % CHUNK_BYTES);
-                self.write(dp, pos, &vec![0u8; n as usize], false, now_ns)?;
-                pos += n;
-            }
+            self.zero_range(dp, offset, end, now_ns)?;
         }
         if !keep_size && end > self.size() {
             // Growing by truncate keeps the new range a hole.
@@ -571,6 +685,7 @@ impl FileState {
         size: u64,
         now_ns: i64,
     ) -> Result<Vec<u64>, Errno> {
+        let _flushing = lock(&self.flushing);
         let _gate = write_lock(&self.gate);
         let rem = size % CHUNK_BYTES;
         let keep = size.div_ceil(CHUNK_BYTES);
@@ -580,7 +695,7 @@ impl FileState {
             if rem != 0
                 && let Some(buf) = dirty.get(&(size / CHUNK_BYTES))
             {
-                lock(buf).truncate(rem as usize);
+                Arc::make_mut(&mut lock(buf)).truncate(rem as usize);
             }
         }
         let (inline, trim) = {
@@ -607,17 +722,8 @@ impl FileState {
             ..Default::default()
         };
         let applied = update.clone();
-        let released = meta::wait(|done| store.update_data(update, false, done))?;
-        {
-            let mut c = write_lock(&self.committed);
-            c.inline = applied.inline.map(Bytes::from);
-            c.chunks.retain(|idx, _| *idx < keep);
-            if let Some((idx, len)) = applied.trim
-                && let Some(chunk) = c.chunks.get_mut(&idx)
-            {
-                chunk.len = len;
-            }
-        }
+        let released = meta::wait(|done| store.update_data(update, done))?;
+        write_lock(&self.committed).apply(applied);
         self.size.store(size, Ordering::Relaxed);
         for b in &released {
             dp.forget_cached(*b);
@@ -810,13 +916,13 @@ mod tests {
             assert!(got[10..] == data[..]);
         };
         expect(&file);
-        file.flush(&f.data, &*f.store, false).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
         expect(&file);
         expect(&f.reopen(file.ino));
         // A small overwrite in the middle rewrites one chunk and releases its old block.
         file.write(&f.data, CHUNK_BYTES + 7, b"xyz", true, 6)
             .unwrap();
-        let released = file.flush(&f.data, &*f.store, false).unwrap();
+        let released = file.flush(&f.data, &*f.store).unwrap();
         assert_eq!(released.len(), 1);
         let got = f
             .reopen(file.ino)
@@ -825,18 +931,173 @@ mod tests {
         assert_eq!(got, b"xyz");
     }
 
+    /// Every file under `dir`, recursively.
+    fn files_under(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files_under(&path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+
+    /// A flush that is not an fsync (close, the dirty limit, before a setattr) still writes
+    /// its blocks to the disk before committing the rows that refer to them: the WAL may
+    /// reach the disk before any later fsync, and a row must never outlive its block.
+    #[test]
+    fn every_flush_makes_its_blocks_durable_before_committing_them() {
+        let f = Fixture::new("durable");
+        let file = f.new_file("d");
+        file.write(
+            &f.data,
+            0,
+            &pattern(3 * CHUNK_BYTES as usize + 5, 7),
+            true,
+            1,
+        )
+        .unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
+        let names: Vec<String> = f
+            .store
+            .load_file(0, file.ino)
+            .unwrap()
+            .chunks
+            .iter()
+            .map(|c| format!("{:016x}", c.block))
+            .collect();
+        assert_eq!(names.len(), 4);
+        let mut blocks = Vec::new();
+        files_under(&f.dir.join("data").join("blocks"), &mut blocks);
+        for name in names {
+            let path = blocks
+                .iter()
+                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy() == name))
+                .unwrap_or_else(|| panic!("block {name} is not in the data directory"));
+            assert_eq!(
+                crate::testing::unwritten_pages(path),
+                0,
+                "block {name} was committed while its bytes were only in the page cache"
+            );
+        }
+    }
+
+    /// A punch of 1 TiB over a sparse file costs what the chunks holding data there cost,
+    /// not the range: the old code made a zeroed 1 MiB buffer per chunk of the range.
+    #[test]
+    fn punching_a_terabyte_touches_only_the_chunks_that_hold_data() {
+        const TIB: u64 = 1 << 40;
+        let f = Fixture::new("punch");
+        let file = f.new_file("sparse");
+        file.truncate(&f.data, &*f.store, 2 * TIB, 1).unwrap();
+        let spots = [0, 7 * CHUNK_BYTES + 3, TIB / 2, TIB - 10, TIB + 5];
+        for (i, at) in spots.iter().enumerate() {
+            file.write(&f.data, *at, &pattern(20, i as u8 + 1), true, 2)
+                .unwrap();
+        }
+        file.flush(&f.data, &*f.store).unwrap();
+        // One more unflushed write inside the range.
+        file.write(&f.data, 3 * CHUNK_BYTES, &pattern(10, 9), true, 3)
+            .unwrap();
+        let punch = Fallocate {
+            offset: 5,
+            len: TIB,
+            zero: true,
+            keep_size: true,
+        };
+        file.fallocate(&f.data, &*f.store, punch, 4).unwrap();
+        let held: usize = lock(&file.dirty).values().map(|b| lock(b).capacity()).sum();
+        assert!(
+            held <= 2 * CHUNK_BYTES as usize,
+            "the punch holds {held} bytes in memory"
+        );
+        assert!(lock(&file.dirty).len() <= spots.len() + 2);
+        file.flush(&f.data, &*f.store).unwrap();
+        let again = f.reopen(file.ino);
+        assert_eq!(again.size(), 2 * TIB);
+        assert_eq!(again.read(&f.data, 0, 5).unwrap(), pattern(5, 1));
+        for at in [5, 7 * CHUNK_BYTES + 3, 3 * CHUNK_BYTES, TIB / 2, TIB - 10] {
+            assert!(
+                again.read(&f.data, at, 15).unwrap().iter().all(|b| *b == 0),
+                "data left at {at}"
+            );
+        }
+        // The punch ends at TIB + 5, where the last write begins: it stays.
+        assert_eq!(again.read(&f.data, TIB + 5, 20).unwrap(), pattern(20, 5));
+        // Stored chunks are data up to their length (chunk 0 keeps its 20 bytes, 15 of them
+        // zeros); everything punched in between is a hole.
+        assert_eq!(again.seek(20, libc::SEEK_DATA), Ok(TIB));
+    }
+
+    /// A write does not wait for a flush's block I/O and commit, and what it wrote while the
+    /// flush ran stays dirty and reaches the store at the next flush.
+    #[test]
+    fn writes_go_on_while_a_flush_stores_blocks() {
+        let f = Arc::new(Fixture::new("flushing"));
+        let file = Arc::new(f.new_file("busy"));
+        let chunks = 32;
+        file.write(
+            &f.data,
+            0,
+            &pattern(chunks * CHUNK_BYTES as usize, 1),
+            true,
+            1,
+        )
+        .unwrap();
+        let flush_done = Arc::new(std::sync::OnceLock::new());
+        let flusher = {
+            let (f, file, flush_done) = (f.clone(), file.clone(), flush_done.clone());
+            std::thread::spawn(move || {
+                file.flush(&f.data, &*f.store).unwrap();
+                flush_done.set(std::time::Instant::now()).unwrap();
+            })
+        };
+        // Into the flush's I/O (32 MiB of puts and fsyncs), then a write within the size.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        file.write(&f.data, 5 * CHUNK_BYTES + 3, b"during", true, 2)
+            .unwrap();
+        let written = std::time::Instant::now();
+        flusher.join().unwrap();
+        assert!(
+            written < *flush_done.get().unwrap(),
+            "the write waited for the flush's I/O"
+        );
+        // The write's bytes are still to be flushed, then stored.
+        assert_eq!(
+            file.read(&f.data, 5 * CHUNK_BYTES + 3, 6).unwrap(),
+            b"during"
+        );
+        assert!(
+            file.dirty_mtime().is_some(),
+            "the write during the flush was forgotten"
+        );
+        file.flush(&f.data, &*f.store).unwrap();
+        let again = f.reopen(file.ino);
+        assert_eq!(
+            again.read(&f.data, 5 * CHUNK_BYTES + 3, 6).unwrap(),
+            b"during"
+        );
+        let mut expect = pattern(chunks * CHUNK_BYTES as usize, 1);
+        expect[5 * CHUNK_BYTES as usize + 3..][..6].copy_from_slice(b"during");
+        let got = again
+            .read(&f.data, 0, (chunks * CHUNK_BYTES as usize) as u32)
+            .unwrap();
+        assert!(got == expect, "the file differs after the two flushes");
+    }
+
     #[test]
     fn small_files_stay_inline_and_grow_into_blocks() {
         let f = Fixture::new("inline");
         let file = f.new_file("s");
         file.write(&f.data, 0, b"hello", true, 1).unwrap();
-        file.flush(&f.data, &*f.store, false).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
         let rec = f.store.load_file(0, file.ino).unwrap();
         assert_eq!(rec.inline.as_deref(), Some(&b"hello"[..]));
         assert!(rec.chunks.is_empty());
         file.write(&f.data, INLINE_MAX_BYTES, b"!", true, 2)
             .unwrap();
-        file.flush(&f.data, &*f.store, false).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
         let rec = f.store.load_file(0, file.ino).unwrap();
         assert_eq!(rec.inline, None);
         assert_eq!(rec.chunks.len(), 1);
@@ -851,7 +1112,7 @@ mod tests {
         let file = f.new_file("t");
         file.write(&f.data, 0, &pattern(2 * CHUNK_BYTES as usize, 3), true, 1)
             .unwrap();
-        file.flush(&f.data, &*f.store, false).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
         file.truncate(&f.data, &*f.store, 100, 2).unwrap();
         file.truncate(&f.data, &*f.store, 2 * CHUNK_BYTES, 3)
             .unwrap();

@@ -17,6 +17,7 @@ use lanefs_fuse::{DirBuffer, DirEntry, Filesystem, InitRequest, Reply, Request};
 use crate::file::{DataPath, FileState};
 use crate::meta::*;
 use crate::now_ns;
+use crate::volume::VolumeLock;
 
 mod atime;
 mod fileattr;
@@ -186,6 +187,9 @@ pub struct VolumeFs {
     no_privileges: setid::NoPrivileges,
     /// The session's /dev/fuse fd, for notifications; set once the session is connected.
     session_fd: std::sync::OnceLock<i32>,
+    /// The volume's lock: let go at the very end of `destroy`, after the session ended and
+    /// the database was closed, before the daemon says it is unmounted.
+    lock: VolumeLock,
 }
 
 fn errno_name(e: Errno) -> std::io::Error {
@@ -198,6 +202,7 @@ impl VolumeFs {
         data: Arc<DataPath>,
         data_dir: std::path::PathBuf,
         options: VolumeOptions,
+        lock: VolumeLock,
     ) -> VolumeFs {
         let mut threads = Vec::new();
         let (reap_tx, reap_rx) = channel::<ReapMsg>();
@@ -268,6 +273,7 @@ impl VolumeFs {
             usage_bytes: AtomicU64::new(0),
             started: std::time::Instant::now(),
             flush_errors: AtomicU64::new(0),
+            lock,
         }
     }
 
@@ -370,8 +376,8 @@ impl VolumeFs {
         }
     }
 
-    fn flush_state(&self, state: &FileState, sync: bool) -> Result<(), Errno> {
-        match state.flush(&self.data, &*self.store, sync) {
+    fn flush_state(&self, state: &FileState) -> Result<(), Errno> {
+        match state.flush(&self.data, &*self.store) {
             Ok(released) => {
                 self.reap(released);
                 Ok(())
@@ -386,7 +392,7 @@ impl VolumeFs {
     /// The last release of an inode: flush, and free it if it lost its last name.
     fn last_release(&self, state: Arc<FileState>) {
         self.forget_privileges(state.ino);
-        if let Err(e) = self.flush_state(&state, false) {
+        if let Err(e) = self.flush_state(&state) {
             tracing::error!(
                 "volume: flushing inode {} at its last close: {}",
                 state.ino,
@@ -507,10 +513,31 @@ fn split_duration(d: Duration) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
 }
 
+/// Makes everything committed so far durable: the commits that released blocks, or the
+/// state in which no chunk refers to them, must survive a power loss before the blocks are
+/// deleted, or the database could come back referring to a deleted block.
+fn sync_before_deleting(store: &dyn MetaStore) -> bool {
+    match wait(|done| store.sync(done)) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                "volume: syncing the metadata before deleting blocks: {} (they stay until the next try)",
+                errno_name(e)
+            );
+            false
+        }
+    }
+}
+
 /// Deletes the blocks that sessions which ended without unmounting (kill -9, a crash) wrote
 /// but never committed: a block is stored before the change that refers to it.
 fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
-    for session in store.crashed_sessions() {
+    let crashed = store.crashed_sessions();
+    // What this session's start found (and WAL recovery replayed) may not be on the disk yet.
+    if crashed.is_empty() || !sync_before_deleting(store) {
+        return;
+    }
+    for session in crashed {
         let lo = session << crate::file::BLOCK_ID_SESSION_SHIFT;
         let hi = (session + 1) << crate::file::BLOCK_ID_SESSION_SHIFT;
         let (stored, used) = match (
@@ -548,7 +575,9 @@ fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
     }
 }
 
-/// The reaper: deletes released blocks from the block store, then forgets their gc rows.
+/// The reaper: makes the commits that released blocks durable, deletes the blocks from the
+/// block store, then forgets their gc rows (a batch of whatever was queued meanwhile shares
+/// one sync).
 fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
     let mut stopping = false;
     while !stopping {
@@ -560,7 +589,7 @@ fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
                 ReapMsg::Stop => stopping = true,
             }
         }
-        if blocks.is_empty() {
+        if blocks.is_empty() || !sync_before_deleting(&*store) {
             continue;
         }
         let mut gone = Vec::with_capacity(blocks.len());
@@ -610,7 +639,7 @@ impl Filesystem for VolumeFs {
 
     fn destroy(&self) {
         for state in self.open.all() {
-            if let Err(e) = self.flush_state(&state, false) {
+            if let Err(e) = self.flush_state(&state) {
                 tracing::error!(
                     "volume: flushing inode {} at unmount: {}",
                     state.ino,
@@ -625,6 +654,7 @@ impl Filesystem for VolumeFs {
             let _ = handle.join();
         }
         self.store.close();
+        self.lock.release();
     }
 
     fn counters(&self) -> Vec<(String, u64)> {
@@ -745,7 +775,7 @@ impl Filesystem for VolumeFs {
             && change.mtime_ns.is_some()
         {
             // An explicit mtime wins over the write's (flushed later with the data).
-            if let Err(e) = self.flush_state(&state, false) {
+            if let Err(e) = self.flush_state(&state) {
                 return reply.error(e);
             }
         }
@@ -999,7 +1029,7 @@ impl Filesystem for VolumeFs {
             now_ns(),
         ) {
             Ok(over) => {
-                if over && let Err(e) = self.flush_state(&state, false) {
+                if over && let Err(e) = self.flush_state(&state) {
                     return reply.error(e);
                 }
                 reply.written(data.len() as u32)
@@ -1010,7 +1040,7 @@ impl Filesystem for VolumeFs {
 
     fn flush(&self, _req: &Request, ino: u64, _arg: &abi::FlushIn, reply: Reply) {
         match self.open.get(ino) {
-            Some(state) => match self.flush_state(&state, false) {
+            Some(state) => match self.flush_state(&state) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
             },
@@ -1027,9 +1057,12 @@ impl Filesystem for VolumeFs {
     }
 
     fn fsync(&self, _req: &Request, ino: u64, _arg: &abi::FsyncIn, reply: Reply) {
+        // The flush syncs the file's new blocks before committing their rows (every flush
+        // does, so blocks of earlier flushes are durable too); the sync then fsyncs the WAL,
+        // which holds the flush's commit and every one before it.
         let result = match self.open.get(ino) {
             Some(state) => self
-                .flush_state(&state, true)
+                .flush_state(&state)
                 .and_then(|()| wait(|done| self.store.sync(done))),
             None => wait(|done| self.store.sync(done)),
         };
@@ -1125,8 +1158,10 @@ impl Filesystem for VolumeFs {
     }
 
     fn syncfs(&self, _req: &Request, _ino: u64, reply: Reply) {
+        // Every open file's data into blocks (durable) and rows, then one fsync of the WAL
+        // for all of them and everything committed before.
         for state in self.open.all() {
-            if let Err(e) = self.flush_state(&state, true) {
+            if let Err(e) = self.flush_state(&state) {
                 return reply.error(e);
             }
         }
@@ -1324,14 +1359,7 @@ impl Filesystem for VolumeFs {
         match self.open_state(req, rec.ino) {
             Ok(state) => {
                 state.orphaned.store(true, Ordering::Relaxed);
-                reply.create(
-                    &self.entry_out(&rec),
-                    &abi::OpenOut {
-                        fh: 0,
-                        open_flags: self.open_flags(arg.flags),
-                        backing_id: 0,
-                    },
-                )
+                reply.create(&self.entry_out(&rec), &self.open_out(&rec, arg.flags))
             }
             Err(e) => reply.error(e),
         }
@@ -1393,3 +1421,143 @@ fn host_statvfs(path: &std::path::Path) -> Option<HostStatfs> {
 /// Namespaces of xattrs the volume stores (POSIX ACLs, `system.*`, need FUSE_POSIX_ACL, which
 /// the volume does not negotiate yet).
 const XATTR_NAMESPACES: &[&[u8]] = &[b"user.", b"trusted.", b"security."];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file::{CHUNK_BYTES, DataPath, FileState};
+    use crate::meta::{NewNode, ROOT_INO};
+    use crate::sqlite::SqliteStore;
+    use crate::volume;
+
+    /// A formatted volume in a temp dir; removed when dropped.
+    struct Dir {
+        dir: std::path::PathBuf,
+        db: std::path::PathBuf,
+    }
+
+    impl Dir {
+        fn new(tag: &str) -> Dir {
+            let dir = std::env::temp_dir().join(format!("lanefs-fs-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let db = dir.join("v.db");
+            volume::format(&db, &dir.join("data"), false).unwrap();
+            Dir { dir, db }
+        }
+
+        /// A session on the volume, as a mount opens it.
+        fn open(&self) -> (Arc<SqliteStore>, Arc<DataPath>) {
+            let (_, settings) = volume::check(&self.db, true).unwrap();
+            let blocks = volume::open_blocks(&self.db, &settings).unwrap();
+            let store = Arc::new(SqliteStore::open(&self.db, "test", "/none", 1).unwrap());
+            let data = Arc::new(DataPath::new(blocks, store.session));
+            (store, data)
+        }
+
+        /// The session's heartbeat: a sync writes it (its time), nothing else here does.
+        fn last_sync_ns(&self, session: u64) -> i64 {
+            let conn = crate::sqlite::connect(&self.db, false).unwrap();
+            conn.query_row(
+                "SELECT heartbeat_ns FROM sessions WHERE id = ?",
+                [session as i64],
+                |r| r.get(0),
+            )
+            .unwrap()
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// A file of two chunks, flushed: its blocks are stored and committed.
+    fn flushed_file(store: &SqliteStore, data: &DataPath, name: &str) -> FileState {
+        let rec = wait(|done| {
+            store.create(
+                NewNode {
+                    parent: ROOT_INO,
+                    name: name.as_bytes().to_vec(),
+                    mode: libc::S_IFREG | 0o644,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    target: None,
+                    now_ns: 1,
+                },
+                done,
+            )
+        })
+        .unwrap();
+        let file = FileState::new(rec.ino);
+        file.load(|| store.load_file(0, rec.ino)).unwrap();
+        file.write(data, 0, &vec![7u8; 2 * CHUNK_BYTES as usize], true, 2)
+            .unwrap();
+        file.flush(data, store).unwrap();
+        file
+    }
+
+    fn block_exists(data: &DataPath, block: u64) -> bool {
+        data.blocks.get(block).is_ok()
+    }
+
+    /// The reaper deletes a released block only after a sync made the commit that released
+    /// it durable.
+    #[test]
+    fn the_reaper_syncs_the_releasing_commit_before_deleting() {
+        let dir = Dir::new("reap");
+        let (store, data) = dir.open();
+        let file = flushed_file(&store, &data, "f");
+        file.write(&data, 5, b"new", true, 3).unwrap();
+        let released = file.flush(&data, &*store).unwrap();
+        assert_eq!(released.len(), 1);
+        let released_at = now_ns();
+        let (tx, rx) = channel();
+        tx.send(ReapMsg::Blocks(released.clone())).unwrap();
+        tx.send(ReapMsg::Stop).unwrap();
+        let (s, d) = (store.clone() as Arc<dyn MetaStore>, data.clone());
+        std::thread::spawn(move || reap(s, d, rx)).join().unwrap();
+        assert!(
+            !block_exists(&data, released[0]),
+            "the block was not deleted"
+        );
+        assert!(
+            dir.last_sync_ns(store.session) >= released_at,
+            "the released block was deleted with no sync after the commit that released it"
+        );
+        store.close();
+    }
+
+    /// A mount deletes the uncommitted blocks of a crashed session only after a sync made
+    /// the state it read durable.
+    #[test]
+    fn reclaiming_a_crashed_sessions_blocks_syncs_first() {
+        let dir = Dir::new("reclaim");
+        let (crashed, crashed_data) = dir.open();
+        let file = flushed_file(&crashed, &crashed_data, "kept");
+        // A block stored whose commit never came (the session "dies" here: never closed).
+        let stray = (crashed.session << crate::file::BLOCK_ID_SESSION_SHIFT) + 1000;
+        crashed_data
+            .blocks
+            .put(vec![(stray, bytes::Bytes::from_static(b"stray"))])
+            .unwrap();
+        let (store, data) = dir.open();
+        assert_eq!(store.crashed_sessions(), vec![crashed.session]);
+        let started = now_ns();
+        recover_crashed_blocks(&*store, &data);
+        assert!(
+            !block_exists(&data, stray),
+            "the stray block was not deleted"
+        );
+        let kept = store.load_file(0, file.ino).unwrap().chunks;
+        assert!(kept.iter().all(|c| block_exists(&data, c.block)));
+        assert!(
+            dir.last_sync_ns(store.session) >= started,
+            "a crashed session's blocks were deleted before this session's start was durable"
+        );
+        store.close();
+        crashed.close();
+    }
+}

@@ -57,9 +57,10 @@ fn ids(conn: &Connection, query: &str) -> Result<Vec<i64>, String> {
 
 /// Runs the checks; `progress` gets a line per phase and per problem.
 pub fn run(db: &Path, repair: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
-    let _lock = VolumeLock::take(db)?;
+    let mut lock = VolumeLock::take(db)?;
     let (conn, settings) = volume::check(db, true)?;
     let blocks = volume::open_blocks(db, &settings)?;
+    lock.cover_data(&settings.data)?;
     let mut report = Report {
         repaired: repair,
         ..Default::default()
@@ -69,7 +70,8 @@ pub fn run(db: &Path, repair: bool, progress: &mut dyn FnMut(&str)) -> Result<Re
     match result {
         Ok(unreferenced) if repair => {
             conn.execute_batch("COMMIT").map_err(sql)?;
-            // Deleted only after the commit that stopped referring to them.
+            make_durable(&conn)?;
+            // Deleted only after the commit that stopped referring to them is durable.
             for b in unreferenced {
                 blocks
                     .delete(b)
@@ -313,12 +315,26 @@ fn check_all(
     Ok(unreferenced)
 }
 
+/// Makes the state just read or committed durable before blocks it no longer refers to are
+/// deleted: the commits (and what WAL recovery replayed after a crash) may be in the page
+/// cache only. A checkpoint fsyncs the WAL, copies it into the database and fsyncs that.
+fn make_durable(conn: &rusqlite::Connection) -> Result<(), String> {
+    let busy: i64 = conn
+        .query_row("PRAGMA wal_checkpoint(FULL)", [], |r| r.get(0))
+        .map_err(sql)?;
+    if busy != 0 {
+        return Err("the database is busy (another process reads it); try again".into());
+    }
+    Ok(())
+}
+
 /// `lanefs gc`: deletes the blocks no file refers to (released ones whose deletion a crash
 /// interrupted, and strays) from a volume that is not mounted. Returns how many it deleted.
 pub fn gc(db: &Path) -> Result<usize, String> {
-    let _lock = VolumeLock::take(db)?;
+    let mut lock = VolumeLock::take(db)?;
     let (conn, settings) = volume::check(db, true)?;
     let blocks = volume::open_blocks(db, &settings)?;
+    lock.cover_data(&settings.data)?;
     let stored = blocks
         .list(None)
         .map_err(|e| format!("gc: listing the data directory: {e}"))?;
@@ -326,6 +342,7 @@ pub fn gc(db: &Path) -> Result<usize, String> {
         .into_iter()
         .map(|b| b as u64)
         .collect();
+    make_durable(&conn)?;
     let mut deleted = 0;
     for b in stored.into_iter().filter(|b| !referenced.contains(b)) {
         blocks

@@ -18,3 +18,40 @@ pub fn now_ns() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64)
 }
+
+/// What tests of durability observe.
+#[cfg(test)]
+mod testing {
+    /// cachestat(2)'s answer (Linux 6.5+; not in the libc crate for x86_64 yet).
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat {
+        cached: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+
+    /// Pages of `path` the page cache holds and has not yet written to the disk.
+    pub fn unwritten_pages(path: &std::path::Path) -> u64 {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(path).unwrap();
+        let range = [0u64, 0u64]; // offset 0, length 0: the whole file
+        let mut stat = CacheStat::default();
+        // SAFETY: cachestat reads `range` (two u64) and fills `stat` (five u64); both live
+        // across the call, and the fd is open.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_CACHESTAT,
+                file.as_raw_fd(),
+                range.as_ptr(),
+                &mut stat as *mut CacheStat,
+                0u32,
+            )
+        };
+        assert_eq!(rc, 0, "cachestat: {}", std::io::Error::last_os_error());
+        stat.dirty + stat.writeback
+    }
+}

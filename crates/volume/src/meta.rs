@@ -185,8 +185,8 @@ pub trait MetaStore: Send + Sync + 'static {
         done: Done<Renamed>,
     );
     fn setattr(&self, ino: u64, change: AttrChange, done: Done<InodeRec>);
-    /// A file's data changed (flush, truncate). `sync`: durable before `done` (fsync).
-    fn update_data(&self, update: DataUpdate, sync: bool, done: Done<Vec<u64>>);
+    /// A file's data changed (flush, truncate); the blocks it refers to are durable already.
+    fn update_data(&self, update: DataUpdate, done: Done<Vec<u64>>);
     /// XATTR_CREATE / XATTR_REPLACE in `flags`.
     fn setxattr(&self, ino: u64, name: Vec<u8>, value: Vec<u8>, flags: u32, done: Done<()>);
     fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>);

@@ -31,7 +31,34 @@ pub const BUSY_BACKOFF_STEP: Duration = Duration::from_millis(5);
 /// change queued behind it; in its own thread and connection it runs beside the commits.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
 
-const ATTR_COLUMNS: &str = "i.ino, i.mode, i.uid, i.gid, i.rdev, i.nlink, i.size, i.atime_ns, i.mtime_ns, i.ctime_ns, i.parent";
+/// An inode's columns as `attr_from_row` reads them; a macro so that the statements below are
+/// `const` text (no string is built per lookup or getattr).
+macro_rules! attr_columns {
+    () => {
+        "i.ino, i.mode, i.uid, i.gid, i.rdev, i.nlink, i.size, i.atime_ns, i.mtime_ns, i.ctime_ns, i.parent"
+    };
+}
+const GETATTR_SQL: &str = concat!("SELECT ", attr_columns!(), " FROM inodes i WHERE i.ino = ?");
+// A subquery, not a join: SQLite marks a join's parameters as able to change its plan, and
+// then re-prepares the statement each time rusqlite's cache clears its bindings (16 µs a
+// lookup instead of 2.5 µs, measured).
+const LOOKUP_SQL: &str = concat!(
+    "SELECT ",
+    attr_columns!(),
+    " FROM inodes i WHERE i.ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?)"
+);
+const READDIR_SQL: &str = concat!(
+    "SELECT e.name, ",
+    attr_columns!(),
+    " FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? ORDER BY e.name"
+);
+/// A freed inode's rows, besides its chunks.
+const FREE_INODE_SQL: [&str; 4] = [
+    "DELETE FROM inodes WHERE ino = ?",
+    "DELETE FROM xattrs WHERE ino = ?",
+    "DELETE FROM symlinks WHERE ino = ?",
+    "DELETE FROM orphans WHERE ino = ?",
+];
 
 /// Opens a connection with the volume's settings: WAL, synchronous=NORMAL (see
 /// ARCHITECTURE.md, "Durability"), a busy timeout, foreign keys not used.
@@ -168,15 +195,13 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 }
 
 fn read_attr(conn: &Connection, ino: u64) -> Result<InodeRec, Errno> {
-    conn.prepare_cached(&format!(
-        "SELECT {ATTR_COLUMNS} FROM inodes i WHERE i.ino = ?"
-    ))
-    .and_then(|mut s| {
-        s.query_row([ino as i64], |r| attr_from_row(r, 0))
-            .optional()
-    })
-    .map_err(db)?
-    .ok_or(libc::ENOENT)
+    conn.prepare_cached(GETATTR_SQL)
+        .and_then(|mut s| {
+            s.query_row([ino as i64], |r| attr_from_row(r, 0))
+                .optional()
+        })
+        .map_err(db)?
+        .ok_or(libc::ENOENT)
 }
 
 /// The state the writer thread owns: its connection, its session, its inode range.
@@ -309,15 +334,21 @@ impl Writer {
         only: Option<u64>,
         now_ns: i64,
     ) -> Result<Vec<u64>, Errno> {
-        let (cond, arg2) = match only {
-            Some(idx) => ("idx = ?", idx as i64),
-            None => ("idx >= ?", from_idx as i64),
+        let (select, delete, arg2) = match only {
+            Some(idx) => (
+                "SELECT block FROM chunks WHERE ino = ? AND idx = ?",
+                "DELETE FROM chunks WHERE ino = ? AND idx = ?",
+                idx as i64,
+            ),
+            None => (
+                "SELECT block FROM chunks WHERE ino = ? AND idx >= ?",
+                "DELETE FROM chunks WHERE ino = ? AND idx >= ?",
+                from_idx as i64,
+            ),
         };
         let blocks: Vec<u64> = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT block FROM chunks WHERE ino = ? AND {cond}"
-            ))
+            .prepare_cached(select)
             .and_then(|mut s| {
                 s.query_map(params![ino as i64, arg2], |r| r.get::<_, i64>(0))?
                     .map(|b| b.map(|b| b as u64))
@@ -334,7 +365,7 @@ impl Writer {
                 .map_err(db)?;
         }
         self.conn
-            .prepare_cached(&format!("DELETE FROM chunks WHERE ino = ? AND {cond}"))
+            .prepare_cached(delete)
             .and_then(|mut s| s.execute(params![ino as i64, arg2]))
             .map_err(db)?;
         Ok(blocks)
@@ -343,9 +374,9 @@ impl Writer {
     /// Deletes an inode and everything hanging off it; returns its released blocks.
     fn free_inode(&self, ino: u64, now_ns: i64) -> Result<Vec<u64>, Errno> {
         let released = self.release_chunks(ino, 0, None, now_ns)?;
-        for table in ["inodes", "xattrs", "symlinks", "orphans"] {
+        for sql in FREE_INODE_SQL {
             self.conn
-                .prepare_cached(&format!("DELETE FROM {table} WHERE ino = ?"))
+                .prepare_cached(sql)
                 .and_then(|mut s| s.execute([ino as i64]))
                 .map_err(db)?;
         }
@@ -420,7 +451,18 @@ impl<T: Send, F: FnOnce(&mut Writer) -> Result<T, Errno> + Send> Job for Change<
             self.result = Some(Err(db(e)));
             return;
         }
-        let result = op(w);
+        // A panic in an operation (a bug) must not take the writer, and with it every later
+        // change of the mount, down: the operation's savepoint is rolled back and it gets EIO.
+        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(w))) {
+            Ok(result) => result,
+            Err(panic) => {
+                tracing::error!(
+                    "volume: a metadata change panicked ({}); it is rolled back and answered EIO",
+                    panic_text(&*panic)
+                );
+                Err(libc::EIO)
+            }
+        };
         let end = match result {
             Ok(_) => "RELEASE op",
             Err(_) => "ROLLBACK TO op; RELEASE op",
@@ -651,9 +693,7 @@ fn commit_batch(w: &mut Writer, mut batch: Vec<Box<dyn Job>>) {
     let sync = batch.iter().any(|j| j.sync());
     if sync && let Err(e) = w.conn.execute_batch("PRAGMA synchronous=FULL") {
         tracing::error!("volume: PRAGMA synchronous=FULL: {e}");
-        for job in batch {
-            job.finish(Err(libc::EIO));
-        }
+        answer(batch, Err(libc::EIO));
         return;
     }
     let committed = match begin(w) {
@@ -691,23 +731,44 @@ fn commit_batch(w: &mut Writer, mut batch: Vec<Box<dyn Job>>) {
     if sync && let Err(e) = w.conn.execute_batch("PRAGMA synchronous=NORMAL") {
         tracing::warn!("volume: PRAGMA synchronous=NORMAL: {e}");
     }
+    answer(batch, committed);
+}
+
+/// Answers every job of a batch. An answer that panics (a bug in a completion) is logged and
+/// the others are still answered: the writer, and with it the mount, goes on. Its own
+/// request was answered EIO when its `Reply` was dropped in the unwinding.
+fn answer(batch: Vec<Box<dyn Job>>, committed: Result<(), Errno>) {
     for job in batch {
-        job.finish(committed);
+        if let Err(panic) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.finish(committed)))
+        {
+            tracing::error!(
+                "volume: answering a metadata change panicked ({})",
+                panic_text(&*panic)
+            );
+        }
     }
+}
+
+/// A panic's message, as far as it is text.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
 }
 
 impl MetaStore for SqliteStore {
     fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
         let conn = self.reader(queue);
-        // A subquery, not a join: SQLite marks a join's parameters as able to change its plan,
-        // and then re-prepares the statement each time rusqlite's cache clears its bindings
-        // (16 µs a lookup instead of 2.5 µs, measured).
-        conn.prepare_cached(&format!(
-            "SELECT {ATTR_COLUMNS} FROM inodes i WHERE i.ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?)"
-        ))
-        .and_then(|mut s| s.query_row(params![parent as i64, name], |r| attr_from_row(r, 0)).optional())
-        .map_err(db)?
-        .ok_or(libc::ENOENT)
+        conn.prepare_cached(LOOKUP_SQL)
+            .and_then(|mut s| {
+                s.query_row(params![parent as i64, name], |r| attr_from_row(r, 0))
+                    .optional()
+            })
+            .map_err(db)?
+            .ok_or(libc::ENOENT)
     }
 
     fn getattr(&self, queue: usize, ino: u64) -> Result<InodeRec, Errno> {
@@ -716,14 +777,17 @@ impl MetaStore for SqliteStore {
 
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
         let conn = self.reader(queue);
-        conn.prepare_cached(&format!(
-            "SELECT e.name, {ATTR_COLUMNS} FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? ORDER BY e.name"
-        ))
-        .and_then(|mut s| {
-            s.query_map([dir as i64], |r| Ok(DirItem { name: r.get(0)?, attr: attr_from_row(r, 1)? }))?
+        conn.prepare_cached(READDIR_SQL)
+            .and_then(|mut s| {
+                s.query_map([dir as i64], |r| {
+                    Ok(DirItem {
+                        name: r.get(0)?,
+                        attr: attr_from_row(r, 1)?,
+                    })
+                })?
                 .collect()
-        })
-        .map_err(db)
+            })
+            .map_err(db)
     }
 
     fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno> {
@@ -1052,9 +1116,9 @@ impl MetaStore for SqliteStore {
         )
     }
 
-    fn update_data(&self, u: DataUpdate, sync: bool, done: Done<Vec<u64>>) {
+    fn update_data(&self, u: DataUpdate, done: Done<Vec<u64>>) {
         self.submit(
-            sync,
+            false,
             move |w| {
                 let n = w
                     .conn
@@ -1161,7 +1225,23 @@ impl MetaStore for SqliteStore {
     }
 
     fn sync(&self, done: Done<()>) {
-        self.submit(true, |_| Ok(()), done)
+        // An empty transaction writes no WAL frame, so its COMMIT under synchronous=FULL
+        // fsyncs nothing. This one rewrites the session's heartbeat: its frames follow those
+        // of every earlier commit in the WAL, and the fsync of the WAL that FULL does at this
+        // commit makes all of them durable. Anything acknowledged before this job was queued
+        // was committed by an earlier batch or is in this one.
+        let session = self.session as i64;
+        self.submit(
+            true,
+            move |w| {
+                w.conn
+                    .prepare_cached("UPDATE sessions SET heartbeat_ns = ? WHERE id = ?")
+                    .and_then(|mut s| s.execute(params![crate::now_ns(), session]))
+                    .map_err(db)?;
+                Ok(())
+            },
+            done,
+        )
     }
 
     fn forget_blocks(&self, blocks: Vec<u64>, done: Done<()>) {
@@ -1305,5 +1385,142 @@ impl MetaStore for SqliteStore {
             },
             done,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::{ROOT_INO, wait};
+    use crate::volume;
+
+    /// A formatted volume in a temp dir, opened as a mount would; removed when dropped.
+    struct Fixture {
+        dir: std::path::PathBuf,
+        db: std::path::PathBuf,
+        store: SqliteStore,
+    }
+
+    impl Fixture {
+        fn new(tag: &str) -> Fixture {
+            let dir =
+                std::env::temp_dir().join(format!("lanefs-sqlite-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let db = dir.join("v.db");
+            volume::format(&db, &dir.join("data"), false).unwrap();
+            let store = SqliteStore::open(&db, "test", "/none", 1).unwrap();
+            Fixture { dir, db, store }
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            self.store.close();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// A panic in a change or in its answer costs that change (EIO), not the writer: the
+    /// changes around it and after it are committed and answered.
+    #[test]
+    fn a_panicking_change_or_answer_leaves_the_writer_running() {
+        let f = Fixture::new("panic");
+        let beat = |store: &SqliteStore| {
+            wait(|done| {
+                store.submit(
+                    false,
+                    |w| {
+                        w.conn
+                            .execute("UPDATE sessions SET heartbeat_ns = 7", [])
+                            .map_err(db)?;
+                        Ok(())
+                    },
+                    done,
+                )
+            })
+        };
+        let failed = wait(|done: Done<()>| {
+            f.store.submit(
+                false,
+                |_| -> Result<(), Errno> { panic!("a bug in a change") },
+                done,
+            )
+        });
+        assert_eq!(failed, Err(libc::EIO));
+        assert_eq!(beat(&f.store), Ok(()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        f.store.submit(
+            false,
+            |_| Ok(()),
+            Box::new(|_: Result<(), Errno>| panic!("a bug in an answer")),
+        );
+        f.store.submit(
+            false,
+            |_| Ok(()),
+            Box::new(move |r: Result<(), Errno>| {
+                let _ = tx.send(r);
+            }),
+        );
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(Ok(())));
+        assert_eq!(
+            beat(&f.store),
+            Ok(()),
+            "the writer died with the answer's panic"
+        );
+    }
+
+    /// After a sync, no page of the WAL is only in the page cache: the commits before it are
+    /// on the disk.
+    #[test]
+    fn a_sync_writes_the_wal_to_the_disk() {
+        let f = Fixture::new("walsync");
+        let mut wal = f.db.clone().into_os_string();
+        wal.push("-wal");
+        let wal = std::path::PathBuf::from(wal);
+        let unwritten = || crate::testing::unwritten_pages(&wal);
+        let change = |i: u8| {
+            wait(|done| {
+                f.store
+                    .setxattr(ROOT_INO, b"user.x".to_vec(), vec![i; 100], 0, done)
+            })
+            .unwrap()
+        };
+        // A change committed with synchronous=NORMAL leaves WAL pages to write (the
+        // checkpointer may have written them meanwhile: then once more).
+        let mut i = 0;
+        while {
+            change(i);
+            i += 1;
+            unwritten() == 0 && i < 10
+        } {}
+        assert!(
+            unwritten() > 0,
+            "a commit left nothing to write: this test shows nothing"
+        );
+        wait(|done| f.store.sync(done)).unwrap();
+        assert_eq!(unwritten(), 0, "the WAL is not on the disk after a sync");
+    }
+
+    /// A sync must commit something: SQLite fsyncs the WAL at a FULL commit only when the
+    /// commit writes frames, and another connection's `data_version` changes exactly when a
+    /// commit wrote pages.
+    #[test]
+    fn sync_commits_a_frame_so_the_wal_is_fsynced() {
+        let f = Fixture::new("sync");
+        let other = connect(&f.db, false).unwrap();
+        let version = |c: &Connection| -> i64 {
+            c.query_row("PRAGMA data_version", [], |r| r.get(0))
+                .unwrap()
+        };
+        // The first batch of a session takes a range of inode numbers (a write of its own).
+        wait(|done| f.store.sync(done)).unwrap();
+        let before = version(&other);
+        wait(|done| f.store.sync(done)).unwrap();
+        assert_ne!(
+            version(&other),
+            before,
+            "a sync committed no frame: nothing was fsynced"
+        );
     }
 }

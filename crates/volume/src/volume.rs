@@ -31,7 +31,9 @@ pub fn looks_like_volume(path: &Path) -> bool {
 /// flock on the database file, which SQLite's own fcntl locks do not touch. Released when
 /// dropped (or when the process dies, kill -9 included).
 pub struct VolumeLock {
-    _file: File,
+    file: File,
+    /// The data directory's hold (flock on its volume-id object), once `cover_data` took it.
+    data: Option<File>,
 }
 
 impl VolumeLock {
@@ -45,8 +47,42 @@ impl VolumeLock {
                 db.display()
             ));
         }
-        Ok(VolumeLock { _file: file })
+        Ok(VolumeLock { file, data: None })
     }
+
+    /// Lets go of the volume before the lock is dropped: at the very end of a mount's
+    /// teardown, so that a command run as soon as the daemon says it is unmounted finds the
+    /// volume free. The fd stays open until the drop (closing one of the database file's fds
+    /// would not touch SQLite's fcntl locks, but there is no need to).
+    pub fn release(&self) {
+        for file in std::iter::once(&self.file).chain(&self.data) {
+            // SAFETY: flock on an fd we own; no memory is involved.
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        }
+    }
+
+    /// Holds the volume's data directory too: two volume files can name one directory (a
+    /// copy made by `lanefs load` does), and two mounts writing and deleting blocks in one
+    /// directory would destroy each other's data.
+    pub fn cover_data(&mut self, data_dir: &Path) -> Result<(), String> {
+        self.data = Some(lock_data_dir(data_dir)?);
+        Ok(())
+    }
+}
+
+/// flock(LOCK_EX) on a data directory's volume-id object (every data directory of a volume
+/// has one; `open_blocks` checks it).
+fn lock_data_dir(data_dir: &Path) -> Result<File, String> {
+    let path = data_dir.join(VOLUME_ID_KEY);
+    let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: flock on an fd we own; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "the data directory {} is in use by another volume file's mount or check (a copy made by `lanefs load` shares its data directory); one data directory serves one volume at a time",
+            data_dir.display()
+        ));
+    }
+    Ok(file)
 }
 
 /// "(pid N at MP)" from the sessions table, if it can be read.
@@ -165,37 +201,37 @@ fn random_id() -> Result<String, String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// `lanefs format`: a new, empty volume.
+/// `lanefs format`: a new, empty volume. Everything is checked (and the old volume locked)
+/// before anything is deleted: a refusal leaves an existing volume as it was.
 pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
     let shown = db.display();
-    if db.exists() {
+    let mut _lock = None;
+    let mut _data_lock = None;
+    let replace_db = db.exists();
+    if replace_db {
         if !force {
             return Err(format!(
                 "{shown} exists; add --force to replace it (everything in it is lost)"
             ));
         }
-        let _lock = VolumeLock::take(db)?;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = db.as_os_str().to_owned();
-            p.push(suffix);
-            match std::fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("removing {}: {e}", Path::new(&p).display())),
-            }
+        if !db.is_file() {
+            return Err(format!(
+                "{shown} exists and is not a file; give a file's path"
+            ));
         }
+        _lock = Some(VolumeLock::take(db)?);
     }
     std::fs::create_dir_all(data).map_err(|e| format!("data directory {}: {e}", data.display()))?;
     let data = data
         .canonicalize()
         .map_err(|e| format!("data directory {}: {e}", data.display()))?;
-    let mut entries = std::fs::read_dir(&data)
+    let entries = std::fs::read_dir(&data)
         .map_err(|e| format!("data directory {}: {e}", data.display()))?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name())
         .collect::<Vec<_>>();
-    entries.sort();
-    if !entries.is_empty() {
+    let clear_data = !entries.is_empty();
+    if clear_data {
         let ours = entries.iter().all(|n| n == "blocks" || n == VOLUME_ID_KEY);
         if !ours {
             return Err(format!(
@@ -209,10 +245,27 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
                 data.display()
             ));
         }
+        if data.join(VOLUME_ID_KEY).exists() {
+            _data_lock = Some(lock_data_dir(&data)?);
+        }
+    }
+    let uuid = random_id()?;
+    // Checked; now the old volume goes.
+    if replace_db {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = db.as_os_str().to_owned();
+            p.push(suffix);
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("removing {}: {e}", Path::new(&p).display())),
+            }
+        }
+    }
+    if clear_data {
         let _ = std::fs::remove_dir_all(data.join("blocks"));
         let _ = std::fs::remove_file(data.join(VOLUME_ID_KEY));
     }
-    let uuid = random_id()?;
     let now = now_ns();
     let conn = Connection::open(db).map_err(|e| format!("{shown}: {e}"))?;
     conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
@@ -254,28 +307,29 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
     ))
 }
 
-/// Everything a mount of the volume needs, checked; the volume is held until it is dropped.
-pub struct Mountable {
-    pub fs: VolumeFs,
-    pub lock: VolumeLock,
-}
-
-/// Checks the volume, takes its lock, registers a session: the file system to serve.
+/// Checks the volume, takes its lock, registers a session: the file system to serve, which
+/// holds the volume until the end of its `destroy` (or until it is dropped).
 pub fn open_for_mount(
     db: &Path,
     mountpoint: &Path,
     options: VolumeOptions,
-) -> Result<Mountable, String> {
+) -> Result<VolumeFs, String> {
     let db = &std::path::absolute(db).map_err(|e| format!("{}: {e}", db.display()))?;
     let (conn, settings) = check(db, true)?;
     drop(conn);
-    let lock = VolumeLock::take(db)?;
+    let mut lock = VolumeLock::take(db)?;
     let blocks = open_blocks(db, &settings)?;
+    lock.cover_data(&settings.data)?;
     let store = SqliteStore::open(db, &hostname(), &mountpoint.to_string_lossy(), now_ns())
         .map_err(|e| format!("{}: starting a session: {e}", db.display()))?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
-    let fs = VolumeFs::new(Arc::new(store), data, settings.data.clone(), options);
-    Ok(Mountable { fs, lock })
+    Ok(VolumeFs::new(
+        Arc::new(store),
+        data,
+        settings.data.clone(),
+        options,
+        lock,
+    ))
 }
 
 fn hostname() -> String {
