@@ -53,7 +53,8 @@ pub enum Suite {
     Create,
     /// Seed 003: untar of a kernel tree, then rm -rf.
     Untar,
-    /// Seed 004: dd with 4..8x cores processes writing, then reading, one mount.
+    /// Seed 004: dd with 4..8x cores processes writing, then reading, one mount; and one
+    /// sequential 1 MiB stream (fio, 1 job) each way.
     Dd,
 }
 

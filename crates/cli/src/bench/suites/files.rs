@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::{
-    SuitePlan, aim_line, best_median, passthrough_hp, plans_for, uring_lines, workloads_of,
+    SuitePlan, aim_line, best_median, passthrough_hp, plans_for, uring_lines, volume_target_lines,
+    volumes, workloads_of,
 };
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
@@ -15,8 +16,8 @@ use crate::bench::runner::{Ctx, Plan};
 use crate::bench::systems::{Mode, SystemSpec};
 use crate::bench::workloads::{Caller, Kind, Metric, Workload};
 
-/// The systems both suites compare: native, lanefs passthrough, libfuse's passthroughs
-/// (passthrough_hp given by path), and JuiceFS' hook.
+/// The systems both suites compare: native, lanefs passthrough and volume, libfuse's
+/// passthroughs (passthrough_hp given by path), and JuiceFS' hook.
 fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
     let mut systems = vec![
         SystemSpec::NativeTmpfs,
@@ -46,10 +47,15 @@ fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
             uring_depth: Some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH),
         },
     ];
+    systems.extend(volumes(ctx.settings.cores));
     systems.extend(passthrough_hp(false));
     systems.push(SystemSpec::JuiceFs);
     systems
 }
+
+/// Issue 13's create aim for the volume: this many creates within this many seconds.
+const VOLUME_AIM_CREATES: u32 = 10_000;
+const VOLUME_AIM_CREATE_SECONDS: f64 = 2.0;
 
 pub fn plan_create(ctx: &Ctx) -> SuitePlan {
     let files: u32 = if ctx.settings.quick { 1000 } else { 10_000 };
@@ -85,11 +91,38 @@ pub fn create_workload(files: u32) -> Workload {
 }
 
 /// Issue 3's aims for creates and untar: lanefs within 5x of native and at least 1.5x faster
-/// than libfuse's passthrough_ll; io_uring faster than cloned fds (issue 4).
+/// than libfuse's passthrough_ll; io_uring faster than cloned fds (issue 4). Issue 13's for
+/// the volume: 10,000 creates within 2 s, the untar within 10x native tmpfs.
 pub fn aims(result: &mut SuiteResult) {
     let mut lines = Vec::new();
     for (workload, unit) in workloads_of(result) {
-        let ours = best_median(result, &workload, |r| r.role == Role::Lanefs);
+        if workload == create_workload(VOLUME_AIM_CREATES).metrics[0].key {
+            lines.extend(volume_target_lines(
+                result,
+                &workload,
+                VOLUME_AIM_CREATE_SECONDS,
+                "within 2 s (JuiceFS on SQLite: 13-24 s here)",
+            ));
+        }
+        if workload.starts_with("untar ") {
+            let native = best_median(result, &workload, |r| {
+                r.role == Role::Native && !r.system.starts_with("native disk")
+            });
+            let volume = best_median(result, &workload, |r| r.system.starts_with("lanefs volume"));
+            if let (Some(volume), Some(native)) = (&volume, &native) {
+                lines.extend(aim_line(
+                    &workload,
+                    volume,
+                    native,
+                    unit,
+                    0.1,
+                    "volume within 10x (>= 0.1x) of native tmpfs",
+                ));
+            }
+        }
+        let ours = best_median(result, &workload, |r| {
+            r.role == Role::Lanefs && !r.system.starts_with("lanefs volume")
+        });
         let native = best_median(result, &workload, |r| {
             r.role == Role::Native && !r.system.starts_with("native disk")
         });
