@@ -1,5 +1,6 @@
 //! The suites: which workloads meet which systems, one per seed write-up.
 
+mod apps;
 mod dd;
 mod engine;
 mod files;
@@ -33,6 +34,7 @@ fn plan(suite: Suite, ctx: &Ctx) -> SuitePlan {
         Suite::Create => files::plan_create(ctx),
         Suite::Untar => files::plan_untar(ctx),
         Suite::Dd => dd::plan(ctx),
+        Suite::Apps => apps::plan(ctx),
     };
     let uses_fio = matches!(
         suite,
@@ -57,8 +59,10 @@ pub fn run(suite: Suite, ctx: &mut Ctx) -> Result<SuiteResult, Stop> {
         mut result,
         mut plans,
     } = plan(suite, ctx);
-    if suite == Suite::Untar {
-        plans = files::prepare_tarballs(ctx, &mut result, plans);
+    match suite {
+        Suite::Untar => plans = files::prepare_tarballs(ctx, &mut result, plans),
+        Suite::Apps => plans = apps::prepare(ctx, &mut result, plans),
+        _ => {}
     }
     let outcome = ctx.execute(&mut result, plans);
     match suite {
@@ -69,6 +73,7 @@ pub fn run(suite: Suite, ctx: &mut Ctx) -> Result<SuiteResult, Stop> {
         Suite::Create | Suite::Untar => files::aims(&mut result),
         Suite::Ssf => ssf::aims(&mut result),
         Suite::Dd => dd::aims(&mut result),
+        Suite::Apps => apps::aims(&mut result),
         _ => {}
     }
     match outcome {
