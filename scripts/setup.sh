@@ -9,7 +9,8 @@ set -euo pipefail
 
 packages=(build-essential pkg-config curl ca-certificates git tar xz-utils
           fuse3 libfuse3-dev fio fonts-dejavu-core
-          stress-ng attr acl util-linux make gcc linux-source)
+          stress-ng attr acl util-linux make gcc linux-source
+          postgresql sqlite3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,6 +9,7 @@
 //! workloads meet which systems, and `report`/`chart` write the results.
 
 mod anchors;
+mod apps;
 mod chart;
 mod cpu;
 mod fio;
@@ -53,12 +54,15 @@ pub enum Suite {
     Create,
     /// Seed 003: untar of a kernel tree, then rm -rf.
     Untar,
-    /// Seed 004: dd with 4..8x cores processes writing, then reading, one mount.
+    /// Seed 004: dd with 4..8x cores processes writing, then reading, one mount; and one
+    /// sequential 1 MiB stream (fio, 1 job) each way.
     Dd,
+    /// Issue 16: applications: PostgreSQL's pgbench, an SQLite import, git, cp -a, a build.
+    Apps,
 }
 
 impl Suite {
-    pub const ALL: [Suite; 9] = [
+    pub const ALL: [Suite; 10] = [
         Suite::Engine,
         Suite::Ssf,
         Suite::Queues,
@@ -68,6 +72,7 @@ impl Suite {
         Suite::Create,
         Suite::Untar,
         Suite::Dd,
+        Suite::Apps,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +86,7 @@ impl Suite {
             Suite::Create => "create",
             Suite::Untar => "untar",
             Suite::Dd => "dd",
+            Suite::Apps => "apps",
         }
     }
 }

@@ -32,6 +32,10 @@ impl Unit {
         name: "lseeks/s",
         higher_is_better: true,
     };
+    pub const TPS: Unit = Unit {
+        name: "TPS",
+        higher_is_better: true,
+    };
     pub const MICROS: Unit = Unit {
         name: "µs",
         higher_is_better: false,

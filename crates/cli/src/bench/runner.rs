@@ -228,6 +228,11 @@ impl Ctx {
         self.work.join(format!("{name}-{id}"))
     }
 
+    /// The native tmpfs the bench mounted (or /dev/shm's directory standing in for it).
+    pub fn tmpfs_dir(&self) -> PathBuf {
+        self.tmpfs.clone()
+    }
+
     pub fn log_path(&mut self, name: &str) -> PathBuf {
         self.work_path(&format!("{name}.log"))
     }

@@ -83,8 +83,15 @@ pub enum SystemSpec {
         uring: bool,
         kernel_passthrough: bool,
     },
+    /// lanefs's volume on its embedded defaults (SQLite metadata, blocks in a local
+    /// directory), both on the bench's tmpfs, over io_uring (one ring per CPU, the default
+    /// depth) or `queues` cloned /dev/fuse fds.
+    LanefsVolume {
+        queues: usize,
+        uring: bool,
+    },
     /// JuiceFS with SQLite metadata and a local directory (`--anchor juicefs=PATH`): skipped
-    /// with a note until lanefs's volume file system, which it is measured against, exists.
+    /// with a note: the bench has no step yet that formats and mounts a JuiceFS volume.
     JuiceFs,
 }
 
@@ -118,6 +125,14 @@ impl SystemSpec {
                 }
             ),
             SystemSpec::LanefsNullUring { depth } => format!("lanefs null io_uring d{depth}"),
+            SystemSpec::LanefsVolume { queues, uring } => format!(
+                "lanefs volume {}",
+                if *uring {
+                    format!("io_uring d{}", lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH)
+                } else {
+                    format!("{queues}q")
+                }
+            ),
             SystemSpec::NativeTmpfs => ctx.tmpfs_label.clone(),
             SystemSpec::NativeDisk => ctx.disk_label.clone(),
             SystemSpec::Libfuse { example, mode } => {
@@ -145,7 +160,8 @@ impl SystemSpec {
         match self {
             SystemSpec::LanefsNull { .. }
             | SystemSpec::LanefsPassthrough { .. }
-            | SystemSpec::LanefsNullUring { .. } => Role::Lanefs,
+            | SystemSpec::LanefsNullUring { .. }
+            | SystemSpec::LanefsVolume { .. } => Role::Lanefs,
             SystemSpec::NativeTmpfs | SystemSpec::NativeDisk => Role::Native,
             SystemSpec::Libfuse { .. }
             | SystemSpec::Qsd { .. }
@@ -180,6 +196,12 @@ impl SystemSpec {
             SystemSpec::LanefsNullUring { depth } => json!({"system": "lanefs", "fs": "null",
                 "queues": possible_cpus(),
                 "queue_depth": depth, "extra_args": ctx.lanefs_args, "transport": "io_uring"}),
+            SystemSpec::LanefsVolume { queues, uring } => json!({"system": "lanefs",
+                "fs": "volume", "metadata": "SQLite", "data": "local directory",
+                "queues": if *uring { possible_cpus() } else { *queues },
+                "queue_depth": uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH),
+                "backing": ctx.tmpfs_label, "extra_args": ctx.lanefs_args,
+                "transport": if *uring { "io_uring" } else { "/dev/fuse" }}),
             SystemSpec::NativeTmpfs => json!({"system": "native", "fs": ctx.tmpfs_label}),
             SystemSpec::NativeDisk => json!({"system": "native", "fs": ctx.disk_label}),
             SystemSpec::Libfuse { example, mode } => json!({"system": "libfuse",
@@ -307,6 +329,21 @@ impl SystemSpec {
                     Err(e) => Err(OpenError::Fail(e)),
                 }
             }
+            SystemSpec::LanefsVolume { queues, uring } => {
+                let depth = uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH);
+                let args = transport_args(*queues, depth)?;
+                let dir = ctx.scratch_tmpfs("volume").map_err(OpenError::Fail)?;
+                let db = dir.0.join("vol.db");
+                format_volume(ctx, &db, &dir.0.join("data")).map_err(OpenError::Fail)?;
+                let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
+                let guard = mount_lanefs(ctx, &args, &db.display().to_string(), &mp)
+                    .map_err(OpenError::Fail)?;
+                Ok(target(
+                    Place::Dir(mp),
+                    true,
+                    vec![Guard::Dir(dir), Guard::Mount(guard)],
+                ))
+            }
             SystemSpec::Libfuse { example, mode } => {
                 let binary = ctx.anchors.get(*example).map_err(OpenError::Skip)?;
                 let (mp, place, writable, backing) = match example {
@@ -398,9 +435,8 @@ impl SystemSpec {
             SystemSpec::JuiceFs => {
                 let why = match ctx.anchors.external(External::JuiceFs) {
                     Ok(path) => format!(
-                        "{} is not run yet: lanefs's volume file system, which JuiceFS is \
-                         measured against, does not exist yet, and the bench has no step that \
-                         formats and mounts a JuiceFS volume",
+                        "{} is not run yet: the bench has no step that formats and mounts a \
+                         JuiceFS volume (VOLUME-NOTES has figures measured by hand)",
                         path.display()
                     ),
                     Err(why) => why,
@@ -665,6 +701,26 @@ fn mount_lanefs(ctx: &Ctx, args: &[String], source: &str, mp: &Path) -> Result<M
             .trim()
             .trim_start_matches("lanefs: ")
             .to_owned()),
+    }
+}
+
+/// `lanefs format VOLUME --data DATA` with this very binary.
+fn format_volume(ctx: &Ctx, volume: &Path, data: &Path) -> Result<(), String> {
+    let out = Command::new(&ctx.exe)
+        .arg("format")
+        .arg(volume)
+        .arg("--data")
+        .arg(data)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running {}: {e}", ctx.exe.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "lanefs format: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 

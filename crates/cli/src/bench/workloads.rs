@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::bench::apps::{self, App};
 use crate::bench::cpu::ServerCpu;
 use crate::bench::fio::{self, FioJob};
 use crate::bench::model::{Unit, Work};
@@ -66,6 +67,8 @@ pub enum Kind {
         procs: u32,
         mib_each: u64,
     },
+    /// An application: a database, git, cp -a, a build.
+    App(App),
 }
 
 #[derive(Clone, Debug)]
@@ -88,13 +91,13 @@ pub struct RunOutput {
 }
 
 /// Reads the server's CPU time when a phase starts; `work` says what it did once it ended.
-struct Meter {
+pub struct Meter {
     server: Option<ServerCpu>,
     start: Option<f64>,
 }
 
 impl Meter {
-    fn start(target: &Target) -> Meter {
+    pub fn start(target: &Target) -> Meter {
         Meter {
             server: target.server,
             start: target.server.and_then(ServerCpu::seconds),
@@ -107,7 +110,7 @@ impl Meter {
         server.seconds().map(|end| (end - start).max(0.0))
     }
 
-    fn work(&self, ops: f64) -> Work {
+    pub fn work(&self, ops: f64) -> Work {
         Work {
             ops,
             server_cpu_s: self.cpu_s(),
@@ -158,7 +161,11 @@ impl Workload {
     pub fn applicable(&self, target: &Target) -> Result<(), String> {
         let writes = match &self.kind {
             Kind::Fio(job) => job.writes(),
-            Kind::Seek { .. } | Kind::Create { .. } | Kind::Untar { .. } | Kind::Dd { .. } => true,
+            Kind::Seek { .. }
+            | Kind::Create { .. }
+            | Kind::Untar { .. }
+            | Kind::Dd { .. }
+            | Kind::App(_) => true,
         };
         if writes && !target.writable {
             return Err("its only file is read-only".into());
@@ -170,9 +177,10 @@ impl Workload {
             (Kind::Fio(job), Place::File(_)) if !job.shared_file => {
                 Err("file-per-job needs a directory; this server has one file".into())
             }
-            (Kind::Create { .. } | Kind::Untar { .. }, Place::File(_)) => {
+            (Kind::Create { .. } | Kind::Untar { .. } | Kind::App(_), Place::File(_)) => {
                 Err("it cannot create files".into())
             }
+            (Kind::App(app), Place::Dir(dir)) => apps::applicable(app, dir),
             _ => Ok(()),
         }
     }
@@ -214,6 +222,23 @@ impl Workload {
                 run_untar(target, dir, tar, *entries)?
             }
             Kind::Dd { procs, mib_each } => run_dd(target, *procs, *mib_each)?,
+            Kind::App(app) => {
+                let Place::Dir(dir) = &target.place else {
+                    return Err("needs a directory".into());
+                };
+                let scratch = ctx.work_path("app");
+                std::fs::create_dir_all(&scratch)
+                    .map_err(|e| format!("{}: {e}", scratch.display()))?;
+                let native_tmpfs = ctx.tmpfs_dir();
+                let outcome = apps::run_app(app, target, dir, &scratch, &native_tmpfs);
+                let _ = std::fs::remove_dir_all(&scratch);
+                let (values, works, raw) = outcome?;
+                RunOutput {
+                    values,
+                    work: works.into_iter().map(Some).collect(),
+                    raw,
+                }
+            }
         };
         output.work.resize(self.metrics.len(), None);
         Ok(output)
@@ -237,6 +262,7 @@ impl Workload {
                 "seek.dat",
                 "create",
                 "untar",
+                apps::APP_DIR,
                 UNPRIVILEGED_DIR,
             ]
             .iter()
@@ -325,16 +351,16 @@ fn command_as(caller: Caller, program: impl AsRef<OsStr>, cwd: &Path) -> Command
 }
 
 /// Output of a finished command: status, stdout, stderr.
-struct Finished {
-    ok: bool,
-    status: String,
-    stdout: String,
-    stderr: String,
+pub struct Finished {
+    pub ok: bool,
+    pub status: String,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 /// Runs `command` to its end or until `limit`, then kills it. Output is read on threads so a
 /// chatty child never blocks.
-fn run_limited(mut command: Command, limit: Duration) -> Result<Finished, String> {
+pub fn run_limited(mut command: Command, limit: Duration) -> Result<Finished, String> {
     let program = format!("{:?}", command.get_program());
     let mut child = command
         .stdin(Stdio::null())

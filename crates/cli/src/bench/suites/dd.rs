@@ -1,9 +1,11 @@
 //! Seed 004: dd with 4 up to 8x cores processes writing, then reading, one mount in 1 MiB
-//! blocks; aggregate MiB/s.
+//! blocks; aggregate MiB/s. And one stream: fio sequential 1 MiB writes, then reads, of one
+//! file by one job (issue 13's bar for the volume: 1 GiB/s each way).
 
-use super::{SuitePlan, passthrough_hp, plans_for};
+use super::{SuitePlan, passthrough_hp, plans_for, volume_target_lines, volumes};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
+use crate::bench::fio::FioJob;
 use crate::bench::model::{SuiteResult, Unit};
 use crate::bench::runner::{Ctx, Settings};
 use crate::bench::systems::{Mode, SystemSpec};
@@ -19,7 +21,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
          own region of data) in 1 MiB blocks, then reading it back; aggregate MiB/s from the \
          first start to the last exit.",
     );
-    let workloads: Vec<Workload> = Settings::powers_of_two(4, 8 * cores as u32)
+    let mut workloads: Vec<Workload> = Settings::powers_of_two(4, 8 * cores as u32)
         .into_iter()
         .map(|procs| {
             let mib_each = (total_mib / u64::from(procs)).max(1);
@@ -38,6 +40,12 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             }
         })
         .collect();
+    match &ctx.fio {
+        Ok(_) => {
+            workloads.extend(["write", "read"].map(|rw| sequential_1m(rw, ctx.settings.quick)))
+        }
+        Err(why) => result.skip(format!("fio sequential 1M rows: {why}")),
+    }
     let mut systems = vec![
         SystemSpec::NativeTmpfs,
         SystemSpec::Libfuse {
@@ -60,6 +68,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             uring_depth: None,
         },
     ];
+    systems.extend(volumes(cores));
     systems.extend(passthrough_hp(false));
     let plans = plans_for(systems, &workloads);
     result.note(format!(
@@ -68,4 +77,39 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
          cache; null servers see every block."
     ));
     SuitePlan { result, plans }
+}
+
+/// fio sequential 1 MiB `rw` ("write" or "read") through the page cache, one job, one file.
+fn sequential_1m(rw: &str, quick: bool) -> Workload {
+    Workload::fio(
+        format!("fio sequential 1M {rw}, 1 job"),
+        format!("sequential 1M {rw}"),
+        Unit::MIBS,
+        FioJob {
+            rw: rw.into(),
+            bs: "1M".into(),
+            ioengine: "psync".into(),
+            iodepth: 1,
+            numjobs: 1,
+            direct: false,
+            shared_file: true,
+            size: if quick { "64M" } else { "1G" }.into(),
+            region: "1G".into(),
+        },
+    )
+}
+
+/// Issue 13's bar for the volume's one stream: sequential 1 MiB writes and reads at 1 GiB/s.
+pub fn aims(result: &mut SuiteResult) {
+    let mut lines = Vec::new();
+    for rw in ["write", "read"] {
+        let workload = sequential_1m(rw, false).metrics[0].key.clone();
+        lines.extend(volume_target_lines(
+            result,
+            &workload,
+            1024.0,
+            ">= 1 GiB/s (1024 MiB/s)",
+        ));
+    }
+    result.aims = lines;
 }

@@ -1,5 +1,6 @@
 //! The suites: which workloads meet which systems, one per seed write-up.
 
+mod apps;
 mod dd;
 mod engine;
 mod files;
@@ -33,6 +34,7 @@ fn plan(suite: Suite, ctx: &Ctx) -> SuitePlan {
         Suite::Create => files::plan_create(ctx),
         Suite::Untar => files::plan_untar(ctx),
         Suite::Dd => dd::plan(ctx),
+        Suite::Apps => apps::plan(ctx),
     };
     let uses_fio = matches!(
         suite,
@@ -57,8 +59,10 @@ pub fn run(suite: Suite, ctx: &mut Ctx) -> Result<SuiteResult, Stop> {
         mut result,
         mut plans,
     } = plan(suite, ctx);
-    if suite == Suite::Untar {
-        plans = files::prepare_tarballs(ctx, &mut result, plans);
+    match suite {
+        Suite::Untar => plans = files::prepare_tarballs(ctx, &mut result, plans),
+        Suite::Apps => plans = apps::prepare(ctx, &mut result, plans),
+        _ => {}
     }
     let outcome = ctx.execute(&mut result, plans);
     match suite {
@@ -67,6 +71,9 @@ pub fn run(suite: Suite, ctx: &mut Ctx) -> Result<SuiteResult, Stop> {
         Suite::Passthrough => passthrough::aims(&mut result),
         Suite::Transport => transport::aims(&mut result),
         Suite::Create | Suite::Untar => files::aims(&mut result),
+        Suite::Ssf => ssf::aims(&mut result),
+        Suite::Dd => dd::aims(&mut result),
+        Suite::Apps => apps::aims(&mut result),
         _ => {}
     }
     match outcome {
@@ -166,6 +173,45 @@ fn passthrough_hp(daemon_served: bool) -> Vec<SystemSpec> {
                 uring,
                 kernel_passthrough,
             })
+        })
+        .collect()
+}
+
+/// lanefs's volume on its embedded defaults over both transports: `cores` cloned /dev/fuse
+/// queues, and io_uring.
+fn volumes(cores: usize) -> [SystemSpec; 2] {
+    [false, true].map(|uring| SystemSpec::LanefsVolume {
+        queues: cores,
+        uring,
+    })
+}
+
+/// Issue 13's aims for the volume, one line per volume row of `workload`: its median against
+/// a fixed bar `target` (in the workload's unit; a speed-up of at least 1 meets it).
+fn volume_target_lines(
+    result: &SuiteResult,
+    workload: &str,
+    target: f64,
+    aim: &str,
+) -> Vec<String> {
+    result
+        .rows
+        .iter()
+        .filter(|r| {
+            r.workload == workload
+                && r.system.starts_with("lanefs volume")
+                && r.status == Status::Ok
+        })
+        .filter_map(|r| {
+            let median = r.summary?.median;
+            aim_line(
+                workload,
+                &(r.system.clone(), median),
+                &("the aim".to_owned(), target),
+                r.unit,
+                1.0,
+                aim,
+            )
         })
         .collect()
 }
@@ -285,8 +331,8 @@ fn aim_line_all(what: &str, ours: &(String, f64), bars: &[Bar], unit: Unit, aim:
     )
 }
 
-/// Issue 4's comparison on one workload: for lanefs with kernel passthrough on and with it
-/// off, the best io_uring row against the best cloned-fd row of the same kind.
+/// Issue 4's comparison on one workload: for lanefs passthrough with kernel passthrough on
+/// and with it off, the best io_uring row against the best cloned-fd row of the same kind.
 fn uring_lines(
     result: &SuiteResult,
     workload: &str,
@@ -295,13 +341,15 @@ fn uring_lines(
     aim: &str,
 ) -> Vec<String> {
     let no_passthrough = |r: &Row| r.system.ends_with("no-passthrough");
+    let passthrough =
+        |r: &Row| r.role == Role::Lanefs && r.system.starts_with("lanefs passthrough");
     let mut lines = Vec::new();
     for kind in [false, true] {
         let ours = best_median(result, workload, |r| {
-            r.role == Role::Lanefs && r.system.contains("io_uring") && no_passthrough(r) == kind
+            passthrough(r) && r.system.contains("io_uring") && no_passthrough(r) == kind
         });
         let theirs = best_median(result, workload, |r| {
-            r.role == Role::Lanefs && !r.system.contains("io_uring") && no_passthrough(r) == kind
+            passthrough(r) && !r.system.contains("io_uring") && no_passthrough(r) == kind
         });
         if let (Some(ours), Some(theirs)) = (ours, theirs) {
             lines.extend(aim_line(

@@ -3,7 +3,7 @@
 //! system, qemu-storage-daemon's FUSE export, when installed, and passthrough_hp (given by
 //! path) as the file backends' strongest anchor.
 
-use super::{SuitePlan, fio_4k, passthrough_hp};
+use super::{SuitePlan, fio_4k, passthrough_hp, volumes};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::SuiteResult;
@@ -78,14 +78,22 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             workloads: workloads.clone(),
         });
     }
-    result.skip(
-        "lanefs over FUSE io_uring (the seed's \"cloned fds vs io_uring\" comparison): lanefs \
-         has no io_uring transport yet, so only cloned /dev/fuse queues are measured",
+    for system in volumes(cores) {
+        plans.push(Plan {
+            system,
+            workloads: workloads.clone(),
+        });
+    }
+    result.note(
+        "lanefs over FUSE io_uring against cloned fds (the seed's \"cloned fds vs io_uring\" \
+         comparison) for null and passthrough: the transport suite; here only the volume runs \
+         on both.",
     );
     result.note(
         "Null backends: lanefs null, libfuse's null example (multi-threaded, the anchor that \
          is always there) and qemu-storage-daemon's null-co driver; file backends: lanefs \
-         passthrough over tmpfs, qemu-storage-daemon exporting a raw file on tmpfs and \
+         passthrough over tmpfs, lanefs volume (SQLite and blocks on tmpfs), \
+         qemu-storage-daemon exporting a raw file on tmpfs and \
          passthrough_hp over tmpfs (io_uring and clone_fd, kernel passthrough on). The \
          best-anchor ratio compares with the best anchor of either kind.",
     );

@@ -3,7 +3,9 @@
 //! over both transports against native tmpfs and disk, libfuse's passthrough_ll and
 //! passthrough_hp (given by path).
 
-use super::{SuitePlan, aim_line_all, bar, best_median, passthrough_hp, plans_for, workloads_of};
+use super::{
+    SuitePlan, aim_line_all, bar, best_median, passthrough_hp, plans_for, volumes, workloads_of,
+};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
 use crate::bench::model::{Role, SuiteResult, Unit};
@@ -66,6 +68,7 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
         parallel_writes: true,
         size: Some("16M"),
     });
+    systems.extend(volumes(cores));
     let plans = plans_for(systems, &workloads);
     result.note(
         "lanefs null keeps no data and has no holes: its SEEK_HOLE answers the end of the \

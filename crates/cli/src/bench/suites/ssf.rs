@@ -4,10 +4,10 @@
 //! kernel passthrough (which O_DIRECT opens now take), native tmpfs, libfuse's passthrough_ll
 //! and passthrough_hp (given by path).
 
-use super::{SuitePlan, fio_seed000, passthrough_hp};
+use super::{SuitePlan, aim_line, fio_seed000, passthrough_hp, volumes};
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
-use crate::bench::model::SuiteResult;
+use crate::bench::model::{Status, SuiteResult};
 use crate::bench::runner::{Ctx, Plan, Settings};
 use crate::bench::systems::{Mode, SystemSpec};
 
@@ -73,6 +73,12 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
             workloads: both.clone(),
         });
     }
+    for system in volumes(cores) {
+        plans.push(Plan {
+            system,
+            workloads: both.clone(),
+        });
+    }
     result.skip("lanefs null, file per job: null has one file (data) and creates none");
     result.note(format!(
         "lanefs runs with {cores} queues (one per core). libfuse passthrough_ll runs as \
@@ -81,4 +87,39 @@ pub fn plan(ctx: &Ctx) -> SuitePlan {
          passthrough where it is on, so \"no-pw\" changes only the rows without it."
     ));
     SuitePlan { result, plans }
+}
+
+/// Issue 13's aim for seed 000 inside the volume: one file written by 2 jobs at >= 1.6x one
+/// job, on each transport.
+pub fn aims(result: &mut SuiteResult) {
+    let one = fio_seed000(true, 1, false).metrics[0].key.clone();
+    let two = fio_seed000(true, 2, false).metrics[0].key.clone();
+    let median = |workload: &str, system: &str| {
+        result
+            .row(workload, system)
+            .filter(|r| r.status == Status::Ok)
+            .and_then(|r| Some((system.to_owned(), r.summary?.median, r.unit)))
+    };
+    let mut lines = Vec::new();
+    let systems: Vec<String> = result
+        .rows
+        .iter()
+        .filter(|r| r.workload == two && r.system.starts_with("lanefs volume"))
+        .map(|r| r.system.clone())
+        .collect();
+    for system in systems {
+        if let (Some((_, two_jobs, unit)), Some((_, one_job, _))) =
+            (median(&two, &system), median(&one, &system))
+        {
+            lines.extend(aim_line(
+                &format!("{two} against 1 job"),
+                &(system.clone(), two_jobs),
+                &(format!("{system}, 1 job"), one_job),
+                unit,
+                1.6,
+                ">= 1.6x one job",
+            ));
+        }
+    }
+    result.aims = lines;
 }
