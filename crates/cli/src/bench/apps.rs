@@ -545,7 +545,7 @@ pub fn history_repo(tree: &Path, repo: &Path, commits: usize) -> Result<String, 
             }
             git(&["add", "-u"])?;
         }
-        git(&["add", "--pathspec-from-file=.git/slice"])?;
+        git(&["add", "-f", "--pathspec-from-file=.git/slice"])?;
         git(&["commit", "-q", "--no-verify", "-m", &format!("part {i}")])?;
         if i == 9.min(commits.saturating_sub(1)) {
             old = git(&["rev-parse", "HEAD"])?.trim().to_owned();
