@@ -42,7 +42,7 @@ use counters::Counters;
 use creds::Credentials;
 use fdcache::FdCache;
 use handle::{HandleTable, OpenDir, OpenFile};
-use inode::{HostRef, Inode, InodeKey, InodeTable};
+use inode::{DeviceTags, HostRef, Inode, InodeKey, InodeTable};
 use locks::LockTable;
 use sys::{Errno, SysResult};
 
@@ -162,6 +162,8 @@ pub struct State {
     opts: PassthroughOptions,
     creds: Credentials,
     inodes: InodeTable,
+    /// The tags that keep inode numbers from different host devices apart.
+    devices: DeviceTags,
     fds: FdCache,
     files: HandleTable<OpenFile>,
     dirs: HandleTable<OpenDir>,
@@ -263,6 +265,7 @@ impl PassthroughFs {
                 dev: st.st_dev,
                 ino: st.st_ino,
             },
+            0,
             libc::S_IFDIR,
             mount_id,
             HostRef::Fd(root_fd),
@@ -273,6 +276,7 @@ impl PassthroughFs {
             opts,
             creds: Credentials::of_this_process(),
             inodes: InodeTable::new(root),
+            devices: DeviceTags::new(st.st_dev),
             files: HandleTable::new(),
             dirs: HandleTable::new(),
             locks: LockTable::new(),
@@ -363,9 +367,11 @@ impl PassthroughFs {
         self.negotiated().is_some_and(|n| n.killpriv_v2)
     }
 
-    fn attr(st: &libc::stat) -> abi::Attr {
+    /// The attributes of `inode` from its host stat `st`, with the inode number it is shown
+    /// under (see [`inode::shown_ino`]).
+    fn attr(inode: &Inode, st: &libc::stat) -> abi::Attr {
         abi::Attr {
-            ino: st.st_ino,
+            ino: inode::shown_ino(inode.dev_tag, st.st_ino),
             size: st.st_size as u64,
             blocks: st.st_blocks as u64,
             atime: st.st_atime as u64,
@@ -414,21 +420,21 @@ impl PassthroughFs {
             attr_valid: secs,
             attr_valid_nsec: nsecs,
             dummy: 0,
-            attr: Self::attr(st),
+            attr: Self::attr(inode, st),
         }
     }
 
-    fn entry_out(&self, nodeid: u64, st: &libc::stat) -> abi::EntryOut {
+    fn entry_out(&self, inode: &Inode, st: &libc::stat) -> abi::EntryOut {
         let (entry_secs, entry_nsecs) = split(self.opts.entry_timeout);
         let (attr_secs, attr_nsecs) = split(self.opts.attr_timeout);
         abi::EntryOut {
-            nodeid,
+            nodeid: inode.nodeid,
             generation: 0,
             entry_valid: entry_secs,
             attr_valid: attr_secs,
             entry_valid_nsec: entry_nsecs,
             attr_valid_nsec: attr_nsecs,
-            attr: Self::attr(st),
+            attr: Self::attr(inode, st),
         }
     }
 
@@ -484,8 +490,19 @@ impl PassthroughFs {
                 Found::Open(fd) => sys::reopen(fd, libc::O_PATH)?,
             })),
         };
+        let dev_tag = self
+            .devices
+            .tag_for(key.dev, key.ino, parent.key.dev, parent.dev_tag);
         let (inode, new) = self.inodes.remember(key, host, |nodeid, host| {
-            Inode::new(nodeid, key, kind, mount_id, host, st.st_size as u64)
+            Inode::new(
+                nodeid,
+                key,
+                dev_tag,
+                kind,
+                mount_id,
+                host,
+                st.st_size as u64,
+            )
         });
         if !new && inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
@@ -532,7 +549,7 @@ impl PassthroughFs {
         if inode.is_symlink() {
             inode.set_link_name(parent.clone(), name.to_owned());
         }
-        let mut entry = self.entry_out(inode.nodeid, &st);
+        let mut entry = self.entry_out(&inode, &st);
         if inode.is_regular() && self.volatile_attrs(&inode, &st) {
             (entry.attr_valid, entry.attr_valid_nsec) = (0, 0);
         }
