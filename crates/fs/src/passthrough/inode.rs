@@ -130,6 +130,10 @@ pub struct Inode {
 /// The mode bits `set_id_seen` keeps.
 const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID | libc::S_IXGRP;
 
+/// How old (milliseconds) a record of the same set-ID bits must be before a new sighting
+/// rewrites it.
+const SET_ID_RESTAMP_MS: u64 = 50;
+
 /// The origin of `set_id_seen`'s clock.
 static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 
@@ -180,10 +184,20 @@ impl Inode {
         if self.mode_changes.load(Ordering::SeqCst) != generation {
             return;
         }
-        let stamp = (millis_since_epoch() + 1) << 16 | (mode & SET_ID_BITS) as u64;
-        if self.set_id_seen.load(Ordering::Relaxed) != stamp {
-            self.set_id_seen.store(stamp, Ordering::SeqCst);
+        let now = millis_since_epoch() + 1;
+        let bits = (mode & SET_ID_BITS) as u64;
+        let seen = self.set_id_seen.load(Ordering::Relaxed);
+        // The same bits, recorded a moment ago: leave the line alone (every getattr of a hot
+        // file comes here). The record is then up to `SET_ID_RESTAMP_MS` older than this
+        // sighting, which only makes `known_without_set_id` trust it for less long.
+        // (Another thread may have recorded a later time since our clock read: saturating.)
+        if seen & 0xffff == bits
+            && seen >> 16 != 0
+            && now.saturating_sub(seen >> 16) < SET_ID_RESTAMP_MS
+        {
+            return;
         }
+        self.set_id_seen.store(now << 16 | bits, Ordering::SeqCst);
         // A change that began meanwhile may have cleared the record before ours landed.
         if self.mode_changes.load(Ordering::SeqCst) != generation {
             self.set_id_seen.store(0, Ordering::SeqCst);

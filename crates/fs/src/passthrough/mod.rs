@@ -333,13 +333,17 @@ impl PassthroughFs {
         self.inodes.get(nodeid).ok_or(libc::ESTALE)
     }
 
-    /// An O_PATH fd of the inode: its own, or one from the fd cache.
-    fn path_fd(&self, inode: &Inode) -> SysResult<Arc<OwnedFd>> {
+    /// An O_PATH fd of the inode: its own (borrowed: no reference count touched), or one
+    /// from the fd cache.
+    fn path_fd<'a>(&self, inode: &'a Inode) -> SysResult<PathFd<'a>> {
         match &inode.host {
-            HostRef::Fd(fd) => Ok(fd.clone()),
-            HostRef::Handle { handle, mount } => self.fds.get_or_open(inode.nodeid, || {
-                sys::open_by_handle(mount, handle, libc::O_PATH | libc::O_NOFOLLOW)
-            }),
+            HostRef::Fd(fd) => Ok(PathFd::Kept(fd)),
+            HostRef::Handle { handle, mount } => self
+                .fds
+                .get_or_open(inode.nodeid, || {
+                    sys::open_by_handle(mount, handle, libc::O_PATH | libc::O_NOFOLLOW)
+                })
+                .map(PathFd::Cached),
         }
     }
 
@@ -565,6 +569,24 @@ impl PassthroughFs {
     }
 }
 
+/// An inode's O_PATH fd for one request: the inode's own, or the fd cache's (which stays
+/// open while the request holds it, even if the cache evicts it meanwhile).
+enum PathFd<'a> {
+    Kept(&'a OwnedFd),
+    Cached(Arc<OwnedFd>),
+}
+
+impl std::ops::Deref for PathFd<'_> {
+    type Target = OwnedFd;
+
+    fn deref(&self) -> &OwnedFd {
+        match self {
+            PathFd::Kept(fd) => fd,
+            PathFd::Cached(fd) => fd,
+        }
+    }
+}
+
 /// How `register` got hold of a host object.
 enum Found<'a> {
     /// An O_PATH fd of it: cached (or kept) for later path operations.
@@ -702,7 +724,7 @@ impl Filesystem for PassthroughFs {
         let fds = self.fds.counts();
         let c = &self.counters;
         [
-            ("getxattr", Counters::get(&c.getxattr)),
+            ("getxattr", c.getxattr.get()),
             ("inodes", self.inodes.live()),
             ("fd_cache_fds", fds.cached),
             ("fd_cache_hits", fds.hits),
@@ -938,7 +960,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {
-        Counters::bump(&self.counters.getxattr);
+        self.counters.getxattr.bump();
         tracing::trace!(ino, ?name, size, "getxattr");
         self.do_getxattr(ino, name, size, reply)
     }
