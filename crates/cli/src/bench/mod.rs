@@ -55,6 +55,10 @@ pub enum Suite {
     Untar,
     /// Seed 004: dd with 4..8x cores processes writing, then reading, one mount.
     Dd,
+    /// Issue 11's hot path: 4k direct reads and writes and creates on lanefs passthrough
+    /// without kernel passthrough, by root and by an unprivileged user, over both transports
+    /// (short: for comparing builds with --lanefs; not in the default set).
+    Hotpath,
 }
 
 impl Suite {
@@ -81,6 +85,7 @@ impl Suite {
             Suite::Create => "create",
             Suite::Untar => "untar",
             Suite::Dd => "dd",
+            Suite::Hotpath => "hotpath",
         }
     }
 }
@@ -120,6 +125,10 @@ pub struct BenchArgs {
     /// Do not print the report on stdout (it is still written to --out).
     #[arg(long)]
     pub no_print: bool,
+    /// The lanefs binary that makes the measured lanefs mounts [default: this one], e.g. an
+    /// older build to compare with in the same sitting.
+    #[arg(long, value_name = "PATH")]
+    pub lanefs: Option<PathBuf>,
 }
 
 pub fn run(args: BenchArgs) -> io::Result<()> {

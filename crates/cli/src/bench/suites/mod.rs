@@ -3,6 +3,7 @@
 mod dd;
 mod engine;
 mod files;
+mod hotpath;
 mod passthrough;
 mod queues;
 mod seek;
@@ -33,10 +34,16 @@ fn plan(suite: Suite, ctx: &Ctx) -> SuitePlan {
         Suite::Create => files::plan_create(ctx),
         Suite::Untar => files::plan_untar(ctx),
         Suite::Dd => dd::plan(ctx),
+        Suite::Hotpath => hotpath::plan(ctx),
     };
     let uses_fio = matches!(
         suite,
-        Suite::Engine | Suite::Ssf | Suite::Queues | Suite::Passthrough | Suite::Transport
+        Suite::Engine
+            | Suite::Ssf
+            | Suite::Queues
+            | Suite::Passthrough
+            | Suite::Transport
+            | Suite::Hotpath
     );
     if uses_fio && let Err(why) = &ctx.fio {
         p.result.skip(format!("every row: {why}"));
@@ -66,6 +73,7 @@ pub fn run(suite: Suite, ctx: &mut Ctx) -> Result<SuiteResult, Stop> {
         Suite::Seek => seek::aims(&mut result),
         Suite::Passthrough => passthrough::aims(&mut result),
         Suite::Transport => transport::aims(&mut result),
+        Suite::Hotpath => hotpath::aims(&mut result),
         Suite::Create | Suite::Untar => files::aims(&mut result),
         _ => {}
     }
