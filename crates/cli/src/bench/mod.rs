@@ -59,6 +59,10 @@ pub enum Suite {
     Dd,
     /// Issue 16: applications: PostgreSQL's pgbench, an SQLite import, git, cp -a, a build.
     Apps,
+    /// Issue 11's hot path: 4k direct reads and writes and creates on lanefs passthrough
+    /// without kernel passthrough, by root and by an unprivileged user, over both transports
+    /// (short: for comparing builds with --lanefs; not in the default set).
+    Hotpath,
 }
 
 impl Suite {
@@ -87,6 +91,7 @@ impl Suite {
             Suite::Untar => "untar",
             Suite::Dd => "dd",
             Suite::Apps => "apps",
+            Suite::Hotpath => "hotpath",
         }
     }
 }
@@ -126,6 +131,10 @@ pub struct BenchArgs {
     /// Do not print the report on stdout (it is still written to --out).
     #[arg(long)]
     pub no_print: bool,
+    /// The lanefs binary that makes the measured lanefs mounts [default: this one], e.g. an
+    /// older build to compare with in the same sitting.
+    #[arg(long, value_name = "PATH")]
+    pub lanefs: Option<PathBuf>,
 }
 
 pub fn run(args: BenchArgs) -> io::Result<()> {

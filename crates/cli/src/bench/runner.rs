@@ -114,7 +114,7 @@ impl Ctx {
         args: &BenchArgs,
         external: HashMap<External, PathBuf>,
     ) -> io::Result<Ctx> {
-        let exe = std::env::current_exe()?;
+        let this_exe = std::env::current_exe()?;
         let work = std::env::temp_dir().join(format!("lanefs-bench-{}", std::process::id()));
         std::fs::create_dir_all(&work)?;
         let work = work.canonicalize()?;
@@ -142,7 +142,14 @@ impl Ctx {
                 }
             };
         let disk_label = format!("native disk ({})", systems::fs_of(&disk));
-        let cache = anchors::cache_dir(&exe);
+        let cache = anchors::cache_dir(&this_exe);
+        let exe = match &args.lanefs {
+            Some(other) => {
+                notes.push(format!("lanefs mounts made by {}", other.display()));
+                other.clone()
+            }
+            None => this_exe,
+        };
         let fio = fio::locate(args.fio.as_deref());
         let settings_clone_model = settings.to_model(
             args,

@@ -2,6 +2,7 @@
 //! getattr never takes the write gate (seed 002).
 
 use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 
 use lanefs_fuse::abi::{self, fattr};
@@ -34,22 +35,22 @@ fn time_arg(set: bool, now: bool, secs: u64, nsecs: u32) -> libc::timespec {
 impl PassthroughFs {
     pub(super) fn do_getattr(&self, ino: u64, fh: Option<u64>) -> SysResult<abi::AttrOut> {
         // An open file answers through its own fd: it works after the file is unlinked.
-        let (inode, st, generation) = match fh.and_then(|fh| self.files.get(fh)) {
-            Some(file) => {
-                let generation = file.inode.mode_generation();
-                (file.inode.clone(), sys::fstat(&file.fd)?, generation)
-            }
-            None => {
-                let inode = self.inode(ino)?;
-                let generation = inode.mode_generation();
-                let st = sys::fstat(&*self.path_fd(&inode)?)?;
-                (inode, st, generation)
-            }
-        };
+        if let Some(file) = fh.and_then(|fh| self.files.get(fh)) {
+            return self.fresh_attr(&file.inode, &file.fd);
+        }
+        let inode = self.inode(ino)?;
+        self.fresh_attr(&inode, &*self.path_fd(&inode)?)
+    }
+
+    /// The attributes answer from a stat of `fd`, an fd of `inode` (borrowed, so that a
+    /// getattr touches no reference count beyond the table lookup's).
+    fn fresh_attr(&self, inode: &Inode, fd: &OwnedFd) -> SysResult<abi::AttrOut> {
+        let generation = inode.mode_generation();
+        let st = sys::fstat(fd)?;
         if inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
         }
-        Ok(self.attr_out(&inode, &st, generation))
+        Ok(self.attr_out(inode, &st, generation))
     }
 
     pub(super) fn do_setattr(

@@ -130,7 +130,9 @@ impl PassthroughFs {
                 break;
             }
             let entry = DirEntry {
-                ino: record.ino,
+                // As getattr shows it (a mount point's shows the covered directory's, as
+                // natively).
+                ino: super::inode::shown_ino(dir.inode.dev_tag, record.ino),
                 offset: record.next_offset,
                 typ: record.typ as u32,
                 name: record.name,

@@ -233,7 +233,7 @@ impl PassthroughFs {
         keep_fd: bool,
     ) -> SysResult<(abi::EntryOut, abi::OpenOut)> {
         let inode = self.register(parent, Found::Open(&fd), keep_fd, st)?;
-        let entry = self.entry_out(inode.nodeid, st);
+        let entry = self.entry_out(&inode, st);
         match self.finish_open(req, &inode, fd, flags, Some(st.st_mode)) {
             Ok(open) => Ok((entry, open)),
             Err(e) => {

@@ -16,6 +16,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::counters::PerThreadCounter;
 use super::inode::IdHasher;
 use super::sys::SysResult;
 
@@ -40,8 +41,6 @@ struct Clock {
 struct Shard {
     /// One shard's CLOCK. Lock order: a leaf (no other lock is taken while holding it).
     clock: RwLock<Clock>,
-    hits: AtomicU64,
-    misses: AtomicU64,
     evictions: AtomicU64,
     /// Slots the hand examined (to check the cost per miss).
     swept: AtomicU64,
@@ -50,6 +49,10 @@ struct Shard {
 pub struct FdCache {
     shards: Box<[Shard]>,
     per_shard: usize,
+    /// Per thread, not per shard: a hot inode's hits would make every queue write its
+    /// shard's counter line.
+    hits: PerThreadCounter,
+    misses: PerThreadCounter,
 }
 
 /// Totals for `lanefs stats`.
@@ -70,13 +73,13 @@ impl FdCache {
             shards: (0..shards)
                 .map(|_| Shard {
                     clock: RwLock::default(),
-                    hits: AtomicU64::new(0),
-                    misses: AtomicU64::new(0),
                     evictions: AtomicU64::new(0),
                     swept: AtomicU64::new(0),
                 })
                 .collect(),
             per_shard: capacity / shards,
+            hits: PerThreadCounter::default(),
+            misses: PerThreadCounter::default(),
         }
     }
 
@@ -97,11 +100,11 @@ impl FdCache {
                 if !slot.referenced.load(Ordering::Relaxed) {
                     slot.referenced.store(true, Ordering::Relaxed);
                 }
-                shard.hits.fetch_add(1, Ordering::Relaxed);
+                self.hits.bump();
                 return Ok(slot.fd.clone());
             }
         }
-        shard.misses.fetch_add(1, Ordering::Relaxed);
+        self.misses.bump();
         let fd = Arc::new(open()?);
         self.insert(nodeid, fd.clone());
         Ok(fd)
@@ -151,10 +154,12 @@ impl FdCache {
     }
 
     pub fn counts(&self) -> FdCacheCounts {
-        let mut c = FdCacheCounts::default();
+        let mut c = FdCacheCounts {
+            hits: self.hits.get(),
+            misses: self.misses.get(),
+            ..Default::default()
+        };
         for shard in self.shards.iter() {
-            c.hits += shard.hits.load(Ordering::Relaxed);
-            c.misses += shard.misses.load(Ordering::Relaxed);
             c.evictions += shard.evictions.load(Ordering::Relaxed);
             c.swept += shard.swept.load(Ordering::Relaxed);
             c.cached += shard

@@ -40,9 +40,13 @@ impl WriteGate {
         self.size.load(Ordering::Relaxed)
     }
 
-    /// Records a size read from the host (getattr, lookup, truncate).
+    /// Records a size read from the host (getattr, lookup, truncate). Written only when it
+    /// changed: every getattr of a hot file records its size, and a store would take the
+    /// line away from the other CPUs reading it.
     pub fn set_size(&self, size: u64) {
-        self.size.store(size, Ordering::Relaxed);
+        if self.size.load(Ordering::Relaxed) != size {
+            self.size.store(size, Ordering::Relaxed);
+        }
     }
 
     /// Enters for a write ending at `end`. With `parallel` false every write is exclusive.
@@ -84,7 +88,10 @@ impl WriteGate {
 
     /// After a write that ended at `end` succeeded.
     pub fn written(&self, end: u64) {
-        self.size.fetch_max(end, Ordering::Relaxed);
+        // A write inside the file (the common case) changes nothing: no read-modify-write.
+        if end > self.size.load(Ordering::Relaxed) {
+            self.size.fetch_max(end, Ordering::Relaxed);
+        }
     }
 
     /// For truncate and fallocate.

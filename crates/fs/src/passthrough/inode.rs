@@ -94,6 +94,8 @@ pub struct LinkName {
 pub struct Inode {
     pub nodeid: u64,
     pub key: InodeKey,
+    /// Which host device the kernel is shown this inode's number from (see [`DeviceTags`]).
+    pub dev_tag: u16,
     /// The file type bits (S_IFMT) of st_mode.
     pub kind: u32,
     /// The host mount id (name_to_handle_at), to tell when a child is on another mount.
@@ -128,6 +130,10 @@ pub struct Inode {
 /// The mode bits `set_id_seen` keeps.
 const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID | libc::S_IXGRP;
 
+/// How old (milliseconds) a record of the same set-ID bits must be before a new sighting
+/// rewrites it.
+const SET_ID_RESTAMP_MS: u64 = 50;
+
 /// The origin of `set_id_seen`'s clock.
 static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 
@@ -142,6 +148,7 @@ impl Inode {
     pub fn new(
         nodeid: u64,
         key: InodeKey,
+        dev_tag: u16,
         kind: u32,
         mount_id: i32,
         host: HostRef,
@@ -150,6 +157,7 @@ impl Inode {
         Inode {
             nodeid,
             key,
+            dev_tag,
             kind,
             mount_id,
             host,
@@ -176,10 +184,20 @@ impl Inode {
         if self.mode_changes.load(Ordering::SeqCst) != generation {
             return;
         }
-        let stamp = (millis_since_epoch() + 1) << 16 | (mode & SET_ID_BITS) as u64;
-        if self.set_id_seen.load(Ordering::Relaxed) != stamp {
-            self.set_id_seen.store(stamp, Ordering::SeqCst);
+        let now = millis_since_epoch() + 1;
+        let bits = (mode & SET_ID_BITS) as u64;
+        let seen = self.set_id_seen.load(Ordering::Relaxed);
+        // The same bits, recorded a moment ago: leave the line alone (every getattr of a hot
+        // file comes here). The record is then up to `SET_ID_RESTAMP_MS` older than this
+        // sighting, which only makes `known_without_set_id` trust it for less long.
+        // (Another thread may have recorded a later time since our clock read: saturating.)
+        if seen & 0xffff == bits
+            && seen >> 16 != 0
+            && now.saturating_sub(seen >> 16) < SET_ID_RESTAMP_MS
+        {
+            return;
         }
+        self.set_id_seen.store(now << 16 | bits, Ordering::SeqCst);
         // A change that began meanwhile may have cleared the record before ours landed.
         if self.mode_changes.load(Ordering::SeqCst) != generation {
             self.set_id_seen.store(0, Ordering::SeqCst);
@@ -248,6 +266,77 @@ impl Inode {
             // No handle to compare with: a new object.
             (HostRef::Handle { .. }, HostRef::Fd(_)) => false,
         }
+    }
+}
+
+/// How many bits of a host inode number the kernel sees unchanged; the bits above carry the
+/// device tag.
+pub const HOST_INO_BITS: u32 = 48;
+const HOST_INO_MASK: u64 = (1 << HOST_INO_BITS) - 1;
+
+/// The inode number the kernel is shown for host inode number `ino` on the device tagged
+/// `tag`: SOURCE's own device (tag 0) shows its numbers unchanged; any other device's keep
+/// their low `HOST_INO_BITS` bits under the tag. The kernel gives every inode of a FUSE
+/// mount the mount's one st_dev and offers FUSE_SUBMOUNTS to virtio-fs only, so without this
+/// two files on different host file systems could show the same (st_dev, st_ino) and tar,
+/// cp -a and rsync -H would take them for hard links.
+pub fn shown_ino(tag: u16, ino: u64) -> u64 {
+    if tag == 0 {
+        ino
+    } else {
+        u64::from(tag) << HOST_INO_BITS | (ino & HOST_INO_MASK)
+    }
+}
+
+/// The device tags: host device number → a small number, 0 for SOURCE's device, handed out
+/// in the order devices are met and kept for the life of the mount, so an object shows the
+/// same inode number however it is reached. Consulted only where a lookup crosses onto
+/// another device than its parent's (a mount point under SOURCE); every other inode takes
+/// its parent's tag.
+pub struct DeviceTags {
+    /// Lock order: a leaf; taken by the lookup of an object on another device than its
+    /// parent.
+    tags: Mutex<HashMap<u64, u16, IdHasher>>,
+    /// A host inode number wider than `HOST_INO_BITS` was met on a device other than
+    /// SOURCE's (logged once): shown numbers may then collide.
+    wide_warned: std::sync::atomic::AtomicBool,
+}
+
+impl DeviceTags {
+    pub fn new(source_dev: u64) -> DeviceTags {
+        let mut tags = HashMap::default();
+        tags.insert(source_dev, 0);
+        DeviceTags {
+            tags: Mutex::new(tags),
+            wide_warned: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The tag of the host device `dev` of an object found in a directory of tag
+    /// `parent_tag` on `parent_dev`.
+    pub fn tag_for(&self, dev: u64, ino: u64, parent_dev: u64, parent_tag: u16) -> u16 {
+        let tag = if dev == parent_dev {
+            parent_tag
+        } else {
+            let mut tags = self.tags.lock().unwrap_or_else(|e| e.into_inner());
+            let next = tags.len();
+            *tags.entry(dev).or_insert_with(|| {
+                // Past the last tag devices share one (their numbers may then collide).
+                u16::try_from(next).unwrap_or(u16::MAX)
+            })
+        };
+        if tag != 0
+            && ino & !HOST_INO_MASK != 0
+            && !self
+                .wide_warned
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "host inode number {ino:#x} is wider than {HOST_INO_BITS} bits: files on \
+                 different host file systems under the source may show the same inode number"
+            );
+        }
+        tag
     }
 }
 
@@ -378,7 +467,24 @@ mod tests {
     }
 
     fn make(key: InodeKey) -> impl FnOnce(u64, HostRef) -> Inode {
-        move |id, host| Inode::new(id, key, libc::S_IFREG, 0, host, 0)
+        move |id, host| Inode::new(id, key, 0, libc::S_IFREG, 0, host, 0)
+    }
+
+    #[test]
+    fn each_host_device_keeps_its_own_tag_and_numbers_stay_apart() {
+        let tags = DeviceTags::new(100);
+        // Inside the source's device: tag 0, numbers unchanged.
+        assert_eq!(tags.tag_for(100, 7, 100, 0), 0);
+        assert_eq!(shown_ino(0, 7), 7);
+        // Crossing onto two other devices, then back onto the source's (a bind mount).
+        let (a, b) = (tags.tag_for(200, 7, 100, 0), tags.tag_for(300, 7, 100, 0));
+        assert!(a != 0 && b != 0 && a != b);
+        assert_eq!(tags.tag_for(100, 7, 200, a), 0);
+        // Below a crossing the parent's tag is kept; met again, a device keeps its tag.
+        assert_eq!(tags.tag_for(200, 8, 200, a), a);
+        assert_eq!(tags.tag_for(200, 9, 300, b), a);
+        let shown = [shown_ino(0, 7), shown_ino(a, 7), shown_ino(b, 7)];
+        assert!(shown[0] != shown[1] && shown[1] != shown[2] && shown[0] != shown[2]);
     }
 
     #[test]
@@ -405,6 +511,7 @@ mod tests {
         let table = InodeTable::new(Inode::new(
             1,
             root_key,
+            0,
             libc::S_IFDIR,
             0,
             HostRef::Fd(fd()),

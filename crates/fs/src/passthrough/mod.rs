@@ -42,7 +42,7 @@ use counters::Counters;
 use creds::Credentials;
 use fdcache::FdCache;
 use handle::{HandleTable, OpenDir, OpenFile};
-use inode::{HostRef, Inode, InodeKey, InodeTable};
+use inode::{DeviceTags, HostRef, Inode, InodeKey, InodeTable};
 use locks::LockTable;
 use sys::{Errno, SysResult};
 
@@ -138,6 +138,8 @@ pub struct State {
     opts: PassthroughOptions,
     creds: Credentials,
     inodes: InodeTable,
+    /// The tags that keep inode numbers from different host devices apart.
+    devices: DeviceTags,
     fds: FdCache,
     files: HandleTable<OpenFile>,
     dirs: HandleTable<OpenDir>,
@@ -244,6 +246,7 @@ impl PassthroughFs {
                 dev: st.st_dev,
                 ino: st.st_ino,
             },
+            0,
             libc::S_IFDIR,
             mount_id,
             HostRef::Fd(root_fd),
@@ -254,6 +257,7 @@ impl PassthroughFs {
             opts,
             creds: Credentials::of_this_process(),
             inodes: InodeTable::new(root),
+            devices: DeviceTags::new(st.st_dev),
             files: HandleTable::new(),
             dirs: HandleTable::new(),
             locks: LockTable::new(),
@@ -344,13 +348,17 @@ impl PassthroughFs {
         self.inodes.get(nodeid).ok_or(libc::ESTALE)
     }
 
-    /// An O_PATH fd of the inode: its own, or one from the fd cache.
-    fn path_fd(&self, inode: &Inode) -> SysResult<Arc<OwnedFd>> {
+    /// An O_PATH fd of the inode: its own (borrowed: no reference count touched), or one
+    /// from the fd cache.
+    fn path_fd<'a>(&self, inode: &'a Inode) -> SysResult<PathFd<'a>> {
         match &inode.host {
-            HostRef::Fd(fd) => Ok(fd.clone()),
-            HostRef::Handle { handle, mount } => self.fds.get_or_open(inode.nodeid, || {
-                sys::open_by_handle(mount, handle, libc::O_PATH | libc::O_NOFOLLOW)
-            }),
+            HostRef::Fd(fd) => Ok(PathFd::Kept(fd)),
+            HostRef::Handle { handle, mount } => self
+                .fds
+                .get_or_open(inode.nodeid, || {
+                    sys::open_by_handle(mount, handle, libc::O_PATH | libc::O_NOFOLLOW)
+                })
+                .map(PathFd::Cached),
         }
     }
 
@@ -378,9 +386,11 @@ impl PassthroughFs {
         self.negotiated().is_some_and(|n| n.killpriv_v2)
     }
 
-    fn attr(st: &libc::stat) -> abi::Attr {
+    /// The attributes of `inode` from its host stat `st`, with the inode number it is shown
+    /// under (see [`inode::shown_ino`]).
+    fn attr(inode: &Inode, st: &libc::stat) -> abi::Attr {
         abi::Attr {
-            ino: st.st_ino,
+            ino: inode::shown_ino(inode.dev_tag, st.st_ino),
             size: st.st_size as u64,
             blocks: st.st_blocks as u64,
             atime: st.st_atime as u64,
@@ -429,21 +439,21 @@ impl PassthroughFs {
             attr_valid: secs,
             attr_valid_nsec: nsecs,
             dummy: 0,
-            attr: Self::attr(st),
+            attr: Self::attr(inode, st),
         }
     }
 
-    fn entry_out(&self, nodeid: u64, st: &libc::stat) -> abi::EntryOut {
+    fn entry_out(&self, inode: &Inode, st: &libc::stat) -> abi::EntryOut {
         let (entry_secs, entry_nsecs) = split(self.opts.entry_timeout);
         let (attr_secs, attr_nsecs) = split(self.opts.attr_timeout);
         abi::EntryOut {
-            nodeid,
+            nodeid: inode.nodeid,
             generation: 0,
             entry_valid: entry_secs,
             attr_valid: attr_secs,
             entry_valid_nsec: entry_nsecs,
             attr_valid_nsec: attr_nsecs,
-            attr: Self::attr(st),
+            attr: Self::attr(inode, st),
         }
     }
 
@@ -499,8 +509,19 @@ impl PassthroughFs {
                 Found::Open(fd) => sys::reopen(fd, libc::O_PATH)?,
             })),
         };
+        let dev_tag = self
+            .devices
+            .tag_for(key.dev, key.ino, parent.key.dev, parent.dev_tag);
         let (inode, new) = self.inodes.remember(key, host, |nodeid, host| {
-            Inode::new(nodeid, key, kind, mount_id, host, st.st_size as u64)
+            Inode::new(
+                nodeid,
+                key,
+                dev_tag,
+                kind,
+                mount_id,
+                host,
+                st.st_size as u64,
+            )
         });
         if !new && inode.is_regular() {
             inode.gate.set_size(st.st_size as u64);
@@ -547,7 +568,7 @@ impl PassthroughFs {
         if inode.is_symlink() {
             inode.set_link_name(parent.clone(), name.to_owned());
         }
-        let mut entry = self.entry_out(inode.nodeid, &st);
+        let mut entry = self.entry_out(&inode, &st);
         if inode.is_regular() && self.volatile_attrs(&inode, &st) {
             (entry.attr_valid, entry.attr_valid_nsec) = (0, 0);
         }
@@ -559,6 +580,24 @@ impl PassthroughFs {
     fn unregister(&self, nodeid: u64) {
         if self.inodes.forget(nodeid, 1) {
             self.fds.remove(nodeid);
+        }
+    }
+}
+
+/// An inode's O_PATH fd for one request: the inode's own, or the fd cache's (which stays
+/// open while the request holds it, even if the cache evicts it meanwhile).
+enum PathFd<'a> {
+    Kept(&'a OwnedFd),
+    Cached(Arc<OwnedFd>),
+}
+
+impl std::ops::Deref for PathFd<'_> {
+    type Target = OwnedFd;
+
+    fn deref(&self) -> &OwnedFd {
+        match self {
+            PathFd::Kept(fd) => fd,
+            PathFd::Cached(fd) => fd,
         }
     }
 }
@@ -692,7 +731,7 @@ impl Filesystem for PassthroughFs {
         let fds = self.fds.counts();
         let c = &self.counters;
         [
-            ("getxattr", Counters::get(&c.getxattr)),
+            ("getxattr", c.getxattr.get()),
             ("inodes", self.inodes.live()),
             ("fd_cache_fds", fds.cached),
             ("fd_cache_hits", fds.hits),
@@ -942,7 +981,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {
-        Counters::bump(&self.counters.getxattr);
+        self.counters.getxattr.bump();
         tracing::trace!(ino, ?name, size, "getxattr");
         self.do_getxattr(ino, name, size, reply)
     }

@@ -4,6 +4,7 @@ mod apps;
 mod dd;
 mod engine;
 mod files;
+mod hotpath;
 mod passthrough;
 mod queues;
 mod seek;
@@ -35,10 +36,16 @@ fn plan(suite: Suite, ctx: &Ctx) -> SuitePlan {
         Suite::Untar => files::plan_untar(ctx),
         Suite::Dd => dd::plan(ctx),
         Suite::Apps => apps::plan(ctx),
+        Suite::Hotpath => hotpath::plan(ctx),
     };
     let uses_fio = matches!(
         suite,
-        Suite::Engine | Suite::Ssf | Suite::Queues | Suite::Passthrough | Suite::Transport
+        Suite::Engine
+            | Suite::Ssf
+            | Suite::Queues
+            | Suite::Passthrough
+            | Suite::Transport
+            | Suite::Hotpath
     );
     if uses_fio && let Err(why) = &ctx.fio {
         p.result.skip(format!("every row: {why}"));
@@ -70,6 +77,7 @@ pub fn run(suite: Suite, ctx: &mut Ctx) -> Result<SuiteResult, Stop> {
         Suite::Seek => seek::aims(&mut result),
         Suite::Passthrough => passthrough::aims(&mut result),
         Suite::Transport => transport::aims(&mut result),
+        Suite::Hotpath => hotpath::aims(&mut result),
         Suite::Create | Suite::Untar => files::aims(&mut result),
         Suite::Ssf => ssf::aims(&mut result),
         Suite::Dd => dd::aims(&mut result),
