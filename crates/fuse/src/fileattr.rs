@@ -1,7 +1,8 @@
 //! The file-attribute ioctls the kernel forwards as FUSE_IOCTL (fs/fuse/ioctl.c,
 //! `fuse_fileattr_get/set`), and the flags they carry: what `lsattr` shows and `chattr` sets.
-//! Only the 64-bit numbers arrive: the kernel's fileattr layer speaks FS_IOC_GETFLAGS /
-//! SETFLAGS and FS_IOC_FSGETXATTR / FSSETXATTR to the server whatever the caller used.
+//! The kernel's fileattr layer checks and forwards these four numbers; the 32-bit
+//! FS_IOC32_GETFLAGS/SETFLAGS are translated for 32-bit callers only, so a 64-bit caller's
+//! reach a server raw and unchecked, and servers answer them ENOTTY.
 
 /// _IOR('f', 1, long) and _IOW('f', 2, long); the value is an int either way.
 pub const FS_IOC_GETFLAGS: u32 = 0x8008_6601;

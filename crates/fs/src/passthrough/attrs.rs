@@ -162,7 +162,7 @@ impl PassthroughFs {
                 && mode & libc::S_IFMT != libc::S_IFDIR
                 && mode & libc::S_ISGID != 0
                 && mode & libc::S_IXGRP == 0
-                && !super::creds::caller_in_group(req.pid, req.gid, before.st_gid)
+                && !lanefs_fuse::caller::in_group(req.pid, req.gid, before.st_gid)
             {
                 sys::chmod(path, true, mode & 0o7777 & !libc::S_ISGID)?;
             }

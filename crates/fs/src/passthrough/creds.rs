@@ -104,21 +104,6 @@ impl Credentials {
     }
 }
 
-/// Whether the process `pid` (primary group `gid`) is in `group`: its primary group or one
-/// of its supplementary groups (from /proc; false when it cannot be read).
-pub fn caller_in_group(pid: u32, gid: u32, group: u32) -> bool {
-    if gid == group {
-        return true;
-    }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("Groups:"))
-        .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(group)))
-}
-
 /// Most supplementary groups taken from /proc (the kernel's NGROUPS_MAX).
 const GROUPS_MAX: usize = 65536;
 

@@ -8,7 +8,6 @@ use lanefs_fuse::abi::{self, fopen};
 use lanefs_fuse::{Reply, Request};
 
 use super::counters::Counters;
-use super::creds;
 use super::handle::OpenFile;
 use super::inode::{Backing, Inode};
 use super::sys::{self, SysResult};
@@ -105,7 +104,7 @@ impl PassthroughFs {
         let mode = before.st_mode;
         let group_bit_only_locks = mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP == 0;
         let keeps_group_bit =
-            group_bit_only_locks && creds::caller_in_group(req.pid, req.gid, before.st_gid);
+            group_bit_only_locks && lanefs_fuse::caller::in_group(req.pid, req.gid, before.st_gid);
         let loses_something =
             mode & libc::S_ISUID != 0 || (mode & libc::S_ISGID != 0 && !keeps_group_bit);
         // Nothing to strip (the common write of a non-root caller, or a group member's write

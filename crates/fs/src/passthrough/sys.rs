@@ -586,14 +586,9 @@ pub fn removexattr(target: &XattrTarget<'_>, name: &CStr) -> SysResult<()> {
     .map(drop)
 }
 
-/// _IOR('f', 1, long) and _IOW('f', 2, long); the kernel passes an int either way.
-pub const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
-pub const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
-/// _IOR('X', 31, struct fsxattr) and _IOW('X', 32, struct fsxattr).
-pub const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
-pub const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
-/// struct fsxattr: fsx_xflags, fsx_extsize, fsx_nextents, fsx_projid, fsx_cowextsize, pad.
-pub const FSXATTR_BYTES: usize = 28;
+pub use lanefs_fuse::fileattr::{
+    FS_IOC_FSGETXATTR, FS_IOC_FSSETXATTR, FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FSXATTR_BYTES,
+};
 
 /// FS_IOC_GETFLAGS (the kernel's and chattr's int, whatever the ioctl's encoded size).
 pub fn get_flags(fd: &OwnedFd) -> SysResult<u32> {
