@@ -291,30 +291,27 @@ fn creates_with_groups(view: &Path, host: &Path) -> String {
         ("member in group-only dir", &[GROUP], "grp/f"),
     ];
     for (what, groups, rel) in cases {
-        let path = c(&view.join(rel));
-        let kind = what.rsplit(' ').next().unwrap_or_default();
-        let got = as_user(NOBODY, NOBODY, groups, move || match kind {
-            // SAFETY: path is NUL-terminated.
-            "dir" => unsafe {
-                if libc::mkdir(path.as_ptr(), 0o2775) == 0 {
-                    0
-                } else {
-                    errno()
-                }
-            },
-            // SAFETY: path is NUL-terminated.
-            "fifo" => unsafe {
-                if libc::mknod(path.as_ptr(), libc::S_IFIFO | 0o2775, 0) == 0 {
-                    0
-                } else {
-                    errno()
-                }
-            },
-            _ => try_open(&path, libc::O_CREAT | libc::O_WRONLY, 0o2775),
-        });
+        let got = create_as(NOBODY, groups, &view.join(rel), what, 0o2775);
         out += &format!("{what}: {} {}\n", errno_name(got), mode_of(&host.join(rel)));
     }
     out
+}
+
+/// As `uid` (its own gid) with supplementary `groups`, makes `path`: a directory if `what`
+/// ends in "dir" (mode `mode`, without the file type), a FIFO if in "fifo", else a file by
+/// open(O_CREAT); the errno, 0 on success.
+fn create_as(uid: u32, groups: &[u32], path: &Path, what: &str, mode: u32) -> i32 {
+    let path = c(path);
+    let kind = what.rsplit(' ').next().unwrap_or_default().to_owned();
+    as_user(uid, uid, groups, move || {
+        // SAFETY: path is NUL-terminated.
+        let rc = match kind.as_str() {
+            "dir" => unsafe { libc::mkdir(path.as_ptr(), mode & 0o7777) },
+            "fifo" => unsafe { libc::mknod(path.as_ptr(), libc::S_IFIFO | (mode & 0o7777), 0) },
+            _ => return try_open(&path, libc::O_CREAT | libc::O_WRONLY, mode),
+        };
+        if rc == 0 { 0 } else { errno() }
+    })
 }
 
 /// A caller in a set-group-ID directory's group only as a supplementary group keeps the
@@ -365,27 +362,7 @@ fn creates_under_an_acl(view: &Path, host: &Path) -> String {
         ("named user file", 65533, &[], "acl/u"),
     ];
     for (what, uid, groups, rel) in cases {
-        let path = c(&view.join(rel));
-        let kind = what.rsplit(' ').next().unwrap_or_default();
-        let got = as_user(uid, uid, groups, move || match kind {
-            // SAFETY: path is NUL-terminated.
-            "dir" => unsafe {
-                if libc::mkdir(path.as_ptr(), 0o755) == 0 {
-                    0
-                } else {
-                    errno()
-                }
-            },
-            // SAFETY: path is NUL-terminated.
-            "fifo" => unsafe {
-                if libc::mknod(path.as_ptr(), libc::S_IFIFO | 0o644, 0) == 0 {
-                    0
-                } else {
-                    errno()
-                }
-            },
-            _ => try_open(&path, libc::O_CREAT | libc::O_WRONLY, 0o644),
-        });
+        let got = create_as(uid, groups, &view.join(rel), what, 0o644);
         out += &format!("{what}: {} {}\n", errno_name(got), mode_of(&host.join(rel)));
     }
     out

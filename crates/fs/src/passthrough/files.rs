@@ -263,10 +263,9 @@ impl PassthroughFs {
     /// Tells the kernel to refetch the attributes of `nodeid`.
     pub(super) fn invalidate_attrs(&self, nodeid: u64) {
         if let Some(n) = self.negotiated()
-            && let Err(e) = sys::notify_inval_attrs(n.session_fd, nodeid)
-            && e != libc::ENOENT
+            && let Err(e) = lanefs_fuse::notify::inval_inode_attrs(n.session_fd, nodeid)
         {
-            tracing::warn!(nodeid, errno = e, "invalidating cached attributes failed");
+            tracing::warn!(nodeid, "invalidating cached attributes failed: {e}");
         }
     }
 

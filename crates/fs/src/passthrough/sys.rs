@@ -636,28 +636,6 @@ pub fn backing_open(session_fd: RawFd, fd: &OwnedFd) -> SysResult<i32> {
     })
 }
 
-/// FUSE_NOTIFY_INVAL_INODE for the attributes of `nodeid` only (offset -1): the kernel
-/// fetches them again on next use.
-pub fn notify_inval_attrs(session_fd: RawFd, nodeid: u64) -> SysResult<()> {
-    use lanefs_fuse::abi::{NotifyInvalInodeOut, OutHeader, notify};
-    use zerocopy::IntoBytes;
-    let body = NotifyInvalInodeOut {
-        ino: nodeid,
-        off: -1,
-        len: 0,
-    };
-    let header = OutHeader {
-        len: (size_of::<OutHeader>() + size_of::<NotifyInvalInodeOut>()) as u32,
-        error: notify::INVAL_INODE,
-        unique: 0,
-    };
-    let mut message = [0u8; size_of::<OutHeader>() + size_of::<NotifyInvalInodeOut>()];
-    message[..size_of::<OutHeader>()].copy_from_slice(header.as_bytes());
-    message[size_of::<OutHeader>()..].copy_from_slice(body.as_bytes());
-    // SAFETY: message has message.len() readable bytes.
-    check_size(unsafe { libc::write(session_fd, message.as_ptr().cast(), message.len()) }).map(drop)
-}
-
 /// FUSE_DEV_IOC_BACKING_CLOSE.
 pub fn backing_close(session_fd: RawFd, backing_id: i32) -> SysResult<()> {
     // SAFETY: the ioctl reads one u32 from the pointer.
