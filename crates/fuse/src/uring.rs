@@ -947,6 +947,7 @@ pub fn serve_ring<F: Filesystem>(
     let mut topped_up = config.online;
     let mut completions: Vec<Cqe> = Vec::with_capacity(depth + 1);
     let mut answered: Vec<u16> = Vec::with_capacity(depth);
+    let mut poll = PollBudget::new(config.poll);
 
     let result = (|| -> io::Result<()> {
         for _ in 0..first_entries {
@@ -957,7 +958,7 @@ pub fn serve_ring<F: Filesystem>(
         arm_wake(&mut ring, &mut wake_word)?;
         wake_pending = true;
         loop {
-            submit_and_await(&mut ring, config.poll)?;
+            submit_and_await(&mut ring, &mut poll)?;
             completions.clear();
             ring.reap(&mut completions);
             if !completions.is_empty() {
@@ -1171,22 +1172,68 @@ fn is_transient(e: &io::Error) -> bool {
     )
 }
 
+/// A ring worker's polling window, adapted to what polling buys (issue 12: an idle or
+/// oversubscribed machine must not pay for it). The worker polls for up to `max` only while
+/// polling pays: a poll that runs out turns it off, and it comes back when a sleep ends
+/// within `max` (a poll would have caught that request). A steady stream of round trips
+/// keeps it on; an idle mount pays one window after its last request, then nothing; a busy
+/// machine, whose requests wait for a CPU longer than the window, stops polling after one
+/// miss. The worker's own state: nothing shared, no atomics.
+#[derive(Debug)]
+struct PollBudget {
+    /// `--poll-us`; zero turns polling (and the timing of sleeps) off.
+    max: Duration,
+    /// The window of the next wait: `max` or zero.
+    next: Duration,
+}
+
+impl PollBudget {
+    fn new(max: Duration) -> PollBudget {
+        PollBudget { max, next: max }
+    }
+
+    /// A completion came while polling: poll again next time.
+    fn caught(&mut self) {
+        self.next = self.max;
+    }
+
+    /// The window ran out with nothing: sleep at once next time.
+    fn missed(&mut self) {
+        self.next = Duration::ZERO;
+    }
+
+    /// A sleep ended after `slept`: within the window, polling would have caught it.
+    fn slept(&mut self, slept: Duration) {
+        if slept < self.max {
+            self.next = self.max;
+        }
+    }
+}
+
 /// Submits what the last batch queued (commits, registrations, the wake read) and returns
-/// once a completion is ready: first polling for up to `poll`, yielding the CPU between looks,
-/// then sleeping in the kernel.
-fn submit_and_await(ring: &mut Ring, poll: Duration) -> io::Result<()> {
-    if !poll.is_zero() {
+/// once a completion is ready: first polling for `poll`'s window, yielding the CPU between
+/// looks, then sleeping in the kernel.
+fn submit_and_await(ring: &mut Ring, poll: &mut PollBudget) -> io::Result<()> {
+    if !poll.next.is_zero() {
         enter(ring, 0)?;
         let since = Instant::now();
-        while !ring.has_completions() && since.elapsed() < poll {
+        while !ring.has_completions() && since.elapsed() < poll.next {
             // SAFETY: sched_yield has no preconditions.
             unsafe { libc::sched_yield() };
         }
         if ring.has_completions() {
+            poll.caught();
             return Ok(());
         }
+        poll.missed();
     }
-    enter(ring, 1)
+    if poll.max.is_zero() {
+        return enter(ring, 1);
+    }
+    let since = Instant::now();
+    enter(ring, 1)?;
+    poll.slept(since.elapsed());
+    Ok(())
 }
 
 /// Whether this process may create an io_uring at all: enabling FUSE over io_uring does not
@@ -1299,6 +1346,27 @@ fn recycle_with_eio(commit_id: u64, i: usize, opcode: u32, queue: &Arc<QueueHand
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn polling_stops_after_a_miss_and_resumes_when_a_sleep_was_short() {
+        let max = Duration::from_micros(50);
+        let mut poll = PollBudget::new(max);
+        assert_eq!(poll.next, max, "a new worker polls");
+        poll.missed();
+        assert!(poll.next.is_zero(), "an empty window turns polling off");
+        poll.slept(Duration::from_millis(5));
+        assert!(
+            poll.next.is_zero(),
+            "a long sleep: polling would not have helped"
+        );
+        poll.slept(Duration::from_micros(20));
+        assert_eq!(poll.next, max, "a short sleep: a poll would have caught it");
+        poll.caught();
+        assert_eq!(poll.next, max);
+        let mut off = PollBudget::new(Duration::ZERO);
+        off.slept(Duration::ZERO);
+        assert!(off.next.is_zero(), "--poll-us 0 never polls");
+    }
 
     fn conn(max_write: u32, flags: u64) -> Connection {
         Connection {
