@@ -67,7 +67,8 @@ pub const DEFAULT_QUEUE_DEPTH: usize = 4;
 /// buffered writes 95k (/dev/fuse: 86k and 44k). Unlike the /dev/fuse poller, which every
 /// queue's request wakes, a ring's poller sits on its callers' CPU and yields to them; with
 /// seed 002's oversubscribed seek load it raised seeks (passthrough, 4 readers: 6.2k/s to
-/// 14.0k/s) instead of starving the callers.
+/// 14.0k/s) instead of starving the callers. The window is a ceiling: `PollBudget` polls
+/// only while polling catches requests.
 pub const DEFAULT_RING_POLL: Duration = Duration::from_micros(50);
 /// The most entries a ring may have (the kernel has no limit; memory does).
 pub const MAX_QUEUE_DEPTH: usize = 128;
