@@ -65,7 +65,8 @@ impl Default for VolumeOptions {
 
 /// Open inodes: ino → state. Each mutex protects one shard's map and the `opens` counts of
 /// its states; held for a map operation only. Leaf locks (the store's committer takes one
-/// inside `is_open`, holding nothing else of ours).
+/// inside `is_open`, holding the committer's mutex and, when a flush or truncate commits on
+/// its own thread, that file's `flushing` mutex and gate).
 struct OpenTable {
     shards: Vec<Mutex<HashMap<u64, Arc<FileState>>>>,
 }
