@@ -486,6 +486,56 @@ fn small_files_write_no_object() {
     volume.assert_clean();
 }
 
+/// Changes are committed by whichever caller finds the committer free, or by the writer
+/// thread when one is busy: creates, writes and unlinks racing from many threads must all
+/// land (none left in the queue, none answered twice), here and after a remount.
+#[test]
+fn concurrent_creates_from_many_threads_all_land() {
+    const THREADS: usize = 8;
+    const FILES: usize = 300;
+    let volume = Volume::format("combine");
+    let m = volume.mount(&[]);
+    let dir = m.path("d");
+    std::fs::create_dir(&dir).unwrap();
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                for i in 0..FILES {
+                    let n = t * FILES + i;
+                    std::fs::write(dir.join(format!("f{n}")), content(n, 100)).unwrap();
+                    if i.is_multiple_of(3) {
+                        std::fs::remove_file(dir.join(format!("f{n}"))).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let check = |dir: &Path| {
+        let mut names = 0;
+        for n in 0..THREADS * FILES {
+            let path = dir.join(format!("f{n}"));
+            if (n % FILES).is_multiple_of(3) {
+                assert!(!path.exists(), "{n} was unlinked");
+            } else {
+                assert_eq!(std::fs::read(&path).unwrap(), content(n, 100), "file {n}");
+                names += 1;
+            }
+        }
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), names);
+    };
+    check(&dir);
+    m.unmount();
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    check(&m.path("d"));
+    m.unmount();
+    volume.assert_clean();
+}
+
 #[test]
 fn parallel_direct_writes_to_one_file_land() {
     let volume = Volume::format("pwrite");

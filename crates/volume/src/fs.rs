@@ -65,7 +65,8 @@ impl Default for VolumeOptions {
 
 /// Open inodes: ino → state. Each mutex protects one shard's map and the `opens` counts of
 /// its states; held for a map operation only. Leaf locks (the store's committer takes one
-/// inside `is_open`, holding nothing else of ours).
+/// inside `is_open`, holding the committer's mutex and, when a flush or truncate commits on
+/// its own thread, that file's `flushing` mutex and gate).
 struct OpenTable {
     shards: Vec<Mutex<HashMap<u64, Arc<FileState>>>>,
 }
@@ -423,6 +424,23 @@ impl VolumeFs {
                 Err(e)
             }
         }
+    }
+
+    /// Opens an inode this request has just created, without reading it back from the store:
+    /// its content is the create's own record (empty, no chunks). Nothing can have written it
+    /// in between: its number is new, and its name is reachable only once the kernel has our
+    /// answer (an O_CREAT open holds the parent's lock exclusively until then). Saves a read
+    /// transaction (three statements) per create.
+    fn open_created(&self, rec: &InodeRec) -> Result<Arc<FileState>, Errno> {
+        let state = self.open.open(rec.ino);
+        state.load(|| {
+            Ok(FileRec {
+                attr: rec.clone(),
+                inline: None,
+                chunks: Vec::new(),
+            })
+        })?;
+        Ok(state)
     }
 
     fn open_flags(&self, flags: u32) -> u32 {
@@ -982,10 +1000,13 @@ impl Filesystem for VolumeFs {
         };
         let exclusive = arg.flags as i32 & libc::O_EXCL != 0;
         let created = wait(|done| self.store.create(node, done));
+        // Whether this request made the inode (then its content is known: empty).
+        let mut fresh = true;
         let rec = match created {
             Ok(rec) => rec,
             // Created by someone else since the kernel's lookup: open it, as open(2) would.
             Err(libc::EEXIST) if !exclusive => {
+                fresh = false;
                 match self.store.lookup(req.queue, parent, name.as_bytes()) {
                     Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
                     Ok(rec) => rec,
@@ -997,7 +1018,12 @@ impl Filesystem for VolumeFs {
         if let Err(e) = self.fileattrs.may_open(rec.ino, arg.flags) {
             return reply.error(e);
         }
-        match self.open_state(req, rec.ino) {
+        let opened = if fresh {
+            self.open_created(&rec)
+        } else {
+            self.open_state(req, rec.ino)
+        };
+        match opened {
             Ok(_) => reply.create(&self.entry_out(&rec), &self.open_out(&rec, arg.flags)),
             Err(e) => reply.error(e),
         }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -501,8 +501,15 @@ pub struct SqliteStore {
     /// Read connections. Each mutex protects one connection (rusqlite's are not Sync); a
     /// queue takes its own (`queue % READ_CONNECTIONS`) or any idle one. Leaf locks.
     readers: Vec<Mutex<Connection>>,
-    /// To the writer thread. `Sender` is Sync: every queue sends without a lock of ours.
+    /// The queue of changes. `Sender` is Sync: every queue sends without a lock of ours.
     jobs: Sender<Msg>,
+    /// The writing side (see [`Committer`]); whoever holds the mutex commits what is queued.
+    /// Held for the batches of one drain. Taken after anything a caller of `submit` holds
+    /// (a file's `flushing` mutex and write gate); inside it only the open table's shard
+    /// locks (`is_open`), which are leaves.
+    committer: Arc<Mutex<Committer>>,
+    /// Wakes the writer thread when a change was queued while the committer was busy.
+    wake: Sender<()>,
     /// The writer thread, joined by `close`. Taken once.
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Stops and joins the checkpointer; taken once, by `close`.
@@ -584,13 +591,24 @@ impl SqliteStore {
             })
             .map_err(|_| rusqlite::Error::InvalidQuery)?;
         let (jobs, rx) = channel();
-        let writer = std::thread::Builder::new()
-            .name("lanefs-commit".into())
-            .spawn(move || run_writer(w, rx))
-            .map_err(|_| rusqlite::Error::InvalidQuery)?;
+        let committer = Arc::new(Mutex::new(Committer {
+            w: Some(w),
+            rx,
+            closed: false,
+        }));
+        let (wake, wake_rx) = channel();
+        let writer = {
+            let committer = committer.clone();
+            std::thread::Builder::new()
+                .name("lanefs-commit".into())
+                .spawn(move || run_writer(committer, wake_rx))
+                .map_err(|_| rusqlite::Error::InvalidQuery)?
+        };
         Ok(SqliteStore {
             readers,
             jobs,
+            committer,
+            wake,
             writer: Mutex::new(Some(writer)),
             checkpointer: Mutex::new(Some((stop_checkpoints, checkpointer))),
             session: session as u64,
@@ -625,35 +643,76 @@ impl SqliteStore {
         if let Err(std::sync::mpsc::SendError(Msg::Job(job))) = self.jobs.send(Msg::Job(job)) {
             // The writer is gone (unmounted): nothing can be committed.
             job.finish(Err(libc::EIO));
+            return;
+        }
+        // Commit on this thread when nobody is committing: a lone change (a create in a
+        // shell loop) then costs no thread hand-off there and back, the largest part of its
+        // latency on a busy 2-CPU machine. When the committer is busy, its holder or the
+        // writer thread takes the change with the next batch (group commit as before).
+        match self.committer.try_lock() {
+            Ok(mut c) => c.drain(),
+            Err(TryLockError::Poisoned(p)) => p.into_inner().drain(),
+            Err(TryLockError::WouldBlock) => {
+                let _ = self.wake.send(());
+            }
         }
     }
 }
 
-/// The writer thread: takes what is queued, commits it as one transaction, answers.
-fn run_writer(mut w: Writer, rx: Receiver<Msg>) {
-    let mut closing = false;
-    while !closing {
-        let Ok(first) = rx.recv() else { break };
-        let mut batch: Vec<Box<dyn Job>> = Vec::new();
-        let mut push = |msg: Msg, batch: &mut Vec<Box<dyn Job>>| match msg {
-            Msg::Job(job) => batch.push(job),
-            Msg::Close => closing = true,
-        };
-        push(first, &mut batch);
-        while batch.len() < BATCH_OPS_MAX {
-            match rx.try_recv() {
-                Ok(msg) => push(msg, &mut batch),
-                Err(_) => break,
+/// The writer's connection and the receiving end of the queue of changes. A caller of
+/// `submit` that finds it free drains the queue itself; otherwise the writer thread is woken
+/// and drains it once the holder lets go. Every queued change is thus committed: the one who
+/// queued it either drains or wakes the thread, which drains after the current holder.
+struct Committer {
+    /// None once the session ended: `close` drops the connection there, so the database is
+    /// closed before the volume's lock is let go.
+    w: Option<Writer>,
+    rx: Receiver<Msg>,
+    /// The session ended (`close`): every change queued from now on is answered EIO.
+    closed: bool,
+}
+
+impl Committer {
+    /// Commits what is queued, in batches of up to `BATCH_OPS_MAX` changes, until the queue
+    /// is empty.
+    fn drain(&mut self) {
+        loop {
+            let mut batch: Vec<Box<dyn Job>> = Vec::new();
+            while batch.len() < BATCH_OPS_MAX {
+                match self.rx.try_recv() {
+                    Ok(Msg::Job(job)) if self.closed || self.w.is_none() => {
+                        job.finish(Err(libc::EIO))
+                    }
+                    Ok(Msg::Job(job)) => batch.push(job),
+                    Ok(Msg::Close) => self.closed = true,
+                    Err(_) => break,
+                }
+            }
+            match &mut self.w {
+                Some(w) if !batch.is_empty() => commit_batch(w, batch),
+                _ => return,
             }
         }
-        if !batch.is_empty() {
-            commit_batch(&mut w, batch);
+    }
+}
+
+/// The writer thread: drains the queue whenever a change was queued while the committer was
+/// busy, and ends the session once `close` queued its message.
+fn run_writer(committer: Arc<Mutex<Committer>>, wake: Receiver<()>) {
+    while wake.recv().is_ok() {
+        let mut c = committer.lock().unwrap_or_else(|e| e.into_inner());
+        c.drain();
+        if c.closed {
+            if let Some(mut w) = c.w.take() {
+                end_session(&mut w);
+            }
+            return;
         }
     }
-    // Unmounted: answer what is left, end the session.
-    while let Ok(Msg::Job(job)) = rx.try_recv() {
-        job.finish(Err(libc::EIO));
-    }
+}
+
+/// Unmounted: ends the session and folds the WAL into the database.
+fn end_session(w: &mut Writer) {
     let session = w.session as i64;
     let end = w.conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| {
         w.conn
@@ -1314,6 +1373,7 @@ impl MetaStore for SqliteStore {
             let _ = handle.join();
         }
         let _ = self.jobs.send(Msg::Close);
+        let _ = self.wake.send(());
         let handle = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(handle) = handle {
             let _ = handle.join();
