@@ -649,12 +649,16 @@ impl SqliteStore {
         // shell loop) then costs no thread hand-off there and back, the largest part of its
         // latency on a busy 2-CPU machine. When the committer is busy, its holder or the
         // writer thread takes the change with the next batch (group commit as before).
-        match self.committer.try_lock() {
-            Ok(mut c) => c.drain(),
-            Err(TryLockError::Poisoned(p)) => p.into_inner().drain(),
-            Err(TryLockError::WouldBlock) => {
-                let _ = self.wake.send(());
-            }
+        // The caller commits one batch at most, so a queue's worker never stays away from
+        // its queue for long however busy the other queues keep the committer: a full batch
+        // may have left changes behind, which the writer thread then takes.
+        let more = match self.committer.try_lock() {
+            Ok(mut c) => c.drain(Some(1)),
+            Err(TryLockError::Poisoned(p)) => p.into_inner().drain(Some(1)),
+            Err(TryLockError::WouldBlock) => true,
+        };
+        if more {
+            let _ = self.wake.send(());
         }
     }
 }
@@ -674,9 +678,14 @@ struct Committer {
 
 impl Committer {
     /// Commits what is queued, in batches of up to `BATCH_OPS_MAX` changes, until the queue
-    /// is empty.
-    fn drain(&mut self) {
+    /// is empty or `batches` batches were committed; whether changes may be left (the last
+    /// batch was full).
+    fn drain(&mut self, batches: Option<usize>) -> bool {
+        let mut committed = 0;
         loop {
+            if batches.is_some_and(|most| committed >= most) {
+                return true;
+            }
             let mut batch: Vec<Box<dyn Job>> = Vec::new();
             while batch.len() < BATCH_OPS_MAX {
                 match self.rx.try_recv() {
@@ -688,9 +697,14 @@ impl Committer {
                     Err(_) => break,
                 }
             }
+            let full = batch.len() == BATCH_OPS_MAX;
             match &mut self.w {
                 Some(w) if !batch.is_empty() => commit_batch(w, batch),
-                _ => return,
+                _ => return false,
+            }
+            committed += 1;
+            if !full {
+                return false;
             }
         }
     }
@@ -701,7 +715,7 @@ impl Committer {
 fn run_writer(committer: Arc<Mutex<Committer>>, wake: Receiver<()>) {
     while wake.recv().is_ok() {
         let mut c = committer.lock().unwrap_or_else(|e| e.into_inner());
-        c.drain();
+        c.drain(None);
         if c.closed {
             if let Some(mut w) = c.w.take() {
                 end_session(&mut w);
