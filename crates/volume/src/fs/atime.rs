@@ -154,19 +154,7 @@ impl VolumeFs {
         if !moves {
             return reply.data(&bytes);
         }
-        self.store.touch_atime(
-            ino,
-            now,
-            Box::new(move |r| {
-                if let Err(e) = r {
-                    tracing::warn!(
-                        "volume: moving the atime of inode {ino}: {}",
-                        std::io::Error::from_raw_os_error(e)
-                    );
-                }
-                reply.data(&bytes)
-            }),
-        )
+        self.touch_then_reply(ino, now, bytes, reply);
     }
 
     /// Answers a READDIR with `bytes`; when it took the listing of directory `rec`, first
@@ -176,15 +164,19 @@ impl VolumeFs {
         let Some(rec) = rec.filter(|rec| self.atime_moves(rec, now)) else {
             return reply.data(bytes);
         };
-        let ino = rec.ino;
-        let bytes = bytes.to_vec();
+        self.touch_then_reply(rec.ino, now, bytes.to_vec(), reply);
+    }
+
+    /// Commits `ino`'s atime `now`, then answers with `bytes` (a failed commit is logged:
+    /// the read itself succeeded).
+    fn touch_then_reply(&self, ino: u64, now: i64, bytes: Vec<u8>, reply: Reply) {
         self.store.touch_atime(
             ino,
             now,
             Box::new(move |r| {
                 if let Err(e) = r {
                     tracing::warn!(
-                        "volume: moving the atime of directory {ino}: {}",
+                        "volume: moving the atime of inode {ino}: {}",
                         std::io::Error::from_raw_os_error(e)
                     );
                 }
