@@ -73,6 +73,34 @@ fn fresh_lookup(dir: &Path, tag: &str) -> std::io::ErrorKind {
 
 /// Engine level: reads that null answers 4 s later, many more than a ring has entries, all
 /// from CPU 0. A lookup from CPU 0 must still be served at once.
+/// A passthrough (one queue) of a new source holding `leased` (and the `extra` files), with
+/// a read lease on the host's `leased` held by the returned file: an open for writing
+/// through the mount must wait for its break. SIGIO, which a break sends the holder, is
+/// ignored.
+fn mount_with_a_read_lease(tag: &str, extra: &[(&str, &[u8])]) -> (TempDir, Mount, File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setting a signal disposition.
+    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+    let src = TempDir::new(tag);
+    let host = src.path().join("leased");
+    std::fs::write(&host, b"data").unwrap();
+    for (name, bytes) in extra {
+        std::fs::write(src.path().join(name), bytes).unwrap();
+    }
+    let m = Mount::start(src.path().to_str().unwrap(), &["--queues", "1"]);
+    let lease_holder = File::open(&host).unwrap();
+    let take_lease = || {
+        // SAFETY: fcntl on an fd we hold.
+        unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) == 0 }
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), take_lease),
+        "cannot take a read lease: {}",
+        std::io::Error::last_os_error()
+    );
+    (src, m, lease_holder)
+}
+
 #[test]
 fn parked_reads_never_use_up_a_cpus_queue() {
     const PARKED: usize = 12;
@@ -352,23 +380,7 @@ fn sigterm_leaves_a_mount_stacked_on_ours_alone() {
 fn an_open_waiting_for_a_lease_break_holds_no_queue() {
     use std::os::fd::AsRawFd;
     let _serial = serial();
-    // A lease break signals the holder (SIGIO by default, which would kill us).
-    // SAFETY: setting a signal disposition.
-    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
-    let src = TempDir::new("liveness-lease");
-    let host = src.path().join("leased");
-    std::fs::write(&host, b"data").unwrap();
-    let m = Mount::start(src.path().to_str().unwrap(), &["--queues", "1"]);
-    let lease_holder = File::open(&host).unwrap();
-    let take_lease = || {
-        // SAFETY: fcntl on an fd we hold.
-        unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) == 0 }
-    };
-    assert!(
-        wait_until(Duration::from_secs(5), take_lease),
-        "cannot take a read lease: {}",
-        std::io::Error::last_os_error()
-    );
+    let (_src, m, lease_holder) = mount_with_a_read_lease("liveness-lease", &[]);
     let target = m.path("leased");
     let (opened_tx, opened) = mpsc::channel();
     std::thread::spawn(move || {
@@ -409,23 +421,8 @@ fn opens_waiting_for_a_lease_break_leave_the_offload_pool_free() {
     use std::os::fd::AsRawFd;
     const OPENS: usize = 6;
     let _serial = serial();
-    // SAFETY: setting a signal disposition (a lease break sends SIGIO to its holder).
-    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
-    let src = TempDir::new("liveness-lease-pool");
-    let host = src.path().join("leased");
-    std::fs::write(&host, b"data").unwrap();
-    std::fs::write(src.path().join("other"), vec![7u8; 1 << 20]).unwrap();
-    let m = Mount::start(src.path().to_str().unwrap(), &["--queues", "1"]);
-    let lease_holder = File::open(&host).unwrap();
-    let take_lease = || {
-        // SAFETY: fcntl on an fd we hold.
-        unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) == 0 }
-    };
-    assert!(
-        wait_until(Duration::from_secs(5), take_lease),
-        "cannot take a read lease: {}",
-        std::io::Error::last_os_error()
-    );
+    let (src, m, lease_holder) =
+        mount_with_a_read_lease("liveness-lease-pool", &[("other", &[7u8; 1 << 20])]);
     let (opened_tx, opened) = mpsc::channel();
     for _ in 0..OPENS {
         let (target, opened_tx) = (m.path("leased"), opened_tx.clone());
