@@ -874,21 +874,7 @@ fn dump_and_load_round_trip_is_identical() {
             .arg(m.path("tree/hard-f2")),
     );
     m.unmount();
-    let first = lanefs(&["dump", volume.source()]);
-    assert!(first.status.success(), "{}", stderr(&first));
-    let copy = volume.dir.path().join("copy.db");
-    let out = load(&copy, &first.stdout);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let second = lanefs(&["dump", copy.to_str().unwrap()]);
-    assert!(
-        first.stdout == second.stdout,
-        "the loaded volume dumps differently"
-    );
-    let copy_volume = Volume {
-        dir: TempDir::new("vol-dump-unused"),
-        db: copy.clone(),
-        data: volume.data.clone(),
-    };
+    let (copy_volume, dump) = dump_and_load(&volume, "vol-dump-unused");
     copy_volume.assert_clean();
     let m = copy_volume.mount(&[]);
     diff_r(&tree, &m.path("tree"));
@@ -900,7 +886,7 @@ fn dump_and_load_round_trip_is_identical() {
     assert_eq!(note, "kept");
     m.unmount();
     // Refused: an existing file, and input that is not a dump.
-    let out = load(&copy, &first.stdout);
+    let out = load(&copy_volume.db, &dump);
     assert!(stderr(&out).contains("exists"), "{}", stderr(&out));
     let out = load(&volume.dir.path().join("other.db"), b"{\"x\": 1}");
     assert!(
@@ -1026,21 +1012,7 @@ fn dump_and_load_keep_any_bytes_in_names_and_xattr_values() {
         );
     }
     m.unmount();
-    let first = lanefs(&["dump", volume.source()]);
-    assert!(first.status.success(), "{}", stderr(&first));
-    let copy = volume.dir.path().join("copy.db");
-    let out = load(&copy, &first.stdout);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let second = lanefs(&["dump", copy.to_str().unwrap()]);
-    assert!(
-        first.stdout == second.stdout,
-        "the loaded volume dumps differently"
-    );
-    let copy_volume = Volume {
-        dir: TempDir::new("vol-dump-bytes-unused"),
-        db: copy.clone(),
-        data: volume.data.clone(),
-    };
+    let (copy_volume, dump) = dump_and_load(&volume, "vol-dump-bytes-unused");
     let m = copy_volume.mount(&[]);
     for (i, name) in names.iter().enumerate() {
         let path = m.mountpoint.join(OsStr::from_bytes(name));
@@ -1060,7 +1032,7 @@ fn dump_and_load_keep_any_bytes_in_names_and_xattr_values() {
     m.unmount();
     // Hex that is not ASCII (a slice through a character panicked here) or not hex: refused
     // with a sentence.
-    let text = String::from_utf8(first.stdout).unwrap();
+    let text = String::from_utf8(dump).unwrap();
     for bad in ["aé0", "zz", "abc"] {
         let broken = text.replacen("{\"hex\":\"", &format!("{{\"hex\":\"{bad}"), 1);
         let db = volume.dir.path().join("bad.db");
@@ -1225,4 +1197,26 @@ fn fsync_after_close_puts_data_and_metadata_on_the_disk() {
     }
     m.unmount();
     volume.assert_clean();
+}
+
+/// Dumps `volume`, loads the dump into copy.db beside it and checks that the copy dumps the
+/// same; the copy, sharing `volume`'s data directory (`tag` names its unused temp dir), and
+/// the dump.
+fn dump_and_load(volume: &Volume, tag: &str) -> (Volume, Vec<u8>) {
+    let first = lanefs(&["dump", volume.source()]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let copy = volume.dir.path().join("copy.db");
+    let out = load(&copy, &first.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let second = lanefs(&["dump", copy.to_str().unwrap()]);
+    assert!(
+        first.stdout == second.stdout,
+        "the loaded volume dumps differently"
+    );
+    let copy = Volume {
+        dir: TempDir::new(tag),
+        db: copy,
+        data: volume.data.clone(),
+    };
+    (copy, first.stdout)
 }
