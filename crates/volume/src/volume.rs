@@ -293,9 +293,8 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
         ctime_ns: now,
         parent: ROOT_INO,
     };
-    sqlite::initialize(&conn, &settings, &root)
+    sqlite::initialize(conn, &settings, &root)
         .map_err(|e| format!("{shown}: writing the schema: {e}"))?;
-    drop(conn);
     let blocks = ObjectBlockStore::local(&data)
         .map_err(|e| format!("data directory {}: {e}", data.display()))?;
     blocks
