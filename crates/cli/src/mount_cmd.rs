@@ -22,7 +22,7 @@ const DAEMON_CHILD_ENV: &str = "LANEFS_DAEMON_CHILD";
 #[derive(Args, Debug)]
 pub struct MountArgs {
     /// `null:` for the null file system, a host directory to pass through, or a volume
-    /// (a file made by `lanefs format`).
+    /// made by `lanefs format` (an SQLite file, or a postgres://user@host:port/db URL).
     pub source: String,
     /// An existing empty directory to mount on (not already a FUSE mount).
     pub mountpoint: PathBuf,
@@ -286,8 +286,9 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
     if source == "null:" {
         return Ok(SourceFs::Null);
     }
-    if Path::new(source).is_file() {
-        if !lanefs_volume::volume::looks_like_volume(Path::new(source)) {
+    let pg = lanefs_volume::postgres::is_url(source);
+    if pg || Path::new(source).is_file() {
+        if !pg && !lanefs_volume::volume::looks_like_volume(Path::new(source)) {
             return Err(invalid(format!(
                 "{source} is a file but not a lanefs volume; SOURCE must be a directory (passthrough), `null:`, or a volume made by `lanefs format`"
             )));
@@ -304,8 +305,12 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
         if let Some(secs) = args.entry_timeout {
             options.entry_timeout = std::time::Duration::from_secs_f64(secs);
         }
-        let fs = lanefs_volume::volume::open_for_mount(Path::new(source), mountpoint, options)
-            .map_err(io::Error::other)?;
+        let fs = if pg {
+            lanefs_volume::volume::open_for_mount_postgres(source, mountpoint, options)
+        } else {
+            lanefs_volume::volume::open_for_mount(Path::new(source), mountpoint, options)
+        }
+        .map_err(io::Error::other)?;
         return Ok(SourceFs::Volume(Box::new(fs)));
     }
     PassthroughFs::new(passthrough_options(args)).map(SourceFs::Passthrough)
@@ -479,7 +484,9 @@ fn remount(args: &MountArgs) -> io::Result<()> {
 }
 
 fn is_volume_source(source: &str) -> bool {
-    Path::new(source).is_file() && lanefs_volume::volume::looks_like_volume(Path::new(source))
+    lanefs_volume::postgres::is_url(source)
+        || Path::new(source).is_file()
+            && lanefs_volume::volume::looks_like_volume(Path::new(source))
 }
 
 fn invalid(msg: impl Into<String>) -> io::Error {

@@ -49,6 +49,9 @@ pub struct VolumeOptions {
     /// The mount's atime flags at mount time (a remount changes them through
     /// [`VolumeFs::atime_switch`]).
     pub atime: Atime,
+    /// Other mounts share the volume (PostgreSQL): opens do not keep the page cache, so an
+    /// open sees what another mount wrote and closed (close-to-open).
+    pub shared: bool,
 }
 
 impl Default for VolumeOptions {
@@ -59,6 +62,7 @@ impl Default for VolumeOptions {
             capacity: None,
             parallel_writes: true,
             atime: Atime::default(),
+            shared: false,
         }
     }
 }
@@ -450,6 +454,8 @@ impl VolumeFs {
                 f |= fopen::PARALLEL_DIRECT_WRITES;
             }
             f
+        } else if self.options.shared {
+            0
         } else {
             fopen::KEEP_CACHE
         }

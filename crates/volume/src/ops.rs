@@ -76,7 +76,12 @@ pub fn initialize(
     }
     tx.execute(
         "INSERT INTO counters (name, value) VALUES (?, ?), (?, ?)",
-        &args![counter::NEXT_INODE, ROOT_INO + 1, counter::NEXT_SESSION, 1i64],
+        &args![
+            counter::NEXT_INODE,
+            ROOT_INO + 1,
+            counter::NEXT_SESSION,
+            1i64
+        ],
     )?;
     insert_inode(tx, root, None)
 }

@@ -120,7 +120,12 @@ fn password_for(config: &Config) -> Option<Vec<u8>> {
         Some(postgres::config::Host::Tcp(h)) => h.clone(),
         _ => "localhost".to_string(),
     };
-    let port = config.get_ports().first().copied().unwrap_or(5432).to_string();
+    let port = config
+        .get_ports()
+        .first()
+        .copied()
+        .unwrap_or(5432)
+        .to_string();
     let db = config.get_dbname().unwrap_or_default().to_string();
     let user = config.get_user().unwrap_or_default().to_string();
     text.lines()
@@ -360,11 +365,7 @@ impl Tx for PgConn {
         self.rows(sql, args)
     }
 
-    fn query_opt(
-        &mut self,
-        sql: &'static str,
-        args: &[Arg<'_>],
-    ) -> Result<Option<Row>, DbError> {
+    fn query_opt(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Option<Row>, DbError> {
         Ok(self.rows(sql, args)?.into_iter().next())
     }
 }

@@ -193,6 +193,5 @@ pub trait Tx {
     /// Runs a query; all its rows.
     fn query(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Vec<Row>, DbError>;
     /// Runs a query; its first row, if any.
-    fn query_opt(&mut self, sql: &'static str, args: &[Arg<'_>])
-    -> Result<Option<Row>, DbError>;
+    fn query_opt(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Option<Row>, DbError>;
 }

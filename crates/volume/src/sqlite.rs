@@ -77,7 +77,9 @@ pub fn initialize(
     root: &InodeRec,
 ) -> Result<(), String> {
     let mut conn = SqliteConn(conn);
-    conn.0.execute_batch("BEGIN IMMEDIATE").map_err(|e| e.to_string())?;
+    conn.0
+        .execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| e.to_string())?;
     let result = create_schema(&conn.0, root.ctime_ns)
         .map_err(|e| e.to_string())
         .and_then(|()| ops::initialize(&mut conn, settings, root).map_err(|e| e.to_string()));
@@ -154,11 +156,7 @@ impl Tx for SqliteConn {
             .map_err(error_of)
     }
 
-    fn query_opt(
-        &mut self,
-        sql: &'static str,
-        args: &[Arg<'_>],
-    ) -> Result<Option<Row>, DbError> {
+    fn query_opt(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Option<Row>, DbError> {
         self.0
             .prepare_cached(sql)
             .and_then(|mut s| {

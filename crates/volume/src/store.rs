@@ -589,8 +589,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             move |w| {
                 ops::heartbeat(w, now_ns)?;
                 if let Some(expiry) = expiry {
-                    let ended =
-                        ops::expire_sessions(w, now_ns - expiry.as_nanos() as i64, now_ns)?;
+                    let ended = ops::expire_sessions(w, now_ns - expiry.as_nanos() as i64, now_ns)?;
                     if !ended.is_empty() {
                         tracing::info!(
                             "volume: ended sessions {ended:?}: no heartbeat for {} s",
