@@ -1214,6 +1214,7 @@ fn dump_and_load(volume: &Volume, tag: &str) -> (Volume, Vec<u8>) {
         "the loaded volume dumps differently"
     );
     let copy = Volume {
+        pg: None,
         dir: TempDir::new(tag),
         db: copy,
         data: volume.data.clone(),

@@ -28,7 +28,8 @@ use lanefs_fuse::atime::Atime;
 
 /// Shards of the open-file and directory-handle tables.
 const OPEN_SHARDS: usize = 64;
-/// How often the session's heartbeat row is refreshed.
+/// How often the session's heartbeat row is refreshed (by default; see
+/// `VolumeOptions::heartbeat_interval`).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// statfs's usage figures are recomputed at most this often.
 const USAGE_REFRESH: Duration = Duration::from_secs(1);
@@ -52,6 +53,8 @@ pub struct VolumeOptions {
     /// Other mounts share the volume (PostgreSQL): opens do not keep the page cache, so an
     /// open sees what another mount wrote and closed (close-to-open).
     pub shared: bool,
+    /// How often the session's heartbeat row is refreshed.
+    pub heartbeat_interval: Duration,
 }
 
 impl Default for VolumeOptions {
@@ -63,6 +66,7 @@ impl Default for VolumeOptions {
             parallel_writes: true,
             atime: Atime::default(),
             shared: false,
+            heartbeat_interval: HEARTBEAT_INTERVAL,
         }
     }
 }
@@ -235,11 +239,12 @@ impl VolumeFs {
         let (beat_tx, beat_rx) = channel::<()>();
         {
             let store = store.clone();
+            let interval = options.heartbeat_interval;
             match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
                 .spawn(move || {
                     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                        beat_rx.recv_timeout(HEARTBEAT_INTERVAL)
+                        beat_rx.recv_timeout(interval)
                     {
                         store.heartbeat(now_ns(), Box::new(|_| {}));
                     }

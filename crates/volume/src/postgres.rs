@@ -27,9 +27,11 @@ use crate::store::{Conn, EngineParts, SqlStore};
 
 /// Read connections of a mount (each a server process on the database's machine).
 pub const READ_CONNECTIONS: usize = 4;
-/// A session whose heartbeat is older than this is ended by the others (three missed
-/// heartbeats: `fs::HEARTBEAT_INTERVAL` is 10 s).
-pub const SESSION_EXPIRY: Duration = Duration::from_secs(30);
+/// How often a mount of a shared volume rewrites its session's heartbeat.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
+/// A session whose heartbeat is older than this is ended by the others (seven missed
+/// heartbeats), by a mount that has itself been beating for that long (see `store.rs`).
+pub const SESSION_EXPIRY: Duration = Duration::from_secs(15);
 /// How long a lost connection is tried again before the operations waiting on it get EIO.
 pub const RECONNECT_WAIT_MAX: Duration = Duration::from_secs(30);
 /// The wait between two tries at reconnecting.

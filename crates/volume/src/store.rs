@@ -4,6 +4,7 @@
 //! commit) and answers each change after the commit. What differs between the engines (how
 //! a transaction starts and ends, what a failure means, reconnecting) is [`Conn`].
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
@@ -151,6 +152,16 @@ pub struct SqlStore<C: Conn> {
     /// Sessions whose rows this one found (they ended without unmounting).
     crashed: Vec<u64>,
     session_expiry: Option<Duration>,
+    contact: Arc<Contact>,
+}
+
+/// This session's contact with the database, as its heartbeats saw it.
+#[derive(Default)]
+struct Contact {
+    /// Since when heartbeats have succeeded without a gap (0: the last one failed).
+    since_ns: AtomicI64,
+    /// The last heartbeat that succeeded (0: none yet).
+    last_beat_ns: AtomicI64,
 }
 
 impl<C: Conn> SqlStore<C> {
@@ -182,6 +193,7 @@ impl<C: Conn> SqlStore<C> {
             session,
             crashed: parts.crashed,
             session_expiry: parts.session_expiry,
+            contact: Arc::new(Contact::default()),
         })
     }
 
@@ -583,7 +595,17 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn heartbeat(&self, now_ns: i64, done: Done<()>) {
-        let expiry = self.session_expiry;
+        // Other sessions are ended only by a mount that has itself been in contact with the
+        // database for a whole expiry period: after an outage, every mount gets that long to
+        // beat again before anyone judges it dead.
+        let expiry = self.session_expiry.filter(|expiry| {
+            let since = self.contact.since_ns.load(Ordering::Relaxed);
+            since != 0 && now_ns - since >= expiry.as_nanos() as i64
+        });
+        let contact = self.contact.clone();
+        let gap_max = self
+            .session_expiry
+            .map_or(i64::MAX, |e| e.as_nanos() as i64 / 2);
         self.submit(
             false,
             move |w| {
@@ -599,7 +621,17 @@ impl<C: Conn> MetaStore for SqlStore<C> {
                 }
                 Ok(())
             },
-            done,
+            Box::new(move |result| {
+                if result.is_ok() {
+                    let last = contact.last_beat_ns.swap(now_ns, Ordering::Relaxed);
+                    if last == 0 || now_ns - last > gap_max {
+                        contact.since_ns.store(now_ns, Ordering::Relaxed);
+                    }
+                } else {
+                    contact.since_ns.store(0, Ordering::Relaxed);
+                }
+                done(result)
+            }),
         )
     }
 

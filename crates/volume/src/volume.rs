@@ -397,7 +397,7 @@ pub fn format_postgres(url: &str, data: &Path, force: bool) -> Result<String, St
 }
 
 /// Sessions of a shared volume whose heartbeat is recent (0 when there is no sessions table).
-fn live_sessions(tx: &mut dyn Tx, now: i64) -> u64 {
+pub fn live_sessions(tx: &mut dyn Tx, now: i64) -> u64 {
     let recent = now - postgres::SESSION_EXPIRY.as_nanos() as i64;
     tx.query_opt(
         "SELECT count(*) FROM sessions WHERE heartbeat_ns >= ?",
@@ -458,6 +458,7 @@ pub fn open_for_mount_postgres(
     )?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
     options.shared = true;
+    options.heartbeat_interval = postgres::HEARTBEAT_INTERVAL;
     options.attr_timeout = options.attr_timeout.min(SHARED_CACHE_TTL_MAX);
     options.entry_timeout = options.entry_timeout.min(SHARED_CACHE_TTL_MAX);
     Ok(VolumeFs::new(
