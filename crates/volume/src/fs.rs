@@ -235,10 +235,11 @@ impl VolumeFs {
             Ok(_) => {}
             Err(e) => tracing::warn!("volume: listing blocks to delete: {}", errno_name(e)),
         }
-        recover_crashed_blocks(&*store, &data);
+        recover_crashed_blocks(&*store, &data, store.crashed_sessions());
         let (beat_tx, beat_rx) = channel::<()>();
         {
             let store = store.clone();
+            let data = data.clone();
             let interval = options.heartbeat_interval;
             match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
@@ -246,7 +247,13 @@ impl VolumeFs {
                     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                         beat_rx.recv_timeout(interval)
                     {
-                        store.heartbeat(now_ns(), Box::new(|_| {}));
+                        // A shared volume's heartbeat ends sessions that stopped beating:
+                        // their uncommitted blocks go as a crashed session's do at a mount.
+                        if let Ok(ended) = wait(|done| store.heartbeat(now_ns(), done))
+                            && !ended.is_empty()
+                        {
+                            recover_crashed_blocks(&*store, &data, ended);
+                        }
                     }
                 }) {
                 Ok(handle) => threads.push(handle),
@@ -560,8 +567,7 @@ fn sync_before_deleting(store: &dyn MetaStore) -> bool {
 
 /// Deletes the blocks that sessions which ended without unmounting (kill -9, a crash) wrote
 /// but never committed: a block is stored before the change that refers to it.
-fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
-    let crashed = store.crashed_sessions();
+fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath, crashed: Vec<u64>) {
     // What this session's start found (and WAL recovery replayed) may not be on the disk yet.
     if crashed.is_empty() || !sync_before_deleting(store) {
         return;
@@ -1583,7 +1589,7 @@ mod tests {
         let (store, data) = dir.open();
         assert_eq!(store.crashed_sessions(), vec![crashed.session]);
         let started = now_ns();
-        recover_crashed_blocks(&*store, &data);
+        recover_crashed_blocks(&*store, &data, store.crashed_sessions());
         assert!(
             !block_exists(&data, stray),
             "the stray block was not deleted"

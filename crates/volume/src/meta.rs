@@ -202,8 +202,9 @@ pub trait MetaStore: Send + Sync + 'static {
     fn crashed_sessions(&self) -> Vec<u64>;
     /// Blocks waiting for deletion (released by a commit, not yet deleted from the store).
     fn pending_gc(&self) -> Result<Vec<u64>, Errno>;
-    /// The session's heartbeat.
-    fn heartbeat(&self, now_ns: i64, done: Done<()>);
+    /// The session's heartbeat; on a shared volume it also ends sessions whose heartbeat
+    /// stopped, and answers which (their uncommitted blocks are the caller's to delete).
+    fn heartbeat(&self, now_ns: i64, done: Done<Vec<u64>>);
     /// Ends the session (unmount): removes its row and ranges; the committer stops after it.
     fn close(&self);
 

@@ -251,10 +251,11 @@ impl<C: Tx> Writer<C> {
         Ok(ino)
     }
 
-    /// Makes sure `need` inode numbers are left in the range, taking a new range if not.
-    pub fn refill(&mut self, need: u64) -> Result<(), DbError> {
+    /// Makes sure `need` inode numbers are left in the range, taking a new range if not;
+    /// whether it took one (in the caller's transaction: a rollback must forget it).
+    pub fn refill(&mut self, need: u64) -> Result<bool, DbError> {
         if self.end_ino - self.next_ino >= need {
-            return Ok(());
+            return Ok(false);
         }
         let session = self.session;
         let end = self
@@ -272,7 +273,7 @@ impl<C: Tx> Writer<C> {
         )?;
         self.next_ino = start;
         self.end_ino = end;
-        Ok(())
+        Ok(true)
     }
 
     /// The batch's transaction was rolled back: the range it took (if any) went with it.

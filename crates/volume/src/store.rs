@@ -43,8 +43,10 @@ pub trait Conn: Tx + Send + 'static {
 
 /// A change waiting for the committer.
 trait Job<C: Conn>: Send {
-    /// Runs inside the batch's transaction (in a savepoint of its own).
-    fn apply(&mut self, w: &mut Writer<C>);
+    /// Runs inside the batch's transaction, in a savepoint of its own when `savepoint` (a
+    /// batch of one needs none: its failure rolls back the whole transaction); whether it
+    /// succeeded.
+    fn apply(&mut self, w: &mut Writer<C>, savepoint: bool) -> bool;
     /// After the commit (`Ok`) or its failure (the errno): answers.
     fn finish(self: Box<Self>, committed: Result<(), Errno>);
     fn sync(&self) -> bool;
@@ -61,10 +63,10 @@ struct Change<T, F> {
 impl<C: Conn, T: Send, F: FnMut(&mut Writer<C>) -> Result<T, Errno> + Send> Job<C>
     for Change<T, F>
 {
-    fn apply(&mut self, w: &mut Writer<C>) {
-        if let Err(e) = w.conn.batch("SAVEPOINT op") {
+    fn apply(&mut self, w: &mut Writer<C>, savepoint: bool) -> bool {
+        if savepoint && let Err(e) = w.conn.batch("SAVEPOINT op") {
             self.result = Some(Err(e.into()));
-            return;
+            return false;
         }
         // A panic in an operation (a bug) must not take the committer, and with it every
         // later change of the mount, down: the operation's savepoint is rolled back and it
@@ -80,14 +82,23 @@ impl<C: Conn, T: Send, F: FnMut(&mut Writer<C>) -> Result<T, Errno> + Send> Job<
                 Err(libc::EIO)
             }
         };
-        let end = match result {
-            Ok(_) => "RELEASE op",
-            Err(_) => "ROLLBACK TO op; RELEASE op",
+        let ok = result.is_ok();
+        if !savepoint {
+            self.result = Some(result);
+            return ok;
+        }
+        let end = if ok {
+            "RELEASE op"
+        } else {
+            "ROLLBACK TO op; RELEASE op"
         };
-        self.result = Some(match w.conn.batch(end) {
+        let result = match w.conn.batch(end) {
             Ok(()) => result,
             Err(e) => Err(e.into()),
-        });
+        };
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
     }
 
     fn finish(self: Box<Self>, committed: Result<(), Errno>) {
@@ -352,30 +363,49 @@ fn run_batch<C: Conn>(w: &mut Writer<C>, batch: &mut [Box<dyn Job<C>>], sync: bo
             }
         };
     }
-    if let Err(e) = w.refill(batch.len() as u64) {
+    let took_range = match w.refill(batch.len() as u64) {
+        Ok(took) => took,
+        Err(e) => {
+            w.conn.rollback();
+            w.forget_range();
+            return match e {
+                DbError::Retry(_) | DbError::Lost(_) => Run::Again(e),
+                e => {
+                    tracing::error!("volume: taking inode numbers: {e}");
+                    Run::Done(Err(e.errno()))
+                }
+            };
+        }
+    };
+    // A rolled-back transaction takes back the range it took (if it took one); numbers of
+    // an earlier range that the rolled-back changes used are simply never used.
+    let roll_back = |w: &mut Writer<C>| {
         w.conn.rollback();
-        w.forget_range();
-        return match e {
-            DbError::Retry(_) | DbError::Lost(_) => Run::Again(e),
-            e => {
-                tracing::error!("volume: taking inode numbers: {e}");
-                Run::Done(Err(e.errno()))
-            }
-        };
-    }
+        if took_range {
+            w.forget_range();
+        }
+    };
+    // A savepoint per change costs two statements (on PostgreSQL two round trips), which a
+    // lone change (a create in a shell loop) does without.
+    let savepoints = batch.len() > 1;
+    let mut all_ok = true;
     for job in batch.iter_mut() {
-        job.apply(w);
+        all_ok &= job.apply(w, savepoints);
     }
     if let Some(e) = w.conn.take_failure() {
-        w.conn.rollback();
-        w.forget_range();
+        roll_back(w);
         return Run::Again(e);
+    }
+    if !savepoints && !all_ok {
+        // The lone change failed (EEXIST, ENOENT…): nothing to commit; it is answered its
+        // own errno.
+        roll_back(w);
+        return Run::Done(Ok(()));
     }
     match w.conn.commit(sync) {
         Ok(()) => Run::Done(Ok(())),
         Err(e) => {
-            w.conn.rollback();
-            w.forget_range();
+            roll_back(w);
             match e {
                 DbError::Retry(_) => Run::Again(e),
                 // Lost at COMMIT: it may or may not have committed, so it is answered EIO
@@ -594,7 +624,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.read(0, |c| ops::pending_gc(c))
     }
 
-    fn heartbeat(&self, now_ns: i64, done: Done<()>) {
+    fn heartbeat(&self, now_ns: i64, done: Done<Vec<u64>>) {
         // Other sessions are ended only by a mount that has itself been in contact with the
         // database for a whole expiry period: after an outage, every mount gets that long to
         // beat again before anyone judges it dead.
@@ -610,16 +640,17 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             false,
             move |w| {
                 ops::heartbeat(w, now_ns)?;
-                if let Some(expiry) = expiry {
-                    let ended = ops::expire_sessions(w, now_ns - expiry.as_nanos() as i64, now_ns)?;
-                    if !ended.is_empty() {
-                        tracing::info!(
-                            "volume: ended sessions {ended:?}: no heartbeat for {} s",
-                            expiry.as_secs()
-                        );
-                    }
+                let Some(expiry) = expiry else {
+                    return Ok(Vec::new());
+                };
+                let ended = ops::expire_sessions(w, now_ns - expiry.as_nanos() as i64, now_ns)?;
+                if !ended.is_empty() {
+                    tracing::info!(
+                        "volume: ended sessions {ended:?}: no heartbeat for {} s",
+                        expiry.as_secs()
+                    );
                 }
-                Ok(())
+                Ok(ended)
             },
             Box::new(move |result| {
                 if result.is_ok() {
