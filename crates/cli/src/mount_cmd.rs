@@ -114,6 +114,10 @@ pub struct MountArgs {
     /// Volume: the size statfs (df) reports [default: the data directory's file system's].
     #[arg(long, value_parser = options::parse_size)]
     pub capacity: Option<u64>,
+    /// Volume on PostgreSQL: answer a change once PostgreSQL has it, before its WAL is on
+    /// the disk (as SQLite volumes do); fsync, fsyncdir and syncfs still wait for the disk.
+    #[arg(long)]
+    pub async_commit: bool,
     /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -293,6 +297,11 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
                 "{source} is a file but not a lanefs volume; SOURCE must be a directory (passthrough), `null:`, or a volume made by `lanefs format`"
             )));
         }
+        if args.async_commit && !pg {
+            return Err(invalid(
+                "--async-commit is for volumes on PostgreSQL (an SQLite volume's commits never wait for the disk; fsync does)",
+            ));
+        }
         let mut options = VolumeOptions {
             capacity: args.capacity,
             parallel_writes: !args.no_parallel_writes,
@@ -306,7 +315,12 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
             options.entry_timeout = std::time::Duration::from_secs_f64(secs);
         }
         let fs = if pg {
-            lanefs_volume::volume::open_for_mount_postgres(source, mountpoint, options)
+            lanefs_volume::volume::open_for_mount_postgres(
+                source,
+                mountpoint,
+                options,
+                args.async_commit,
+            )
         } else {
             lanefs_volume::volume::open_for_mount(Path::new(source), mountpoint, options)
         }

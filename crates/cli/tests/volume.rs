@@ -1378,10 +1378,20 @@ mod on_postgres {
     /// there byte for byte, and writes go on by themselves once it is back.
     #[test]
     fn a_postgres_restart_in_the_middle_of_writes_loses_nothing_fsynced() {
+        restart_in_the_middle_of_writes(&[]);
+    }
+
+    /// The same with commits that do not wait for PostgreSQL's WAL flush: an fsync's does.
+    #[test]
+    fn with_async_commits_a_postgres_restart_loses_nothing_fsynced() {
+        restart_in_the_middle_of_writes(&["--async-commit"]);
+    }
+
+    fn restart_in_the_middle_of_writes(mount_args: &[&str]) {
         let Some(volume) = Volume::format_on_postgres("restart") else {
             return;
         };
-        let m = volume.mount(&[]);
+        let m = volume.mount(mount_args);
         let dir = m.path("w");
         std::fs::create_dir(&dir).unwrap();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -8,7 +8,8 @@
 //! operation depends on a snapshot a concurrent commit could make stale. Deadlocks and
 //! serialization failures are retried by the committer (`store.rs`, bounded). COMMIT is
 //! durable when it returns (`synchronous_commit` on, PostgreSQL's default), so a sync only
-//! has to wait for the changes queued before it.
+//! has to wait for the changes queued before it; with `--async-commit` ordinary commits do
+//! not wait for the WAL's flush and a sync's commit does (SQLite's NORMAL and FULL).
 
 use std::collections::HashMap;
 use std::error::Error as _;
@@ -54,6 +55,9 @@ pub struct PgTarget {
     /// The URL as the user gave it (it has no password: such a URL is refused).
     pub url: String,
     config: Config,
+    /// Commits return before PostgreSQL's WAL is on its disk (`synchronous_commit = off`
+    /// for this connection); a sync's commit still waits for it (see `Conn::begin`).
+    async_commit: bool,
 }
 
 impl std::fmt::Display for PgTarget {
@@ -90,20 +94,36 @@ impl PgTarget {
         Ok(PgTarget {
             url: url.to_string(),
             config,
+            async_commit: false,
         })
     }
 
+    /// The same database, for a committer whose commits do not wait for the WAL's flush.
+    pub fn with_async_commit(&self) -> PgTarget {
+        PgTarget {
+            async_commit: true,
+            ..self.clone()
+        }
+    }
+
     pub fn connect(&self) -> Result<PgConn, String> {
-        let client = self
+        let mut client = self
             .config
             .connect(NoTls)
             .map_err(|e| format!("{}: cannot connect: {}", self.url, describe(&e)))?;
+        if self.async_commit {
+            client
+                .batch_execute("SET synchronous_commit = off")
+                .map_err(|e| format!("{}: {}", self.url, describe(&e)))?;
+        }
         Ok(PgConn {
             client,
             target: self.clone(),
             statements: HashMap::new(),
             failure: None,
             aborted: false,
+            unflushed: false,
+            maybe_lost: false,
         })
     }
 }
@@ -305,6 +325,11 @@ pub struct PgConn {
     /// A statement failed since the last savepoint rollback: the transaction is aborted,
     /// and PostgreSQL would answer its COMMIT with a silent ROLLBACK.
     aborted: bool,
+    /// Commits answered without waiting for the WAL's flush since the last one that waited.
+    unflushed: bool,
+    /// The connection was lost while `unflushed`: a server crash may have lost those commits,
+    /// so the next sync must not say they are durable.
+    maybe_lost: bool,
 }
 
 impl PgConn {
@@ -373,19 +398,36 @@ impl Tx for PgConn {
 }
 
 impl Conn for PgConn {
-    fn begin(&mut self, _sync: bool) -> Result<(), DbError> {
+    fn begin(&mut self, sync: bool) -> Result<(), DbError> {
         self.failure = None;
         self.aborted = false;
-        self.batch_sql("BEGIN")
+        if sync && self.target.async_commit {
+            // This commit waits for the WAL up to its own record, which follows every
+            // earlier commit's: they are all on the disk when it returns.
+            self.batch_sql("BEGIN; SET LOCAL synchronous_commit = on")
+        } else {
+            self.batch_sql("BEGIN")
+        }
     }
 
-    fn commit(&mut self, _sync: bool) -> Result<(), DbError> {
+    fn commit(&mut self, sync: bool) -> Result<(), DbError> {
         if self.aborted {
             return Err(DbError::Other(
                 "the transaction was aborted by a failed statement".into(),
             ));
         }
-        self.batch_sql("COMMIT")
+        if sync && self.maybe_lost {
+            self.maybe_lost = false;
+            self.unflushed = false;
+            return Err(DbError::Other(
+                "the connection to PostgreSQL was lost while changes answered without waiting for its disk (--async-commit) were not yet on it; a crash of the server may have lost them, so this sync fails".into(),
+            ));
+        }
+        self.batch_sql("COMMIT")?;
+        if self.target.async_commit {
+            self.unflushed = !sync;
+        }
+        Ok(())
     }
 
     fn rollback(&mut self) {
@@ -422,7 +464,9 @@ impl Conn for PgConn {
         loop {
             match self.target.connect() {
                 Ok(fresh) => {
+                    let maybe_lost = self.unflushed || self.maybe_lost;
                     *self = fresh;
+                    self.maybe_lost = maybe_lost;
                     if logged {
                         tracing::warn!("volume: reconnected to {}", self.target);
                     }
@@ -524,13 +568,21 @@ impl SqlStore<PgConn> {
     /// Opens the volume's database for a mount: registers a session, ends the sessions
     /// whose heartbeat stopped (`SESSION_EXPIRY`; live ones are never touched), starts the
     /// committer.
+    /// `async_commit`: the committer's commits return before the WAL is flushed (a sync's
+    /// still waits; see `PgTarget::with_async_commit`).
     pub fn open(
         target: &PgTarget,
         host: &str,
         mountpoint: &str,
         now_ns: i64,
+        async_commit: bool,
     ) -> Result<PgStore, String> {
-        let mut conn = target.connect()?;
+        let writer_target = if async_commit {
+            target.with_async_commit()
+        } else {
+            target.clone()
+        };
+        let mut conn = writer_target.connect()?;
         let text = |e: DbError| format!("{target}: {e}");
         conn.begin(false).map_err(text)?;
         let session = match ops::register_session(&mut conn, host, mountpoint, now_ns) {

@@ -439,11 +439,13 @@ pub fn open_for_mount(
 pub const SHARED_CACHE_TTL_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Checks a volume on PostgreSQL and registers a session: the file system to serve. No lock:
-/// other mounts share the volume.
+/// other mounts share the volume. `async_commit`: changes are answered before PostgreSQL's
+/// WAL is on its disk (fsync, fsyncdir and syncfs still wait for it).
 pub fn open_for_mount_postgres(
     url: &str,
     mountpoint: &Path,
     mut options: VolumeOptions,
+    async_commit: bool,
 ) -> Result<VolumeFs, String> {
     let target = PgTarget::parse(url)?;
     let mut conn = target.connect()?;
@@ -455,6 +457,7 @@ pub fn open_for_mount_postgres(
         &hostname(),
         &mountpoint.to_string_lossy(),
         now_ns(),
+        async_commit,
     )?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
     options.shared = true;
