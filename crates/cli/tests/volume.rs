@@ -1444,6 +1444,48 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// Inode numbers past 2^32 (a long-lived shared volume's) go through every statement:
+    /// PostgreSQL binds each parameter to the type it inferred for it, which must never be
+    /// a 32-bit one for a number.
+    #[test]
+    fn inode_numbers_past_32_bits_work() {
+        let Some(volume) = Volume::format_on_postgres("bigino") else {
+            return;
+        };
+        let big: u64 = (1 << 40) + 7;
+        volume.server().psql(
+            "vol",
+            &format!("UPDATE counters SET value = {big} WHERE name = 'next_inode'"),
+        );
+        let m = volume.mount(&[]);
+        std::fs::create_dir_all(m.path("a/sub")).unwrap();
+        std::fs::create_dir(m.path("b")).unwrap();
+        std::fs::write(m.path("a/sub/f"), b"data").unwrap();
+        assert!(std::fs::metadata(m.path("a/sub/f")).unwrap().ino() >= big);
+        std::fs::hard_link(m.path("a/sub/f"), m.path("b/g")).unwrap();
+        std::fs::rename(m.path("a/sub"), m.path("b/sub")).unwrap();
+        assert_eq!(
+            std::fs::metadata(m.path("b/sub/..")).unwrap().ino(),
+            std::fs::metadata(m.path("b")).unwrap().ino(),
+            "a moved directory's .. does not follow it"
+        );
+        xattr_set(&m.path("b/g"), "user.k", b"v");
+        std::fs::remove_file(m.path("b/sub/f")).unwrap();
+        assert_eq!(std::fs::read(m.path("b/g")).unwrap(), b"data");
+        std::fs::remove_dir(m.path("b/sub")).unwrap();
+        std::fs::remove_dir(m.path("a")).unwrap();
+        m.unmount();
+        volume.assert_clean();
+    }
+
+    fn xattr_set(path: &Path, name: &str, value: &[u8]) {
+        run_ok(
+            Command::new("setfattr")
+                .args(["-n", name, "-v", std::str::from_utf8(value).unwrap()])
+                .arg(path),
+        );
+    }
+
     /// What format, mount and fsck refuse on PostgreSQL, each with one sentence.
     #[test]
     fn bad_urls_and_databases_are_refused_with_one_sentence() {

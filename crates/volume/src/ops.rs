@@ -266,7 +266,9 @@ impl<C: Tx> Writer<C> {
             )?
             .ok_or_else(|| DbError::Other("the next_inode counter is missing".into()))?
             .u64(0)?;
-        let start = end - INODE_RANGE;
+        let start = end.checked_sub(INODE_RANGE).ok_or_else(|| {
+            DbError::Other(format!("the next_inode counter reads {end}: damaged"))
+        })?;
         self.tx().execute(
             "INSERT INTO inode_ranges (start_ino, end_ino, session) VALUES (?, ?, ?)",
             &args![start, end, session],
@@ -636,10 +638,11 @@ pub fn rename<C: Tx>(
     if parent != newparent {
         w.touch_dir(newparent, now_ns, moved_dir as i64)?;
     }
-    let new_dotdot = if src_dir { newparent } else { 0 };
+    // A directory's `..` follows it; NULL (a non-directory) keeps the column as it is.
+    let new_dotdot = src_dir.then_some(newparent);
     w.tx().execute(
-        "UPDATE inodes SET ctime_ns = ?, parent = CASE WHEN ? > 0 THEN ? ELSE parent END WHERE ino = ?",
-        &args![now_ns, new_dotdot, new_dotdot, src],
+        "UPDATE inodes SET ctime_ns = ?, parent = coalesce(?, parent) WHERE ino = ?",
+        &args![now_ns, new_dotdot, src],
     )?;
     Ok(renamed)
 }
