@@ -1338,6 +1338,47 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// With kernel caches that would last a minute, what one mount changes still reaches
+    /// the other within a moment: the other reads the change log every 100 ms and sends its
+    /// kernel FUSE invalidations (attributes, pages, names).
+    #[test]
+    fn the_change_log_invalidates_the_other_mounts_caches() {
+        let Some(volume) = Volume::format_on_postgres("changelog") else {
+            return;
+        };
+        let long = ["-o", "attr_timeout=60,entry_timeout=60", "--noatime"];
+        let a = volume.mount(&long);
+        let b = volume.mount(&long);
+        let soon = Duration::from_secs(2);
+        std::fs::write(a.path("f"), b"1234").unwrap();
+        assert_eq!(std::fs::metadata(b.path("f")).unwrap().len(), 4);
+        std::fs::write(a.path("f"), b"12345678").unwrap();
+        assert!(
+            wait_until(soon, || std::fs::metadata(b.path("f")).unwrap().len() == 8),
+            "b's kernel kept a's old size"
+        );
+        assert_eq!(std::fs::read(b.path("f")).unwrap(), b"12345678");
+        std::fs::rename(a.path("f"), a.path("g")).unwrap();
+        assert!(
+            wait_until(soon, || !b.path("f").exists() && b.path("g").exists()),
+            "b's kernel kept the name a renamed"
+        );
+        std::fs::set_permissions(
+            b.path("g"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        assert!(
+            wait_until(soon, || {
+                std::fs::metadata(a.path("g")).unwrap().mode() & 0o777 == 0o600
+            }),
+            "a's kernel kept b's old mode"
+        );
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// A mount killed with kill -9 leaves its session row, its inode range and a file it
     /// held open after unlinking it; the live mount ends that session after the heartbeat
     /// timeout (frees the file, drops the range and the row) and keeps its own.

@@ -20,6 +20,7 @@ use crate::now_ns;
 use crate::volume::VolumeLock;
 
 mod atime;
+mod changes;
 mod fileattr;
 mod setid;
 
@@ -28,6 +29,9 @@ use lanefs_fuse::atime::Atime;
 
 /// Shards of the open-file and directory-handle tables.
 const OPEN_SHARDS: usize = 64;
+/// How often a mount of a shared volume reads the other mounts' change log: the bound on
+/// how long its kernel caches can hold what another mount changed.
+pub const CHANGE_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// How often the session's heartbeat row is refreshed (by default; see
 /// `VolumeOptions::heartbeat_interval`).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
@@ -195,7 +199,7 @@ pub struct VolumeFs {
     /// Open inodes known to have no set-ID bits and no capability (see `setid`).
     no_privileges: setid::NoPrivileges,
     /// The session's /dev/fuse fd, for notifications; set once the session is connected.
-    session_fd: std::sync::OnceLock<i32>,
+    session_fd: Arc<std::sync::OnceLock<i32>>,
     /// The volume's lock: let go at the very end of `destroy`, after the session ended and
     /// the database was closed, before the daemon says it is unmounted.
     lock: VolumeLock,
@@ -237,16 +241,34 @@ impl VolumeFs {
         }
         recover_crashed_blocks(&*store, &data, store.crashed_sessions());
         let (beat_tx, beat_rx) = channel::<()>();
+        let session_fd = Arc::new(std::sync::OnceLock::new());
         {
             let store = store.clone();
             let data = data.clone();
             let interval = options.heartbeat_interval;
+            // A shared volume's thread also reads the other mounts' change log.
+            let tick = if options.shared {
+                CHANGE_POLL_INTERVAL.min(interval)
+            } else {
+                interval
+            };
+            let mut changes = options
+                .shared
+                .then(|| changes::Follower::new(session_fd.clone()));
             match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
                 .spawn(move || {
+                    let mut last_beat = std::time::Instant::now();
                     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                        beat_rx.recv_timeout(interval)
+                        beat_rx.recv_timeout(tick)
                     {
+                        if let Some(follower) = &mut changes {
+                            follower.poll(&*store);
+                        }
+                        if last_beat.elapsed() < interval {
+                            continue;
+                        }
+                        last_beat = std::time::Instant::now();
                         // A shared volume's heartbeat ends sessions that stopped beating:
                         // their uncommitted blocks go as a crashed session's do at a mount.
                         if let Ok(ended) = wait(|done| store.heartbeat(now_ns(), done))
@@ -266,7 +288,7 @@ impl VolumeFs {
             atime_due: atime::AtimeDue::new(),
             fileattrs,
             no_privileges: setid::NoPrivileges::new(),
-            session_fd: std::sync::OnceLock::new(),
+            session_fd,
             store,
             data,
             open: Arc::new(OpenTable {

@@ -10,6 +10,12 @@ use crate::sql::{DbError, Row, Tx, args};
 
 /// Inode numbers taken from the counter at a time (one row in `inode_ranges` each).
 pub const INODE_RANGE: u64 = 1024;
+/// A change-log row's seq is its session << this | the session's own count, so each
+/// session's rows are in its commit order (one committer) and need no shared counter.
+pub const CHANGE_SEQ_SESSION_SHIFT: u32 = 40;
+/// A session's change-log rows are deleted (by its heartbeat) once this old: the other mounts
+/// read them within a poll interval; one that has not by then has lost contact anyway.
+pub const CHANGE_LOG_KEEP_NS: i64 = 60_000_000_000;
 
 /// An inode's columns as `attr_from_row` reads them; a macro so that the statements below are
 /// `const` text (no string is built per lookup or getattr).
@@ -223,6 +229,10 @@ pub struct Writer<C> {
     pub session: u64,
     next_ino: u64,
     end_ino: u64,
+    /// Changes are logged for other mounts (a shared volume).
+    pub log_changes: bool,
+    /// The session's change-log count (the low bits of seq).
+    changes_logged: u64,
 }
 
 impl<C: Tx> Writer<C> {
@@ -232,7 +242,30 @@ impl<C: Tx> Writer<C> {
             session,
             next_ino: 0,
             end_ino: 0,
+            log_changes: false,
+            changes_logged: 0,
         }
+    }
+
+    /// Logs a change for the other mounts (a shared volume only): one row.
+    fn log(
+        &mut self,
+        kind: ChangeKind,
+        ino: u64,
+        parent: u64,
+        name: Option<&[u8]>,
+        now_ns: i64,
+    ) -> Result<(), Errno> {
+        if !self.log_changes {
+            return Ok(());
+        }
+        self.changes_logged += 1;
+        let seq = (self.session << CHANGE_SEQ_SESSION_SHIFT) | self.changes_logged;
+        self.tx().execute(
+            "INSERT INTO changes (seq, ino, parent, name, kind, at_ns) VALUES (?, ?, ?, ?, ?, ?)",
+            &args![seq, ino, parent, name, kind as i64, now_ns],
+        )?;
+        Ok(())
     }
 
     fn tx(&mut self) -> &mut dyn Tx {
@@ -493,6 +526,15 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
         parent: node.parent,
     };
     insert_inode(w.tx(), &attr, None)?;
+    if !unnamed {
+        w.log(
+            ChangeKind::Entry,
+            ino,
+            node.parent,
+            Some(&node.name),
+            node.now_ns,
+        )?;
+    }
     if let Some(target) = &node.target {
         w.tx().execute(
             "INSERT INTO symlinks (ino, target) VALUES (?, ?)",
@@ -522,6 +564,7 @@ pub fn link<C: Tx>(
     // Linked again: no longer an orphan (no row when it never was one).
     w.tx()
         .execute("DELETE FROM orphans WHERE ino = ?", &args![ino])?;
+    w.log(ChangeKind::Entry, ino, parent, Some(name), now_ns)?;
     w.attr(ino)
 }
 
@@ -545,6 +588,7 @@ pub fn remove<C: Tx>(
     }
     w.delete_entry(parent, name)?;
     w.touch_dir(parent, now_ns, -(is_dir as i64))?;
+    w.log(ChangeKind::Entry, ino, parent, Some(name), now_ns)?;
     if is_dir {
         w.free_inode(ino, now_ns)?;
         Ok(Removed {
@@ -574,6 +618,10 @@ pub fn rename<C: Tx>(
     if flags & libc::RENAME_NOREPLACE != 0 && dst.is_some() {
         return Err(libc::EEXIST);
     }
+    // Both names change (a failure below rolls these rows back with the rest).
+    w.log(ChangeKind::Entry, src, parent, Some(name), now_ns)?;
+    let dst_ino = dst.map_or(src, |(ino, _)| ino);
+    w.log(ChangeKind::Entry, dst_ino, newparent, Some(newname), now_ns)?;
     if flags & libc::RENAME_EXCHANGE != 0 {
         let (dst, dst_mode) = dst.ok_or(libc::ENOENT)?;
         let dst_dir = dst_mode & libc::S_IFMT == libc::S_IFDIR;
@@ -656,6 +704,7 @@ pub fn setattr<C: Tx>(w: &mut Writer<C>, ino: u64, c: &AttrChange) -> Result<Ino
     if n == 0 {
         return Err(libc::ENOENT);
     }
+    w.log(ChangeKind::Inode, ino, 0, None, c.ctime_ns)?;
     w.attr(ino)
 }
 
@@ -667,6 +716,7 @@ pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>,
     if n == 0 {
         return Err(libc::ENOENT);
     }
+    w.log(ChangeKind::Inode, u.ino, 0, None, u.ctime_ns)?;
     let mut released = Vec::new();
     if let Some(from) = u.drop_from {
         released.extend(w.release_chunks(u.ino, from, None, u.ctime_ns)?);
@@ -711,7 +761,7 @@ pub fn setxattr<C: Tx>(
         return Err(libc::ENODATA);
     }
     w.tx().execute(UPSERT_XATTR_SQL, &args![ino, name, value])?;
-    Ok(())
+    w.log(ChangeKind::Inode, ino, 0, None, crate::now_ns())
 }
 
 pub fn removexattr<C: Tx>(w: &mut Writer<C>, ino: u64, name: &[u8]) -> Result<(), Errno> {
@@ -719,7 +769,10 @@ pub fn removexattr<C: Tx>(w: &mut Writer<C>, ino: u64, name: &[u8]) -> Result<()
         "DELETE FROM xattrs WHERE ino = ? AND name = ?",
         &args![ino, name],
     )?;
-    if n == 0 { Err(libc::ENODATA) } else { Ok(()) }
+    if n == 0 {
+        return Err(libc::ENODATA);
+    }
+    w.log(ChangeKind::Inode, ino, 0, None, crate::now_ns())
 }
 
 pub fn free_orphan<C: Tx>(w: &mut Writer<C>, ino: u64) -> Result<Vec<u64>, Errno> {
@@ -749,6 +802,50 @@ pub fn heartbeat<C: Tx>(w: &mut Writer<C>, now_ns: i64) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Deletes this session's change-log rows older than `CHANGE_LOG_KEEP_NS`.
+pub fn trim_change_log<C: Tx>(w: &mut Writer<C>, now_ns: i64) -> Result<(), Errno> {
+    let lo = w.session << CHANGE_SEQ_SESSION_SHIFT;
+    let hi = (w.session + 1) << CHANGE_SEQ_SESSION_SHIFT;
+    w.tx().execute(
+        "DELETE FROM changes WHERE seq >= ? AND seq < ? AND at_ns < ?",
+        &args![lo, hi, now_ns - CHANGE_LOG_KEEP_NS],
+    )?;
+    Ok(())
+}
+
+/// The other sessions' change-log rows past `cursors` (session → last seq read), in each
+/// session's order; cursors move past what was read, sessions that ended are dropped.
+pub fn changes_since(
+    tx: &mut dyn Tx,
+    me: u64,
+    cursors: &mut std::collections::HashMap<u64, u64>,
+) -> Result<Vec<ChangeRec>, Errno> {
+    let sessions = blocks_of(tx.query("SELECT id FROM sessions WHERE id <> ?", &args![me])?)?;
+    cursors.retain(|s, _| sessions.contains(s));
+    let mut out = Vec::new();
+    for session in sessions {
+        let cursor = cursors
+            .entry(session)
+            .or_insert(session << CHANGE_SEQ_SESSION_SHIFT);
+        let hi = (session + 1) << CHANGE_SEQ_SESSION_SHIFT;
+        for r in tx.query(
+            "SELECT seq, ino, parent, name, kind FROM changes WHERE seq > ? AND seq < ? ORDER BY seq",
+            &args![*cursor, hi],
+        )? {
+            let change = ChangeRec {
+                seq: r.u64(0)?,
+                ino: r.u64(1)?,
+                parent: r.u64(2)?,
+                name: r.opt_bytes(3)?,
+                kind: r.int(4)?,
+            };
+            *cursor = change.seq;
+            out.push(change);
+        }
+    }
+    Ok(out)
+}
+
 pub fn touch_atime<C: Tx>(w: &mut Writer<C>, ino: u64, atime_ns: i64) -> Result<(), Errno> {
     w.tx().execute(
         "UPDATE inodes SET atime_ns = ? WHERE ino = ?",
@@ -766,6 +863,7 @@ pub fn set_fileattr_flags<C: Tx>(
     if w.set_ctime(ino, ctime_ns)? == 0 {
         return Err(libc::ENOENT);
     }
+    w.log(ChangeKind::Inode, ino, 0, None, ctime_ns)?;
     if flags == 0 {
         w.tx().execute(
             "DELETE FROM xattrs WHERE ino = ? AND name = ?",

@@ -593,6 +593,7 @@ impl SqlStore<PgConn> {
             }
         };
         let mut w = Writer::new(conn, session);
+        w.log_changes = true;
         let stale_before = now_ns - SESSION_EXPIRY.as_nanos() as i64;
         let crashed = match ops::expire_sessions(&mut w, stale_before, now_ns) {
             Ok(crashed) => crashed,

@@ -640,6 +640,9 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             false,
             move |w| {
                 ops::heartbeat(w, now_ns)?;
+                if w.log_changes {
+                    ops::trim_change_log(w, now_ns)?;
+                }
                 let Some(expiry) = expiry else {
                     return Ok(Vec::new());
                 };
@@ -690,6 +693,17 @@ impl<C: Conn> MetaStore for SqlStore<C> {
 
     fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno> {
         self.read(0, |c| ops::fileattr_flags(c))
+    }
+
+    fn changes_since(
+        &self,
+        cursors: &mut std::collections::HashMap<u64, u64>,
+    ) -> Result<Vec<ChangeRec>, Errno> {
+        if self.session_expiry.is_none() {
+            return Ok(Vec::new());
+        }
+        let session = self.session;
+        self.read(0, |c| ops::changes_since(c, session, cursors))
     }
 
     fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>) {

@@ -434,10 +434,6 @@ pub fn open_for_mount(
     ))
 }
 
-/// The kernel's attribute and entry caches of a mount of a shared volume last at most this
-/// long (another mount may change what they hold), and opens never keep the page cache.
-pub const SHARED_CACHE_TTL_MAX: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Checks a volume on PostgreSQL and registers a session: the file system to serve. No lock:
 /// other mounts share the volume. `async_commit`: changes are answered before PostgreSQL's
 /// WAL is on its disk (fsync, fsyncdir and syncfs still wait for it).
@@ -462,8 +458,6 @@ pub fn open_for_mount_postgres(
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
     options.shared = true;
     options.heartbeat_interval = postgres::HEARTBEAT_INTERVAL;
-    options.attr_timeout = options.attr_timeout.min(SHARED_CACHE_TTL_MAX);
-    options.entry_timeout = options.entry_timeout.min(SHARED_CACHE_TTL_MAX);
     Ok(VolumeFs::new(
         Arc::new(store),
         data,
