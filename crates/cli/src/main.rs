@@ -44,7 +44,8 @@ enum Command {
     },
     /// Benchmark lanefs against native file systems and existing FUSE servers (the seeds).
     Bench(bench::BenchArgs),
-    /// Make a new volume: metadata in an SQLite file, data in a directory.
+    /// Make a new volume: metadata in an SQLite file or a PostgreSQL database, data in a
+    /// directory.
     /// Example: `lanefs format ./vol.db --data ./vol-data`, then `lanefs mount ./vol.db /mnt/vol`.
     Format(volume_cmd::FormatArgs),
     /// Check a volume that is not mounted (and repair it with --repair).

@@ -22,7 +22,7 @@ const DAEMON_CHILD_ENV: &str = "LANEFS_DAEMON_CHILD";
 #[derive(Args, Debug)]
 pub struct MountArgs {
     /// `null:` for the null file system, a host directory to pass through, or a volume
-    /// (a file made by `lanefs format`).
+    /// made by `lanefs format` (an SQLite file, or a postgres://user@host:port/db URL).
     pub source: String,
     /// An existing empty directory to mount on (not already a FUSE mount).
     pub mountpoint: PathBuf,
@@ -114,6 +114,10 @@ pub struct MountArgs {
     /// Volume: the size statfs (df) reports [default: the data directory's file system's].
     #[arg(long, value_parser = options::parse_size)]
     pub capacity: Option<u64>,
+    /// Volume on PostgreSQL: answer a change once PostgreSQL has it, before its WAL is on
+    /// the disk (as SQLite volumes do); fsync, fsyncdir and syncfs still wait for the disk.
+    #[arg(long)]
+    pub async_commit: bool,
     /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -286,11 +290,17 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
     if source == "null:" {
         return Ok(SourceFs::Null);
     }
-    if Path::new(source).is_file() {
-        if !lanefs_volume::volume::looks_like_volume(Path::new(source)) {
+    let pg = lanefs_volume::postgres::is_url(source);
+    if pg || Path::new(source).is_file() {
+        if !pg && !lanefs_volume::volume::looks_like_volume(Path::new(source)) {
             return Err(invalid(format!(
                 "{source} is a file but not a lanefs volume; SOURCE must be a directory (passthrough), `null:`, or a volume made by `lanefs format`"
             )));
+        }
+        if args.async_commit && !pg {
+            return Err(invalid(
+                "--async-commit is for volumes on PostgreSQL (an SQLite volume's commits never wait for the disk; fsync does)",
+            ));
         }
         let mut options = VolumeOptions {
             capacity: args.capacity,
@@ -304,8 +314,17 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
         if let Some(secs) = args.entry_timeout {
             options.entry_timeout = std::time::Duration::from_secs_f64(secs);
         }
-        let fs = lanefs_volume::volume::open_for_mount(Path::new(source), mountpoint, options)
-            .map_err(io::Error::other)?;
+        let fs = if pg {
+            lanefs_volume::volume::open_for_mount_postgres(
+                source,
+                mountpoint,
+                options,
+                args.async_commit,
+            )
+        } else {
+            lanefs_volume::volume::open_for_mount(Path::new(source), mountpoint, options)
+        }
+        .map_err(io::Error::other)?;
         return Ok(SourceFs::Volume(Box::new(fs)));
     }
     PassthroughFs::new(passthrough_options(args)).map(SourceFs::Passthrough)
@@ -479,7 +498,9 @@ fn remount(args: &MountArgs) -> io::Result<()> {
 }
 
 fn is_volume_source(source: &str) -> bool {
-    Path::new(source).is_file() && lanefs_volume::volume::looks_like_volume(Path::new(source))
+    lanefs_volume::postgres::is_url(source)
+        || Path::new(source).is_file()
+            && lanefs_volume::volume::looks_like_volume(Path::new(source))
 }
 
 fn invalid(msg: impl Into<String>) -> io::Error {

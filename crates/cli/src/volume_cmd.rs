@@ -7,7 +7,8 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct FormatArgs {
-    /// The volume's metadata file (SQLite), created.
+    /// The volume's metadata: an SQLite file (created), or a PostgreSQL database as
+    /// postgres://user@host:port/db (its password in PGPASSWORD or ~/.pgpass, never here).
     pub volume: PathBuf,
     /// The directory for the volume's data blocks (created if missing; must be empty).
     #[arg(long)]
@@ -28,9 +29,28 @@ pub struct FsckArgs {
 }
 
 pub fn format(args: FormatArgs) -> io::Result<()> {
-    let summary = lanefs_volume::volume::format(&args.volume, &args.data, args.force)
-        .map_err(io::Error::other)?;
+    let source = args.volume.to_string_lossy();
+    let summary = if is_postgres(&args.volume) {
+        lanefs_volume::volume::format_postgres(&source, &args.data, args.force)
+    } else {
+        lanefs_volume::volume::format(&args.volume, &args.data, args.force)
+    }
+    .map_err(io::Error::other)?;
     println!("{summary}");
+    Ok(())
+}
+
+fn is_postgres(volume: &Path) -> bool {
+    lanefs_volume::postgres::is_url(&volume.to_string_lossy())
+}
+
+/// The refusal of a command that does not work on a volume on PostgreSQL yet.
+fn not_on_postgres(volume: &Path, command: &str) -> io::Result<()> {
+    if is_postgres(volume) {
+        return Err(io::Error::other(format!(
+            "`lanefs {command}` does not work on a volume on PostgreSQL yet (only on SQLite volumes)"
+        )));
+    }
     Ok(())
 }
 
@@ -65,6 +85,7 @@ pub fn gc(volume: &Path) -> io::Result<()> {
 }
 
 pub fn dump(volume: &Path) -> io::Result<()> {
+    not_on_postgres(volume, "dump")?;
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     lanefs_volume::dump::dump(volume, &mut out).map_err(io::Error::other)?;
@@ -72,6 +93,7 @@ pub fn dump(volume: &Path) -> io::Result<()> {
 }
 
 pub fn load(volume: &Path) -> io::Result<()> {
+    not_on_postgres(volume, "load")?;
     let stdin = io::stdin();
     let mut input = io::BufReader::new(stdin.lock());
     lanefs_volume::dump::load(volume, &mut input).map_err(io::Error::other)?;

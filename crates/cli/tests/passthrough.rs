@@ -234,6 +234,15 @@ const VOLUME_ORDER_DEPENDENT: &[(&str, &str)] = &[("readdir_while_changing", "fi
 /// Runs `case` natively, then on a new volume: transcripts and trees must agree, and fsck must
 /// find nothing after unmounting.
 fn on_volume(name: &str, case: fn(&Path, &mut T)) {
+    on_a_volume(name, case, false)
+}
+
+/// A case on a volume whose metadata is on PostgreSQL (a server of the test's own).
+fn on_pg_volume(name: &str, case: fn(&Path, &mut T)) {
+    on_a_volume(name, case, true)
+}
+
+fn on_a_volume(name: &str, case: fn(&Path, &mut T), postgres: bool) {
     if let Some((_, why)) = VOLUME_SKIPS.iter().find(|(n, _)| *n == name) {
         eprintln!("skipped on the volume: {why}");
         return;
@@ -253,7 +262,14 @@ fn on_volume(name: &str, case: fn(&Path, &mut T)) {
     };
     let expected = order_dependent(t.0);
     let expected_tree = tree_snapshot(native.path());
-    let volume = common::volume::Volume::format(name);
+    let volume = if postgres {
+        match common::volume::Volume::format_on_postgres(name) {
+            Some(volume) => volume,
+            None => return,
+        }
+    } else {
+        common::volume::Volume::format(name)
+    };
     let m = volume.mount(&[]);
     let mut t = T::default();
     let outcome =
@@ -317,6 +333,15 @@ macro_rules! cases {
                 #[test]
                 fn $name() {
                     super::on_volume(stringify!($name), super::cases::$name);
+                }
+            )*
+        }
+        /// The same cases on a volume on PostgreSQL.
+        mod on_pg_volume {
+            $(
+                #[test]
+                fn $name() {
+                    super::on_pg_volume(stringify!($name), super::cases::$name);
                 }
             )*
         }

@@ -125,20 +125,25 @@ fn untar_of_a_tree_matches_with_diff_and_after_remount() {
             .arg(src.path())
             .arg("tree"),
     );
-    let volume = Volume::format("untar");
+    untar_round_trip(&Volume::format("untar"), src.path(), &tree);
+}
+
+/// Untars `src/tree.tar` into the volume, compares it with `tree` with `diff -r`, again after
+/// a remount, then removes it all: fsck finds nothing at each step and no block is left.
+fn untar_round_trip(volume: &Volume, src: &Path, tree: &Path) {
     let m = volume.mount(&[]);
     run_ok(
         Command::new("tar")
             .arg("xf")
-            .arg(src.path().join("tree.tar"))
+            .arg(src.join("tree.tar"))
             .arg("-C")
             .arg(&m.mountpoint),
     );
-    diff_r(&tree, &m.path("tree"));
+    diff_r(tree, &m.path("tree"));
     m.unmount();
     volume.assert_clean();
     let m = volume.mount(&[]);
-    diff_r(&tree, &m.path("tree"));
+    diff_r(tree, &m.path("tree"));
     // Hard links and link counts came through.
     assert_eq!(
         std::fs::metadata(m.path("tree/hard-f2")).unwrap().nlink(),
@@ -247,14 +252,16 @@ fn kill_9_during_untars(runs: u64) {
     let mut first = 0;
     while first < runs {
         let last = runs.min(first + KILL9_RUNS_PER_VOLUME);
-        kill_9_group(first..last, seed, &mut rng);
+        kill_9_group(&Volume::format("kill9"), first..last, seed, &mut rng);
         first = last;
     }
 }
 
-/// Runs `runs` of [`kill_9_during_untars`] on one new volume.
-fn kill_9_group(runs: std::ops::Range<u64>, seed: u64, rng: &mut Rng) {
-    let volume = Volume::format("kill9");
+/// Runs `runs` of [`kill_9_during_untars`] on one new volume. On PostgreSQL a killed
+/// mount's session lives on until the others end it (`SESSION_EXPIRY`), and fsck refuses a
+/// volume with live sessions: there fsck runs once, at the end, after a mount ended them.
+fn kill_9_group(volume: &Volume, runs: std::ops::Range<u64>, seed: u64, rng: &mut Rng) {
+    let shared = volume.pg.is_some();
     let mut all_acked = Vec::new();
     for run in runs {
         let every = 1 + rng.below(10) as usize;
@@ -291,11 +298,13 @@ fn kill_9_group(runs: std::ops::Range<u64>, seed: u64, rng: &mut Rng) {
             );
         }
         m.unmount();
-        let (clean, out) = volume.fsck(false);
-        assert!(
-            clean && out.contains("clean"),
-            "run {run}: fsck after kill -9 and a remount (seed {seed}):\n{out}"
-        );
+        if !shared {
+            let (clean, out) = volume.fsck(false);
+            assert!(
+                clean && out.contains("clean"),
+                "run {run}: fsck after kill -9 and a remount (seed {seed}):\n{out}"
+            );
+        }
         all_acked.extend(acked.into_iter().map(|i| (run, i)));
     }
     let m = volume.mount(&[]);
@@ -305,6 +314,9 @@ fn kill_9_group(runs: std::ops::Range<u64>, seed: u64, rng: &mut Rng) {
             got == content(*i, size_of(*i)),
             "run {run}: fsynced file {i} changed by later runs (seed {seed})"
         );
+    }
+    if shared {
+        wait_for_sessions(volume, 1);
     }
     m.unmount();
     volume.assert_clean();
@@ -1214,9 +1226,351 @@ fn dump_and_load(volume: &Volume, tag: &str) -> (Volume, Vec<u8>) {
         "the loaded volume dumps differently"
     );
     let copy = Volume {
+        pg: None,
         dir: TempDir::new(tag),
         db: copy,
         data: volume.data.clone(),
     };
     (copy, first.stdout)
+}
+
+/// How long a killed mount's session takes to be ended by a live mount at most: the live one
+/// must have beaten for SESSION_EXPIRY (15 s) itself, the dead one been silent as long, and
+/// heartbeats come every 2 s.
+const SESSION_END_WAIT: Duration = Duration::from_secs(40);
+
+/// Waits until the volume on PostgreSQL has `live` session rows (a mount ended the others).
+fn wait_for_sessions(volume: &Volume, live: usize) {
+    let server = volume.server();
+    let ended = wait_until(SESSION_END_WAIT, || {
+        server.psql("vol", "SELECT count(*) FROM sessions") == live.to_string()
+    });
+    assert!(
+        ended,
+        "the killed mounts' sessions were not ended: {}",
+        server.psql("vol", "SELECT id, heartbeat_ns FROM sessions")
+    );
+}
+
+/// The volume with its metadata on a PostgreSQL server of the test's own (issue 14).
+mod on_postgres {
+    use super::*;
+
+    #[test]
+    fn untar_of_a_tree_matches_with_diff_and_after_remount() {
+        let Some(volume) = Volume::format_on_postgres("untar") else {
+            return;
+        };
+        let src = TempDir::new("pgvol-tree-src");
+        let tree = src.path().join("tree");
+        make_tree(&tree, 300);
+        run_ok(
+            Command::new("tar")
+                .arg("cf")
+                .arg(src.path().join("tree.tar"))
+                .arg("-C")
+                .arg(src.path())
+                .arg("tree"),
+        );
+        untar_round_trip(&volume, src.path(), &tree);
+    }
+
+    #[test]
+    fn kill_9_at_random_points_of_an_untar_keeps_every_fsynced_file() {
+        let Some(volume) = Volume::format_on_postgres("kill9") else {
+            return;
+        };
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1;
+        eprintln!("kill -9 runs on PostgreSQL: seed {seed}");
+        kill_9_group(&volume, 0..5, seed, &mut Rng(seed));
+    }
+
+    /// What one mount creates, renames, writes and closes, and unlinks, the other sees within
+    /// the shared volume's cache lifetime (1 s); an open after the other's close sees its
+    /// bytes at once (close-to-open: no page cache kept across opens).
+    #[test]
+    fn two_mounts_of_one_volume_see_each_others_changes() {
+        let Some(volume) = Volume::format_on_postgres("two") else {
+            return;
+        };
+        // noatime: otherwise a read that must move atime drops the page cache anyway.
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        let soon = Duration::from_secs(3);
+        std::fs::write(a.path("f"), b"AAAA").unwrap();
+        assert_eq!(std::fs::read(b.path("f")).unwrap(), b"AAAA");
+        // Same length, so only the page cache could hide the change from b.
+        std::fs::write(a.path("f"), b"BBBB").unwrap();
+        assert_eq!(
+            std::fs::read(b.path("f")).unwrap(),
+            b"BBBB",
+            "an open on b after a's close read stale bytes"
+        );
+        std::fs::write(b.path("f"), b"written on b, longer").unwrap();
+        assert_eq!(std::fs::read(a.path("f")).unwrap(), b"written on b, longer");
+        std::fs::rename(a.path("f"), a.path("g")).unwrap();
+        assert!(
+            wait_until(soon, || !b.path("f").exists() && b.path("g").exists()),
+            "b does not see a's rename"
+        );
+        std::fs::create_dir(b.path("d")).unwrap();
+        std::fs::remove_file(b.path("g")).unwrap();
+        assert!(
+            wait_until(soon, || !a.path("g").exists() && a.path("d").is_dir()),
+            "a does not see b's unlink and mkdir"
+        );
+        let listing = |m: &common::Mount| -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(&m.mountpoint)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(listing(&a), ["d"]);
+        assert_eq!(listing(&b), ["d"]);
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// With kernel caches that would last a minute, what one mount changes still reaches
+    /// the other within a moment: the other reads the change log every 100 ms and sends its
+    /// kernel FUSE invalidations (attributes, pages, names).
+    #[test]
+    fn the_change_log_invalidates_the_other_mounts_caches() {
+        let Some(volume) = Volume::format_on_postgres("changelog") else {
+            return;
+        };
+        let long = ["-o", "attr_timeout=60,entry_timeout=60", "--noatime"];
+        let a = volume.mount(&long);
+        let b = volume.mount(&long);
+        let soon = Duration::from_secs(2);
+        std::fs::write(a.path("f"), b"1234").unwrap();
+        assert_eq!(std::fs::metadata(b.path("f")).unwrap().len(), 4);
+        std::fs::write(a.path("f"), b"12345678").unwrap();
+        assert!(
+            wait_until(soon, || std::fs::metadata(b.path("f")).unwrap().len() == 8),
+            "b's kernel kept a's old size"
+        );
+        assert_eq!(std::fs::read(b.path("f")).unwrap(), b"12345678");
+        std::fs::rename(a.path("f"), a.path("g")).unwrap();
+        assert!(
+            wait_until(soon, || !b.path("f").exists() && b.path("g").exists()),
+            "b's kernel kept the name a renamed"
+        );
+        std::fs::set_permissions(
+            b.path("g"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        assert!(
+            wait_until(soon, || {
+                std::fs::metadata(a.path("g")).unwrap().mode() & 0o777 == 0o600
+            }),
+            "a's kernel kept b's old mode"
+        );
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// A mount killed with kill -9 leaves its session row, its inode range and a file it
+    /// held open after unlinking it; the live mount ends that session after the heartbeat
+    /// timeout (frees the file, drops the range and the row) and keeps its own.
+    #[test]
+    fn a_killed_mounts_session_is_ended_by_the_other() {
+        let Some(volume) = Volume::format_on_postgres("expiry") else {
+            return;
+        };
+        let server = volume.server();
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        let a_session = server.psql("vol", "SELECT min(id) FROM sessions");
+        let b_session = server.psql("vol", "SELECT max(id) FROM sessions");
+        let mut held = std::fs::File::create(a.path("held")).unwrap();
+        held.write_all(&content(1, 200 * KIB)).unwrap();
+        held.sync_all().unwrap();
+        std::fs::remove_file(a.path("held")).unwrap();
+        std::fs::write(a.path("kept"), b"kept").unwrap();
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM orphans"), "1");
+        let ranges = format!("SELECT count(*) FROM inode_ranges WHERE session = {a_session}");
+        assert_eq!(server.psql("vol", &ranges), "1");
+        common::kill_daemon_leaving_a_dead_mount(a.pid, &a.mountpoint);
+        drop(held);
+        drop(a);
+        wait_for_sessions(&volume, 1);
+        assert_eq!(server.psql("vol", "SELECT id FROM sessions"), b_session);
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM orphans"), "0");
+        assert_eq!(server.psql("vol", &ranges), "0");
+        // The live mount goes on, and sees what the dead one committed.
+        assert_eq!(std::fs::read(b.path("kept")).unwrap(), b"kept");
+        std::fs::write(b.path("after"), b"x").unwrap();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// PostgreSQL stopped (as a crash: immediate) and started again while files are written
+    /// and fsynced: operations wait for it (or fail), every file whose fsync returned is
+    /// there byte for byte, and writes go on by themselves once it is back.
+    #[test]
+    fn a_postgres_restart_in_the_middle_of_writes_loses_nothing_fsynced() {
+        restart_in_the_middle_of_writes(&[]);
+    }
+
+    /// The same with commits that do not wait for PostgreSQL's WAL flush: an fsync's does.
+    #[test]
+    fn with_async_commits_a_postgres_restart_loses_nothing_fsynced() {
+        restart_in_the_middle_of_writes(&["--async-commit"]);
+    }
+
+    fn restart_in_the_middle_of_writes(mount_args: &[&str]) {
+        let Some(volume) = Volume::format_on_postgres("restart") else {
+            return;
+        };
+        let m = volume.mount(mount_args);
+        let dir = m.path("w");
+        std::fs::create_dir(&dir).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let writer = {
+            let (dir, stop, acked, failed) =
+                (dir.clone(), stop.clone(), acked.clone(), failed.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let p = dir.join(format!("f{i}"));
+                    let written = std::fs::File::create(&p).and_then(|mut f| {
+                        f.write_all(&content(i, size_of(i)))?;
+                        f.sync_all()
+                    });
+                    match written {
+                        Ok(()) => acked.lock().unwrap().push(i),
+                        Err(_) => {
+                            failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                    i += 1;
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(700));
+        let before = acked.lock().unwrap().len();
+        volume.server().restart(Duration::from_secs(1));
+        let resumed = wait_until(Duration::from_secs(30), || {
+            acked.lock().unwrap().len() > before + 20
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(resumed, "writes did not resume after PostgreSQL came back");
+        let acked = acked.lock().unwrap().clone();
+        eprintln!(
+            "{} files fsynced ({before} before the restart), {} failed",
+            acked.len(),
+            failed.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        m.unmount();
+        let m = volume.mount(&[]);
+        for i in &acked {
+            let got = std::fs::read(m.path(&format!("w/f{i}")))
+                .unwrap_or_else(|e| panic!("fsynced file {i} after the restart: {e}"));
+            assert!(got == content(*i, size_of(*i)), "fsynced file {i} differs");
+        }
+        m.unmount();
+        volume.assert_clean();
+    }
+
+    /// Inode numbers past 2^32 (a long-lived shared volume's) go through every statement:
+    /// PostgreSQL binds each parameter to the type it inferred for it, which must never be
+    /// a 32-bit one for a number.
+    #[test]
+    fn inode_numbers_past_32_bits_work() {
+        let Some(volume) = Volume::format_on_postgres("bigino") else {
+            return;
+        };
+        let big: u64 = (1 << 40) + 7;
+        volume.server().psql(
+            "vol",
+            &format!("UPDATE counters SET value = {big} WHERE name = 'next_inode'"),
+        );
+        let m = volume.mount(&[]);
+        std::fs::create_dir_all(m.path("a/sub")).unwrap();
+        std::fs::create_dir(m.path("b")).unwrap();
+        std::fs::write(m.path("a/sub/f"), b"data").unwrap();
+        assert!(std::fs::metadata(m.path("a/sub/f")).unwrap().ino() >= big);
+        std::fs::hard_link(m.path("a/sub/f"), m.path("b/g")).unwrap();
+        std::fs::rename(m.path("a/sub"), m.path("b/sub")).unwrap();
+        assert_eq!(
+            std::fs::metadata(m.path("b/sub/..")).unwrap().ino(),
+            std::fs::metadata(m.path("b")).unwrap().ino(),
+            "a moved directory's .. does not follow it"
+        );
+        xattr_set(&m.path("b/g"), "user.k", b"v");
+        std::fs::remove_file(m.path("b/sub/f")).unwrap();
+        assert_eq!(std::fs::read(m.path("b/g")).unwrap(), b"data");
+        std::fs::remove_dir(m.path("b/sub")).unwrap();
+        std::fs::remove_dir(m.path("a")).unwrap();
+        m.unmount();
+        volume.assert_clean();
+    }
+
+    fn xattr_set(path: &Path, name: &str, value: &[u8]) {
+        run_ok(
+            Command::new("setfattr")
+                .args(["-n", name, "-v", std::str::from_utf8(value).unwrap()])
+                .arg(path),
+        );
+    }
+
+    /// What format, mount and fsck refuse on PostgreSQL, each with one sentence.
+    #[test]
+    fn bad_urls_and_databases_are_refused_with_one_sentence() {
+        let Some(volume) = Volume::format_on_postgres("refusals") else {
+            return;
+        };
+        let server = volume.server();
+        let url = volume.source();
+        let data = volume.dir.path().join("other-data");
+        let out = lanefs(&["format", url, "--data", data.to_str().unwrap()]);
+        assert!(!out.status.success());
+        assert!(stderr(&out).contains("add --force"), "{}", stderr(&out));
+        let with_password = url.replace("postgres@", "postgres:secret@");
+        let out = lanefs(&["format", &with_password, "--data", data.to_str().unwrap()]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("PGPASSWORD") && !stderr(&out).contains("secret"),
+            "{}",
+            stderr(&out)
+        );
+        let other = server.createdb("notavolume");
+        let mnt = TempDir::new("pg-refusal-mnt");
+        let out = lanefs(&["mount", &other, mnt.path().to_str().unwrap()]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("is a PostgreSQL database but not a lanefs volume"),
+            "{}",
+            stderr(&out)
+        );
+        let m = volume.mount(&[]);
+        // The mount's source shows the URL as given (it has no password).
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        assert!(mounts.contains(&format!("{url} {}", m.mountpoint.display())));
+        let out = lanefs(&["fsck", url]);
+        assert!(!out.status.success());
+        assert!(stderr(&out).contains("is mounted"), "{}", stderr(&out));
+        let out = lanefs(&["dump", url]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("does not work on a volume on PostgreSQL yet"),
+            "{}",
+            stderr(&out)
+        );
+        m.unmount();
+        volume.assert_clean();
+    }
 }

@@ -20,6 +20,7 @@ use crate::now_ns;
 use crate::volume::VolumeLock;
 
 mod atime;
+mod changes;
 mod fileattr;
 mod setid;
 
@@ -28,7 +29,11 @@ use lanefs_fuse::atime::Atime;
 
 /// Shards of the open-file and directory-handle tables.
 const OPEN_SHARDS: usize = 64;
-/// How often the session's heartbeat row is refreshed.
+/// How often a mount of a shared volume reads the other mounts' change log: the bound on
+/// how long its kernel caches can hold what another mount changed.
+pub const CHANGE_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the session's heartbeat row is refreshed (by default; see
+/// `VolumeOptions::heartbeat_interval`).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// statfs's usage figures are recomputed at most this often.
 const USAGE_REFRESH: Duration = Duration::from_secs(1);
@@ -49,6 +54,11 @@ pub struct VolumeOptions {
     /// The mount's atime flags at mount time (a remount changes them through
     /// [`VolumeFs::atime_switch`]).
     pub atime: Atime,
+    /// Other mounts share the volume (PostgreSQL): opens do not keep the page cache, so an
+    /// open sees what another mount wrote and closed (close-to-open).
+    pub shared: bool,
+    /// How often the session's heartbeat row is refreshed.
+    pub heartbeat_interval: Duration,
 }
 
 impl Default for VolumeOptions {
@@ -59,6 +69,8 @@ impl Default for VolumeOptions {
             capacity: None,
             parallel_writes: true,
             atime: Atime::default(),
+            shared: false,
+            heartbeat_interval: HEARTBEAT_INTERVAL,
         }
     }
 }
@@ -187,7 +199,7 @@ pub struct VolumeFs {
     /// Open inodes known to have no set-ID bits and no capability (see `setid`).
     no_privileges: setid::NoPrivileges,
     /// The session's /dev/fuse fd, for notifications; set once the session is connected.
-    session_fd: std::sync::OnceLock<i32>,
+    session_fd: Arc<std::sync::OnceLock<i32>>,
     /// The volume's lock: let go at the very end of `destroy`, after the session ended and
     /// the database was closed, before the daemon says it is unmounted.
     lock: VolumeLock,
@@ -227,17 +239,43 @@ impl VolumeFs {
             Ok(_) => {}
             Err(e) => tracing::warn!("volume: listing blocks to delete: {}", errno_name(e)),
         }
-        recover_crashed_blocks(&*store, &data);
+        recover_crashed_blocks(&*store, &data, store.crashed_sessions());
         let (beat_tx, beat_rx) = channel::<()>();
+        let session_fd = Arc::new(std::sync::OnceLock::new());
         {
             let store = store.clone();
+            let data = data.clone();
+            let interval = options.heartbeat_interval;
+            // A shared volume's thread also reads the other mounts' change log.
+            let tick = if options.shared {
+                CHANGE_POLL_INTERVAL.min(interval)
+            } else {
+                interval
+            };
+            let mut changes = options
+                .shared
+                .then(|| changes::Follower::new(session_fd.clone()));
             match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
                 .spawn(move || {
+                    let mut last_beat = std::time::Instant::now();
                     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                        beat_rx.recv_timeout(HEARTBEAT_INTERVAL)
+                        beat_rx.recv_timeout(tick)
                     {
-                        store.heartbeat(now_ns(), Box::new(|_| {}));
+                        if let Some(follower) = &mut changes {
+                            follower.poll(&*store);
+                        }
+                        if last_beat.elapsed() < interval {
+                            continue;
+                        }
+                        last_beat = std::time::Instant::now();
+                        // A shared volume's heartbeat ends sessions that stopped beating:
+                        // their uncommitted blocks go as a crashed session's do at a mount.
+                        if let Ok(ended) = wait(|done| store.heartbeat(now_ns(), done))
+                            && !ended.is_empty()
+                        {
+                            recover_crashed_blocks(&*store, &data, ended);
+                        }
                     }
                 }) {
                 Ok(handle) => threads.push(handle),
@@ -250,7 +288,7 @@ impl VolumeFs {
             atime_due: atime::AtimeDue::new(),
             fileattrs,
             no_privileges: setid::NoPrivileges::new(),
-            session_fd: std::sync::OnceLock::new(),
+            session_fd,
             store,
             data,
             open: Arc::new(OpenTable {
@@ -450,6 +488,8 @@ impl VolumeFs {
                 f |= fopen::PARALLEL_DIRECT_WRITES;
             }
             f
+        } else if self.options.shared {
+            0
         } else {
             fopen::KEEP_CACHE
         }
@@ -549,8 +589,7 @@ fn sync_before_deleting(store: &dyn MetaStore) -> bool {
 
 /// Deletes the blocks that sessions which ended without unmounting (kill -9, a crash) wrote
 /// but never committed: a block is stored before the change that refers to it.
-fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath) {
-    let crashed = store.crashed_sessions();
+fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath, crashed: Vec<u64>) {
     // What this session's start found (and WAL recovery replayed) may not be on the disk yet.
     if crashed.is_empty() || !sync_before_deleting(store) {
         return;
@@ -1572,7 +1611,7 @@ mod tests {
         let (store, data) = dir.open();
         assert_eq!(store.crashed_sessions(), vec![crashed.session]);
         let started = now_ns();
-        recover_crashed_blocks(&*store, &data);
+        recover_crashed_blocks(&*store, &data, store.crashed_sessions());
         assert!(
             !block_exists(&data, stray),
             "the stray block was not deleted"

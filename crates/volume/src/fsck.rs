@@ -5,16 +5,18 @@
 //! entry names, orphans of ended sessions included (freed); wrong link counts and wrong `..`
 //! of directories (set); rows of symlinks, xattrs and chunks whose inode is gone (removed);
 //! chunks whose block is missing from the block store (made holes); blocks nothing refers to
-//! (deleted).
+//! (deleted). The checks are written once over [`Tx`] and run on SQLite and PostgreSQL alike.
 
 use std::collections::HashSet;
 use std::path::Path;
 
-use rusqlite::{Connection, params};
-
-use crate::blocks::BlockStore;
+use crate::blocks::{BlockStore, ObjectBlockStore};
 use crate::meta::ROOT_INO;
-use crate::volume::{self, VolumeLock};
+use crate::postgres::{self, PgConn, PgTarget};
+use crate::sql::{DbError, Tx, args};
+use crate::sqlite::SqliteConn;
+use crate::store::Conn;
+use crate::volume::{self, Settings, VolumeLock};
 
 #[derive(Debug, Default)]
 pub struct Report {
@@ -45,47 +47,111 @@ impl Report {
     }
 }
 
-fn sql(e: rusqlite::Error) -> String {
+fn sql(e: DbError) -> String {
     format!("fsck: {e}")
 }
 
-fn ids(conn: &Connection, query: &str) -> Result<Vec<i64>, String> {
-    let mut stmt = conn.prepare(query).map_err(sql)?;
-    let rows = stmt.query_map([], |r| r.get(0)).map_err(sql)?;
-    rows.collect::<rusqlite::Result<_>>().map_err(sql)
+fn ids(
+    tx: &mut dyn Tx,
+    query: &'static str,
+    params: &[crate::sql::Arg<'_>],
+) -> Result<Vec<i64>, String> {
+    tx.query(query, params)
+        .map_err(sql)?
+        .iter()
+        .map(|r| r.int(0).map_err(sql))
+        .collect()
 }
 
-/// Runs the checks; `progress` gets a line per phase and per problem.
-pub fn run(db: &Path, repair: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
+/// A volume held for a check: its connection, block store and the lock (SQLite) that keeps
+/// mounts away meanwhile.
+struct Held<C> {
+    conn: C,
+    blocks: std::sync::Arc<ObjectBlockStore>,
+    _lock: Option<VolumeLock>,
+}
+
+fn hold_sqlite(db: &Path) -> Result<Held<SqliteConn>, String> {
     let mut lock = VolumeLock::take(db)?;
     let (conn, settings) = volume::check(db, true)?;
     let blocks = volume::open_blocks(db, &settings)?;
     lock.cover_data(&settings.data)?;
+    Ok(Held {
+        conn: SqliteConn(conn),
+        blocks,
+        _lock: Some(lock),
+    })
+}
+
+/// A volume on PostgreSQL, refused while a mount of it is live (heartbeat within
+/// `SESSION_EXPIRY`): other mounts would change it under the check.
+fn hold_postgres(url: &str) -> Result<Held<PgConn>, String> {
+    let target = PgTarget::parse(url)?;
+    let mut conn = target.connect()?;
+    let settings: Settings = volume::check_settings(&mut conn, url, "a PostgreSQL")?;
+    let live = volume::live_sessions(&mut conn, crate::now_ns());
+    if live > 0 {
+        return Err(format!(
+            "{url} is mounted ({live} live sessions); unmount it everywhere first (a killed mount's session ends {} s after its last heartbeat)",
+            postgres::SESSION_EXPIRY.as_secs()
+        ));
+    }
+    let blocks = volume::open_blocks(Path::new(url), &settings)?;
+    Ok(Held {
+        conn,
+        blocks,
+        _lock: None,
+    })
+}
+
+/// Runs the checks; `progress` gets a line per phase and per problem.
+pub fn run(db: &Path, repair: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
+    let source = db.to_string_lossy();
+    if postgres::is_url(&source) {
+        let mut held = hold_postgres(&source)?;
+        // PostgreSQL's COMMIT is durable when it returns: nothing more to sync.
+        return check_and_repair(&mut held, repair, progress, |_| Ok(()));
+    }
+    let mut held = hold_sqlite(db)?;
+    check_and_repair(&mut held, repair, progress, make_durable)
+}
+
+fn check_and_repair<C: Conn>(
+    held: &mut Held<C>,
+    repair: bool,
+    progress: &mut dyn FnMut(&str),
+    make_durable: fn(&mut C) -> Result<(), String>,
+) -> Result<Report, String> {
     let mut report = Report {
         repaired: repair,
         ..Default::default()
     };
-    conn.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
-    let result = check_all(&conn, &*blocks, repair, &mut report, progress);
+    let conn = &mut held.conn;
+    conn.begin(false).map_err(sql)?;
+    let result = check_all(conn, &*held.blocks, repair, &mut report, progress);
     match result {
         Ok(unreferenced) if repair => {
-            conn.execute_batch("COMMIT").map_err(sql)?;
-            make_durable(&conn)?;
+            conn.commit(false).map_err(sql)?;
+            make_durable(conn)?;
             // Deleted only after the commit that stopped referring to them is durable.
             for b in unreferenced {
-                blocks
+                held.blocks
                     .delete(b)
                     .map_err(|e| format!("fsck: deleting block {b:016x}: {e}"))?;
             }
-            conn.execute("DELETE FROM gc_blocks", []).map_err(sql)?;
+            conn.execute("DELETE FROM gc_blocks", &[]).map_err(sql)?;
         }
-        Ok(_) => conn.execute_batch("ROLLBACK").map_err(sql)?,
+        Ok(_) => conn.rollback(),
         Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
+            conn.rollback();
             return Err(e);
         }
     }
     Ok(report)
+}
+
+fn exec(conn: &mut dyn Tx, q: &'static str, a: &[crate::sql::Arg<'_>]) -> Result<(), String> {
+    conn.execute(q, a).map(|_| ()).map_err(sql)
 }
 
 fn problem(report: &mut Report, progress: &mut dyn FnMut(&str), line: String) {
@@ -93,30 +159,57 @@ fn problem(report: &mut Report, progress: &mut dyn FnMut(&str), line: String) {
     report.problems.push(line);
 }
 
+/// Where a freed inode's rows are.
+const DELETE_INODE_ROWS: [&str; 5] = [
+    "DELETE FROM chunks WHERE ino = ?",
+    "DELETE FROM inodes WHERE ino = ?",
+    "DELETE FROM xattrs WHERE ino = ?",
+    "DELETE FROM symlinks WHERE ino = ?",
+    "DELETE FROM orphans WHERE ino = ?",
+];
+
+/// Rows of inodes that are gone, by table: (table, find, delete).
+const STRAY_ROWS: [(&str, &str, &str); 3] = [
+    (
+        "symlinks",
+        "SELECT DISTINCT t.ino FROM symlinks t WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = t.ino)",
+        "DELETE FROM symlinks WHERE ino = ?",
+    ),
+    (
+        "xattrs",
+        "SELECT DISTINCT t.ino FROM xattrs t WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = t.ino)",
+        "DELETE FROM xattrs WHERE ino = ?",
+    ),
+    (
+        "chunks",
+        "SELECT DISTINCT t.ino FROM chunks t WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = t.ino)",
+        "DELETE FROM chunks WHERE ino = ?",
+    ),
+];
+
 /// Returns the blocks to delete after the commit.
 fn check_all(
-    conn: &Connection,
+    conn: &mut dyn Tx,
     blocks: &dyn BlockStore,
     repair: bool,
     report: &mut Report,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<u64>, String> {
     progress("fsck: entries");
-    let mut stmt = conn
-        .prepare(
+    let dangling = conn
+        .query(
             "SELECT e.parent, e.name, e.ino FROM entries e LEFT JOIN inodes i ON i.ino = e.ino
              LEFT JOIN inodes p ON p.ino = e.parent
              WHERE i.ino IS NULL OR p.ino IS NULL OR (p.mode & ?) <> ?",
+            &args![libc::S_IFMT, libc::S_IFDIR],
         )
         .map_err(sql)?;
-    let dangling: Vec<(i64, Vec<u8>, i64)> = stmt
-        .query_map(params![libc::S_IFMT as i64, libc::S_IFDIR as i64], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
-        .map_err(sql)?
-        .collect::<rusqlite::Result<_>>()
-        .map_err(sql)?;
-    for (parent, name, ino) in dangling {
+    for r in dangling {
+        let (parent, name, ino) = (
+            r.int(0).map_err(sql)?,
+            r.bytes(1).map_err(sql)?,
+            r.int(2).map_err(sql)?,
+        );
         problem(
             report,
             progress,
@@ -126,20 +219,19 @@ fn check_all(
             ),
         );
         if repair {
-            conn.execute(
+            exec(
+                conn,
                 "DELETE FROM entries WHERE parent = ? AND name = ?",
-                params![parent, name],
-            )
-            .map_err(sql)?;
+                &args![parent, &name],
+            )?;
         }
     }
 
     progress("fsck: inodes");
     let unnamed = ids(
         conn,
-        &format!(
-            "SELECT ino FROM inodes i WHERE ino <> {ROOT_INO} AND NOT EXISTS (SELECT 1 FROM entries e WHERE e.ino = i.ino)"
-        ),
+        "SELECT ino FROM inodes i WHERE ino <> ? AND NOT EXISTS (SELECT 1 FROM entries e WHERE e.ino = i.ino)",
+        &args![ROOT_INO],
     )?;
     for ino in &unnamed {
         problem(
@@ -148,18 +240,17 @@ fn check_all(
             format!("orphan inode {ino}: no directory entry names it"),
         );
         if repair {
-            conn.execute(
+            exec(
+                conn,
                 "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks WHERE ino = ? ON CONFLICT (block) DO NOTHING",
-                [ino],
-            )
-            .map_err(sql)?;
-            for table in ["chunks", "inodes", "xattrs", "symlinks", "orphans"] {
-                conn.execute(&format!("DELETE FROM {table} WHERE ino = ?"), [ino])
-                    .map_err(sql)?;
+                &args![*ino],
+            )?;
+            for q in DELETE_INODE_ROWS {
+                exec(conn, q, &args![*ino])?;
             }
         }
     }
-    let stale_orphans = ids(conn, "SELECT ino FROM orphans")?;
+    let stale_orphans = ids(conn, "SELECT ino FROM orphans", &[])?;
     for ino in stale_orphans {
         problem(
             report,
@@ -167,30 +258,24 @@ fn check_all(
             format!("orphan row for inode {ino} left by an ended mount"),
         );
         if repair {
-            conn.execute("DELETE FROM orphans WHERE ino = ?", [ino])
-                .map_err(sql)?;
+            exec(conn, "DELETE FROM orphans WHERE ino = ?", &args![ino])?;
         }
     }
 
     progress("fsck: link counts");
-    let mut stmt = conn
-        .prepare(
+    let counts = conn
+        .query(
             "SELECT i.ino, i.nlink, i.mode & ?,
                 (SELECT count(*) FROM entries e WHERE e.ino = i.ino),
                 (SELECT count(*) FROM entries e WHERE e.parent = i.ino AND e.kind = ?)
              FROM inodes i",
+            &args![libc::S_IFMT, libc::S_IFDIR >> 12],
         )
-        .map_err(sql)?;
-    let counts: Vec<(i64, i64, i64, i64, i64)> = stmt
-        .query_map(
-            params![libc::S_IFMT as i64, (libc::S_IFDIR >> 12) as i64],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-        )
-        .map_err(sql)?
-        .collect::<rusqlite::Result<_>>()
         .map_err(sql)?;
     report.inodes = counts.len() as u64;
-    for (ino, nlink, kind, names, subdirs) in counts {
+    for r in counts {
+        let col = |i| r.int(i).map_err(sql);
+        let (ino, nlink, kind, names, subdirs) = (col(0)?, col(1)?, col(2)?, col(3)?, col(4)?);
         let want = if kind == libc::S_IFDIR as i64 {
             2 + subdirs
         } else {
@@ -203,59 +288,48 @@ fn check_all(
                 format!("inode {ino} has link count {nlink}, should be {want}"),
             );
             if repair {
-                conn.execute(
+                exec(
+                    conn,
                     "UPDATE inodes SET nlink = ? WHERE ino = ?",
-                    params![want, ino],
-                )
-                .map_err(sql)?;
+                    &args![want, ino],
+                )?;
             }
         }
     }
-    let mut stmt = conn
-        .prepare(
+    let wrong_parent = conn
+        .query(
             "SELECT e.ino, e.parent, i.parent FROM entries e JOIN inodes i ON i.ino = e.ino
              WHERE e.kind = ? AND i.parent <> e.parent",
+            &args![libc::S_IFDIR >> 12],
         )
         .map_err(sql)?;
-    let wrong_parent: Vec<(i64, i64, i64)> = stmt
-        .query_map([(libc::S_IFDIR >> 12) as i64], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
-        .map_err(sql)?
-        .collect::<rusqlite::Result<_>>()
-        .map_err(sql)?;
-    for (ino, parent, recorded) in wrong_parent {
+    for r in wrong_parent {
+        let col = |i| r.int(i).map_err(sql);
+        let (ino, parent, recorded) = (col(0)?, col(1)?, col(2)?);
         problem(
             report,
             progress,
             format!("directory {ino} records parent {recorded}, but lives in {parent}"),
         );
         if repair {
-            conn.execute(
+            exec(
+                conn,
                 "UPDATE inodes SET parent = ? WHERE ino = ?",
-                params![parent, ino],
-            )
-            .map_err(sql)?;
+                &args![parent, ino],
+            )?;
         }
     }
 
     progress("fsck: rows of missing inodes");
-    for table in ["symlinks", "xattrs", "chunks"] {
-        let stray = ids(
-            conn,
-            &format!(
-                "SELECT DISTINCT t.ino FROM {table} t WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = t.ino)"
-            ),
-        )?;
-        for ino in stray {
+    for (table, find, delete) in STRAY_ROWS {
+        for ino in ids(conn, find, &[])? {
             problem(
                 report,
                 progress,
                 format!("{table} rows for missing inode {ino}"),
             );
             if repair {
-                conn.execute(&format!("DELETE FROM {table} WHERE ino = ?"), [ino])
-                    .map_err(sql)?;
+                exec(conn, delete, &args![ino])?;
             }
         }
     }
@@ -266,17 +340,16 @@ fn check_all(
         .map_err(|e| format!("fsck: listing the data directory: {e}"))?
         .into_iter()
         .collect();
-    let mut stmt = conn
-        .prepare("SELECT ino, idx, block FROM chunks")
-        .map_err(sql)?;
-    let chunks: Vec<(i64, i64, i64)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .map_err(sql)?
-        .collect::<rusqlite::Result<_>>()
+    let chunks = conn
+        .query("SELECT ino, idx, block FROM chunks", &[])
         .map_err(sql)?;
     let mut referenced = HashSet::with_capacity(chunks.len());
-    for (ino, idx, block) in chunks {
-        let block = block as u64;
+    for r in chunks {
+        let (ino, idx, block) = (
+            r.int(0).map_err(sql)?,
+            r.int(1).map_err(sql)?,
+            r.u64(2).map_err(sql)?,
+        );
         if !stored.contains(&block) {
             problem(
                 report,
@@ -286,18 +359,18 @@ fn check_all(
                 ),
             );
             if repair {
-                conn.execute(
+                exec(
+                    conn,
                     "DELETE FROM chunks WHERE ino = ? AND idx = ?",
-                    params![ino, idx],
-                )
-                .map_err(sql)?;
+                    &args![ino, idx],
+                )?;
             }
         } else {
             referenced.insert(block);
         }
     }
     report.blocks = referenced.len() as u64;
-    let released: HashSet<u64> = ids(conn, "SELECT block FROM gc_blocks")?
+    let released: HashSet<u64> = ids(conn, "SELECT block FROM gc_blocks", &[])?
         .into_iter()
         .map(|b| b as u64)
         .collect();
@@ -318,9 +391,11 @@ fn check_all(
 /// Makes the state just read or committed durable before blocks it no longer refers to are
 /// deleted: the commits (and what WAL recovery replayed after a crash) may be in the page
 /// cache only. A checkpoint fsyncs the WAL, copies it into the database and fsyncs that.
-fn make_durable(conn: &rusqlite::Connection) -> Result<(), String> {
-    let busy: i64 = conn
-        .query_row("PRAGMA wal_checkpoint(FULL)", [], |r| r.get(0))
+fn make_durable(conn: &mut SqliteConn) -> Result<(), String> {
+    let busy = conn
+        .query_opt("PRAGMA wal_checkpoint(FULL)", &[])
+        .map_err(sql)?
+        .map_or(Ok(0), |r| r.int(0))
         .map_err(sql)?;
     if busy != 0 {
         return Err("the database is busy (another process reads it); try again".into());
@@ -331,25 +406,37 @@ fn make_durable(conn: &rusqlite::Connection) -> Result<(), String> {
 /// `lanefs gc`: deletes the blocks no file refers to (released ones whose deletion a crash
 /// interrupted, and strays) from a volume that is not mounted. Returns how many it deleted.
 pub fn gc(db: &Path) -> Result<usize, String> {
-    let mut lock = VolumeLock::take(db)?;
-    let (conn, settings) = volume::check(db, true)?;
-    let blocks = volume::open_blocks(db, &settings)?;
-    lock.cover_data(&settings.data)?;
-    let stored = blocks
+    let source = db.to_string_lossy();
+    if postgres::is_url(&source) {
+        let mut held = hold_postgres(&source)?;
+        return collect(&mut held, |_| Ok(()));
+    }
+    let mut held = hold_sqlite(db)?;
+    collect(&mut held, make_durable)
+}
+
+fn collect<C: Conn>(
+    held: &mut Held<C>,
+    make_durable: fn(&mut C) -> Result<(), String>,
+) -> Result<usize, String> {
+    let stored = held
+        .blocks
         .list(None)
         .map_err(|e| format!("gc: listing the data directory: {e}"))?;
-    let referenced: HashSet<u64> = ids(&conn, "SELECT block FROM chunks")?
+    let referenced: HashSet<u64> = ids(&mut held.conn, "SELECT block FROM chunks", &[])?
         .into_iter()
         .map(|b| b as u64)
         .collect();
-    make_durable(&conn)?;
+    make_durable(&mut held.conn)?;
     let mut deleted = 0;
     for b in stored.into_iter().filter(|b| !referenced.contains(b)) {
-        blocks
+        held.blocks
             .delete(b)
             .map_err(|e| format!("gc: deleting block {b:016x}: {e}"))?;
         deleted += 1;
     }
-    conn.execute("DELETE FROM gc_blocks", []).map_err(sql)?;
+    held.conn
+        .execute("DELETE FROM gc_blocks", &[])
+        .map_err(sql)?;
     Ok(deleted)
 }

@@ -8,8 +8,12 @@ pub mod file;
 pub mod fs;
 pub mod fsck;
 pub mod meta;
+pub mod ops;
+pub mod postgres;
 pub mod schema;
+pub mod sql;
 pub mod sqlite;
+pub mod store;
 pub mod volume;
 
 /// Now, in nanoseconds since the epoch (0 if the clock is before it).

@@ -139,6 +139,26 @@ pub struct Renamed {
     pub replaced: Option<Removed>,
 }
 
+/// What a change-log row tells the other mounts of a shared volume to forget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// The name `name` in `parent` (created, removed, renamed, linked), the directory's
+    /// attributes and the inode's.
+    Entry = 1,
+    /// The inode's attributes and data.
+    Inode = 2,
+}
+
+/// One change-log row.
+#[derive(Debug, Clone)]
+pub struct ChangeRec {
+    pub seq: u64,
+    pub ino: u64,
+    pub parent: u64,
+    pub name: Option<Vec<u8>>,
+    pub kind: i64,
+}
+
 /// Counts for `lanefs status` and statfs.
 #[derive(Debug, Clone, Default)]
 pub struct Usage {
@@ -202,8 +222,9 @@ pub trait MetaStore: Send + Sync + 'static {
     fn crashed_sessions(&self) -> Vec<u64>;
     /// Blocks waiting for deletion (released by a commit, not yet deleted from the store).
     fn pending_gc(&self) -> Result<Vec<u64>, Errno>;
-    /// The session's heartbeat.
-    fn heartbeat(&self, now_ns: i64, done: Done<()>);
+    /// The session's heartbeat; on a shared volume it also ends sessions whose heartbeat
+    /// stopped, and answers which (their uncommitted blocks are the caller's to delete).
+    fn heartbeat(&self, now_ns: i64, done: Done<Vec<u64>>);
     /// Ends the session (unmount): removes its row and ranges; the committer stops after it.
     fn close(&self);
 
@@ -214,6 +235,14 @@ pub trait MetaStore: Send + Sync + 'static {
     fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno>;
     /// Sets an inode's file-attribute flags (none: 0) and its ctime, in one change.
     fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>);
+
+    // A shared volume's change log (issue 14).
+    /// What other sessions changed past `cursors` (session → last seq read; moved on by the
+    /// call). Empty on a volume that one mount holds.
+    fn changes_since(
+        &self,
+        cursors: &mut std::collections::HashMap<u64, u64>,
+    ) -> Result<Vec<ChangeRec>, Errno>;
 }
 
 /// Where an inode's file-attribute flags (FS_*_FL) are kept: a row of its xattrs under this

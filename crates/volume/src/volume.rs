@@ -7,15 +7,17 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::Connection;
 
 use crate::blocks::{BlockStore, ObjectBlockStore, VOLUME_ID_KEY};
 use crate::file::{CHUNK_BYTES, DataPath, INLINE_MAX_BYTES};
 use crate::fs::{VolumeFs, VolumeOptions};
 use crate::meta::{InodeRec, ROOT_INO};
 use crate::now_ns;
+use crate::postgres::{self, PgStore, PgTarget};
 use crate::schema::{FORMAT_VERSION, setting};
-use crate::sqlite::{self, SqliteStore};
+use crate::sql::{Tx, args};
+use crate::sqlite::{self, SqliteConn, SqliteStore};
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
@@ -31,7 +33,9 @@ pub fn looks_like_volume(path: &Path) -> bool {
 /// flock on the database file, which SQLite's own fcntl locks do not touch. Released when
 /// dropped (or when the process dies, kill -9 included).
 pub struct VolumeLock {
-    file: File,
+    /// None for a volume on PostgreSQL, which many mounts share (sessions and heartbeats
+    /// keep them apart, not a lock).
+    file: Option<File>,
     /// The data directory's hold (flock on its volume-id object), once `cover_data` took it.
     data: Option<File>,
 }
@@ -47,7 +51,18 @@ impl VolumeLock {
                 db.display()
             ));
         }
-        Ok(VolumeLock { file, data: None })
+        Ok(VolumeLock {
+            file: Some(file),
+            data: None,
+        })
+    }
+
+    /// No lock: a volume on PostgreSQL is shared by many mounts.
+    pub fn shared() -> VolumeLock {
+        VolumeLock {
+            file: None,
+            data: None,
+        }
     }
 
     /// Lets go of the volume before the lock is dropped: at the very end of a mount's
@@ -55,7 +70,7 @@ impl VolumeLock {
     /// volume free. The fd stays open until the drop (closing one of the database file's fds
     /// would not touch SQLite's fcntl locks, but there is no need to).
     pub fn release(&self) {
-        for file in std::iter::once(&self.file).chain(&self.data) {
+        for file in self.file.iter().chain(&self.data) {
             // SAFETY: flock on an fd we own; no memory is involved.
             unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
         }
@@ -125,12 +140,19 @@ pub fn check(db: &Path, write: bool) -> Result<(Connection, Settings), String> {
     }
     let conn = sqlite::connect(db, write)
         .map_err(|e| format!("{shown}: cannot open the database: {e}"))?;
-    let newest: Option<i64> = conn
-        .query_row("SELECT max(version) FROM schema_migrations", [], |r| {
-            r.get(0)
-        })
-        .map_err(|_| format!("{shown} is an SQLite database but not a lanefs volume"))?;
-    let newest = newest.unwrap_or(0);
+    let mut conn = SqliteConn(conn);
+    let settings = check_settings(&mut conn, &shown.to_string(), "an SQLite")?;
+    Ok((conn.0, settings))
+}
+
+/// Checks that a database holds a volume this binary can use and reads its settings;
+/// `engine` names the kind of database for the sentence when it does not ("an SQLite").
+pub fn check_settings(tx: &mut dyn Tx, shown: &str, engine: &str) -> Result<Settings, String> {
+    let newest = tx
+        .query_opt("SELECT max(version) FROM schema_migrations", &[])
+        .map_err(|_| format!("{shown} is {engine} database but not a lanefs volume"))?
+        .and_then(|r| r.int(0).ok())
+        .unwrap_or(0);
     if newest > FORMAT_VERSION {
         return Err(format!(
             "{shown} was made by a newer lanefs (format {newest}; this one reads up to {FORMAT_VERSION}); upgrade lanefs"
@@ -142,13 +164,11 @@ pub fn check(db: &Path, write: bool) -> Result<(Connection, Settings), String> {
             "{shown} has an incomplete schema (format {newest}); it is damaged"
         ));
     }
-    let get = |name: &str| -> Result<String, String> {
-        conn.query_row("SELECT value FROM settings WHERE name = ?", [name], |r| {
-            r.get::<_, String>(0)
-        })
-        .optional()
-        .map_err(|e| format!("{shown}: reading its settings: {e}"))?
-        .ok_or_else(|| format!("{shown} is damaged: its setting {name} is missing"))
+    let mut get = |name: &str| -> Result<String, String> {
+        tx.query_opt("SELECT value FROM settings WHERE name = ?", &args![name])
+            .map_err(|e| format!("{shown}: reading its settings: {e}"))?
+            .and_then(|r| r.text(0).ok())
+            .ok_or_else(|| format!("{shown} is damaged: its setting {name} is missing"))
     };
     let settings = Settings {
         uuid: get(setting::UUID)?,
@@ -162,7 +182,7 @@ pub fn check(db: &Path, write: bool) -> Result<(Connection, Settings), String> {
             "{shown} uses chunks of {chunk} bytes; this lanefs reads {CHUNK_BYTES}"
         ));
     }
-    Ok((conn, settings))
+    Ok(settings)
 }
 
 /// Opens the block store of a checked volume and checks it belongs to the volume.
@@ -201,12 +221,105 @@ fn random_id() -> Result<String, String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A data directory made ready for a new volume: created and checked (empty, or a volume's
+/// blocks that --force allows deleting, locked meanwhile). Nothing is deleted until `clear`.
+struct NewDataDir {
+    path: PathBuf,
+    clear: bool,
+    _lock: Option<File>,
+}
+
+impl NewDataDir {
+    fn prepare(data: &Path, force: bool) -> Result<NewDataDir, String> {
+        std::fs::create_dir_all(data)
+            .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+        let data = data
+            .canonicalize()
+            .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+        let entries = std::fs::read_dir(&data)
+            .map_err(|e| format!("data directory {}: {e}", data.display()))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .collect::<Vec<_>>();
+        let clear = !entries.is_empty();
+        let mut lock = None;
+        if clear {
+            let ours = entries.iter().all(|n| n == "blocks" || n == VOLUME_ID_KEY);
+            if !ours {
+                return Err(format!(
+                    "the data directory {} is not empty; give an empty or new one",
+                    data.display()
+                ));
+            }
+            if !force {
+                return Err(format!(
+                    "the data directory {} holds another volume's blocks; add --force to delete them",
+                    data.display()
+                ));
+            }
+            if data.join(VOLUME_ID_KEY).exists() {
+                lock = Some(lock_data_dir(&data)?);
+            }
+        }
+        Ok(NewDataDir {
+            path: data,
+            clear,
+            _lock: lock,
+        })
+    }
+
+    /// Deletes an earlier volume's blocks (everything was checked).
+    fn clear(&self) {
+        if self.clear {
+            let _ = std::fs::remove_dir_all(self.path.join("blocks"));
+            let _ = std::fs::remove_file(self.path.join(VOLUME_ID_KEY));
+        }
+    }
+
+    /// Marks the directory as the new volume's.
+    fn write_volume_id(&self, uuid: &str) -> Result<(), String> {
+        let shown = self.path.display();
+        let blocks = ObjectBlockStore::local(&self.path)
+            .map_err(|e| format!("data directory {shown}: {e}"))?;
+        blocks
+            .put_volume_id(uuid)
+            .map_err(|e| format!("data directory {shown}: {e}"))
+    }
+
+    /// A new volume's settings and root directory.
+    fn records(&self, uuid: &str, now: i64) -> (Vec<(&'static str, String)>, InodeRec) {
+        let settings = vec![
+            (setting::FORMAT_VERSION, FORMAT_VERSION.to_string()),
+            (setting::UUID, uuid.to_string()),
+            (setting::DATA, self.path.to_string_lossy().into_owned()),
+            (setting::CHUNK_BYTES, CHUNK_BYTES.to_string()),
+            (setting::INLINE_MAX_BYTES, INLINE_MAX_BYTES.to_string()),
+            (setting::CREATED_NS, now.to_string()),
+        ];
+        // SAFETY: getuid/getgid have no preconditions.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let root = InodeRec {
+            ino: ROOT_INO,
+            mode: libc::S_IFDIR | 0o755,
+            uid,
+            gid,
+            rdev: 0,
+            nlink: 2,
+            size: 0,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            parent: ROOT_INO,
+        };
+        (settings, root)
+    }
+}
+
 /// `lanefs format`: a new, empty volume. Everything is checked (and the old volume locked)
 /// before anything is deleted: a refusal leaves an existing volume as it was.
 pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
     let shown = db.display();
     let mut _lock = None;
-    let mut _data_lock = None;
     let replace_db = db.exists();
     if replace_db {
         if !force {
@@ -221,34 +334,7 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
         }
         _lock = Some(VolumeLock::take(db)?);
     }
-    std::fs::create_dir_all(data).map_err(|e| format!("data directory {}: {e}", data.display()))?;
-    let data = data
-        .canonicalize()
-        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
-    let entries = std::fs::read_dir(&data)
-        .map_err(|e| format!("data directory {}: {e}", data.display()))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name())
-        .collect::<Vec<_>>();
-    let clear_data = !entries.is_empty();
-    if clear_data {
-        let ours = entries.iter().all(|n| n == "blocks" || n == VOLUME_ID_KEY);
-        if !ours {
-            return Err(format!(
-                "the data directory {} is not empty; give an empty or new one",
-                data.display()
-            ));
-        }
-        if !force {
-            return Err(format!(
-                "the data directory {} holds another volume's blocks; add --force to delete them",
-                data.display()
-            ));
-        }
-        if data.join(VOLUME_ID_KEY).exists() {
-            _data_lock = Some(lock_data_dir(&data)?);
-        }
-    }
+    let data = NewDataDir::prepare(data, force)?;
     let uuid = random_id()?;
     // Checked; now the old volume goes.
     if replace_db {
@@ -262,49 +348,65 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
             }
         }
     }
-    if clear_data {
-        let _ = std::fs::remove_dir_all(data.join("blocks"));
-        let _ = std::fs::remove_file(data.join(VOLUME_ID_KEY));
-    }
+    data.clear();
     let now = now_ns();
     let conn = Connection::open(db).map_err(|e| format!("{shown}: {e}"))?;
     conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
         .map_err(|e| format!("{shown}: {e}"))?;
-    let settings = [
-        (setting::FORMAT_VERSION, FORMAT_VERSION.to_string()),
-        (setting::UUID, uuid.clone()),
-        (setting::DATA, data.to_string_lossy().into_owned()),
-        (setting::CHUNK_BYTES, CHUNK_BYTES.to_string()),
-        (setting::INLINE_MAX_BYTES, INLINE_MAX_BYTES.to_string()),
-        (setting::CREATED_NS, now.to_string()),
-    ];
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let root = InodeRec {
-        ino: ROOT_INO,
-        mode: libc::S_IFDIR | 0o755,
-        uid,
-        gid,
-        rdev: 0,
-        nlink: 2,
-        size: 0,
-        atime_ns: now,
-        mtime_ns: now,
-        ctime_ns: now,
-        parent: ROOT_INO,
-    };
-    sqlite::initialize(&conn, &settings, &root)
+    let (settings, root) = data.records(&uuid, now);
+    sqlite::initialize(conn, &settings, &root)
         .map_err(|e| format!("{shown}: writing the schema: {e}"))?;
-    drop(conn);
-    let blocks = ObjectBlockStore::local(&data)
-        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
-    blocks
-        .put_volume_id(&uuid)
-        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    data.write_volume_id(&uuid)?;
     Ok(format!(
         "formatted {shown}: volume {uuid}, data in {}, format {FORMAT_VERSION}",
-        data.display()
+        data.path.display()
     ))
+}
+
+/// `lanefs format postgres://…`: a new, empty volume in a PostgreSQL database. A database
+/// that holds a volume already is refused without `force`, and with it while a mount of it
+/// is live.
+pub fn format_postgres(url: &str, data: &Path, force: bool) -> Result<String, String> {
+    let target = PgTarget::parse(url)?;
+    let mut conn = target.connect()?;
+    let existing = postgres::volume_tables(&mut conn)?;
+    if existing > 0 {
+        if !force {
+            return Err(format!(
+                "{url} holds a lanefs volume already; add --force to replace it (everything in it is lost)"
+            ));
+        }
+        let live = live_sessions(&mut conn, now_ns());
+        if live > 0 {
+            return Err(format!(
+                "{url} is mounted ({live} live sessions); unmount it everywhere before replacing it"
+            ));
+        }
+    }
+    let data = NewDataDir::prepare(data, force)?;
+    let uuid = random_id()?;
+    data.clear();
+    let (settings, root) = data.records(&uuid, now_ns());
+    postgres::initialize(&mut conn, existing > 0, &settings, &root)
+        .map_err(|e| format!("{url}: writing the schema: {e}"))?;
+    data.write_volume_id(&uuid)?;
+    Ok(format!(
+        "formatted {url}: volume {uuid}, data in {}, format {FORMAT_VERSION}",
+        data.path.display()
+    ))
+}
+
+/// Sessions of a shared volume whose heartbeat is recent (0 when there is no sessions table).
+pub fn live_sessions(tx: &mut dyn Tx, now: i64) -> u64 {
+    let recent = now - postgres::SESSION_EXPIRY.as_nanos() as i64;
+    tx.query_opt(
+        "SELECT count(*) FROM sessions WHERE heartbeat_ns >= ?",
+        &args![recent],
+    )
+    .ok()
+    .flatten()
+    .and_then(|r| r.u64(0).ok())
+    .unwrap_or(0)
 }
 
 /// Checks the volume, takes its lock, registers a session: the file system to serve, which
@@ -332,6 +434,39 @@ pub fn open_for_mount(
     ))
 }
 
+/// Checks a volume on PostgreSQL and registers a session: the file system to serve. No lock:
+/// other mounts share the volume. `async_commit`: changes are answered before PostgreSQL's
+/// WAL is on its disk (fsync, fsyncdir and syncfs still wait for it).
+pub fn open_for_mount_postgres(
+    url: &str,
+    mountpoint: &Path,
+    mut options: VolumeOptions,
+    async_commit: bool,
+) -> Result<VolumeFs, String> {
+    let target = PgTarget::parse(url)?;
+    let mut conn = target.connect()?;
+    let settings = check_settings(&mut conn, url, "a PostgreSQL")?;
+    drop(conn);
+    let blocks = open_blocks(Path::new(url), &settings)?;
+    let store = PgStore::open(
+        &target,
+        &hostname(),
+        &mountpoint.to_string_lossy(),
+        now_ns(),
+        async_commit,
+    )?;
+    let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
+    options.shared = true;
+    options.heartbeat_interval = postgres::HEARTBEAT_INTERVAL;
+    Ok(VolumeFs::new(
+        Arc::new(store),
+        data,
+        settings.data.clone(),
+        options,
+        VolumeLock::shared(),
+    ))
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -340,17 +475,50 @@ fn hostname() -> String {
 
 /// `lanefs status`: the volume, its sessions, its usage (works while mounted).
 pub fn status(db: &Path) -> Result<String, String> {
+    let source = db.to_string_lossy();
+    if postgres::is_url(&source) {
+        let target = PgTarget::parse(&source)?;
+        let mut conn = target.connect()?;
+        let settings = check_settings(&mut conn, &source, "a PostgreSQL")?;
+        let now = now_ns();
+        let expired = now - postgres::SESSION_EXPIRY.as_nanos() as i64;
+        return report(&mut conn, &source, &settings, &|heartbeat_ns| {
+            if heartbeat_ns < expired {
+                "; its heartbeat stopped: the other mounts end it"
+            } else {
+                ""
+            }
+        });
+    }
     // Whether a mount holds the volume (taken and let go before SQLite opens the file: closing
     // another fd of the database would drop SQLite's own locks on it).
     let mounted = db.exists() && looks_like_volume(db) && VolumeLock::take(db).is_err();
     let (conn, settings) = check(db, false)?;
-    let q = |sql: &str| -> Result<i64, String> {
-        conn.query_row(sql, [], |r| r.get(0))
-            .map_err(|e| format!("{}: {e}", db.display()))
+    report(&mut SqliteConn(conn), &source, &settings, &|_| {
+        if mounted {
+            ""
+        } else {
+            "; ended without unmounting: the next mount cleans up after it"
+        }
+    })
+}
+
+/// The status text; `note` says what a session with this heartbeat is.
+fn report(
+    tx: &mut dyn Tx,
+    shown: &str,
+    settings: &Settings,
+    note: &dyn Fn(i64) -> &'static str,
+) -> Result<String, String> {
+    let mut q = |sql: &'static str| -> Result<i64, String> {
+        tx.query_opt(sql, &[])
+            .map_err(|e| format!("{shown}: {e}"))?
+            .map_or(Ok(0), |r| r.int(0))
+            .map_err(|e| format!("{shown}: {e}"))
     };
     let mut out = String::new();
     let secs = |ns: i64| ns / 1_000_000_000;
-    out += &format!("volume {}\n", db.display());
+    out += &format!("volume {shown}\n");
     out += &format!("  id             {}\n", settings.uuid);
     out += &format!("  format         {}\n", settings.format_version);
     out += &format!("  data           {}\n", settings.data.display());
@@ -361,7 +529,7 @@ pub fn status(db: &Path) -> Result<String, String> {
     out += &format!("  inodes         {}\n", q("SELECT count(*) FROM inodes")?);
     out += &format!(
         "  bytes          {}\n",
-        q("SELECT coalesce(sum(size), 0) FROM inodes")?
+        q("SELECT CAST(coalesce(sum(size), 0) AS BIGINT) FROM inodes")?
     );
     out += &format!(
         "  inline files   {}\n",
@@ -373,33 +541,31 @@ pub fn status(db: &Path) -> Result<String, String> {
         q("SELECT count(*) FROM gc_blocks")?
     );
     out += &format!("  orphans        {}\n", q("SELECT count(*) FROM orphans")?);
-    let mut stmt = conn
-        .prepare("SELECT id, host, pid, mountpoint, heartbeat_ns FROM sessions ORDER BY id")
-        .map_err(|e| e.to_string())?;
-    let sessions: Vec<String> = stmt
-        .query_map([], |r| {
-            Ok(format!(
-                "  session {} on {} pid {} at {} (heartbeat {} s ago{})",
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, String>(3)?,
-                (now_ns() - r.get::<_, i64>(4)?) / 1_000_000_000,
-                if mounted {
-                    ""
-                } else {
-                    "; ended without unmounting: the next mount cleans up after it"
-                }
-            ))
-        })
-        .and_then(|rows| rows.collect())
-        .map_err(|e| e.to_string())?;
-    if sessions.is_empty() {
+    let rows = tx
+        .query(
+            "SELECT id, host, pid, mountpoint, heartbeat_ns FROM sessions ORDER BY id",
+            &[],
+        )
+        .map_err(|e| format!("{shown}: {e}"))?;
+    if rows.is_empty() {
         out += "  not mounted\n";
     }
-    for s in sessions {
-        out += &s;
-        out.push('\n');
+    let now = now_ns();
+    for r in rows {
+        let line = (|| -> Result<String, crate::sql::DbError> {
+            let heartbeat = r.int(4)?;
+            Ok(format!(
+                "  session {} on {} pid {} at {} (heartbeat {} s ago{})\n",
+                r.int(0)?,
+                r.text(1)?,
+                r.int(2)?,
+                r.text(3)?,
+                (now - heartbeat) / 1_000_000_000,
+                note(heartbeat)
+            ))
+        })()
+        .map_err(|e| format!("{shown}: {e}"))?;
+        out += &line;
     }
     Ok(out)
 }

@@ -1,14 +1,19 @@
-//! Volumes for the tests: a real SQLite file and a real data directory in a temp dir.
+//! Volumes for the tests: a real SQLite file, or a database on a real PostgreSQL server of
+//! the test's own, and a real data directory in a temp dir.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::postgres::PgServer;
 use super::{Mount, TempDir, lanefs};
 
 pub struct Volume {
     pub dir: TempDir,
+    /// The SQLite file, or the PostgreSQL URL.
     pub db: PathBuf,
     pub data: PathBuf,
+    /// The server of a volume on PostgreSQL (stopped when the volume is dropped).
+    pub pg: Option<PgServer>,
 }
 
 impl Volume {
@@ -17,21 +22,54 @@ impl Volume {
         let dir = TempDir::new(&format!("vol-{tag}"));
         let db = dir.path().join("vol.db");
         let data = dir.path().join("data");
-        let out = Command::new(lanefs())
-            .arg("format")
-            .arg(&db)
-            .arg("--data")
-            .arg(&data)
-            .output()
-            .expect("running lanefs format");
-        assert!(
-            out.status.success(),
-            "lanefs format: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Volume { dir, db, data }
+        format_volume(&db, &data);
+        Volume {
+            dir,
+            db,
+            data,
+            pg: None,
+        }
     }
 
+    /// `lanefs format` of a new volume in a database of a PostgreSQL server of its own; None
+    /// (the server said why) where PostgreSQL is not installed.
+    pub fn format_on_postgres(tag: &str) -> Option<Volume> {
+        let server = PgServer::start(tag)?;
+        let url = server.createdb("vol");
+        let dir = TempDir::new(&format!("pgvol-{tag}"));
+        let data = dir.path().join("data");
+        let db = PathBuf::from(url);
+        format_volume(&db, &data);
+        Some(Volume {
+            dir,
+            db,
+            data,
+            pg: Some(server),
+        })
+    }
+
+    /// The PostgreSQL server of a volume on PostgreSQL.
+    pub fn server(&self) -> &PgServer {
+        self.pg.as_ref().expect("a volume on PostgreSQL")
+    }
+}
+
+fn format_volume(db: &Path, data: &Path) {
+    let out = Command::new(lanefs())
+        .arg("format")
+        .arg(db)
+        .arg("--data")
+        .arg(data)
+        .output()
+        .expect("running lanefs format");
+    assert!(
+        out.status.success(),
+        "lanefs format: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Volume {
     pub fn source(&self) -> &str {
         self.db.to_str().expect("temp paths are UTF-8")
     }

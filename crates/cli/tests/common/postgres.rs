@@ -1,0 +1,210 @@
+//! A real PostgreSQL server for one test: initdb into a temp dir (as user postgres: initdb
+//! refuses root), started on a free loopback port with trust authentication and fsync on,
+//! stopped (immediately) and removed when dropped, pass or fail. Where PostgreSQL is not
+//! installed (scripts/setup.sh installs it), `start` says "skipped: why" and gives None.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::TempDir;
+
+/// The user the server runs as (Debian's package makes it).
+const PG_USER: &str = "postgres";
+
+pub struct PgServer {
+    bin: PathBuf,
+    pub port: u16,
+    data: PathBuf,
+    sockets: PathBuf,
+    /// Last field: removed after `drop` stopped the server.
+    dir: TempDir,
+}
+
+/// The directory of initdb and pg_ctl: the newest /usr/lib/postgresql/N/bin.
+fn bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("finding a free loopback port")
+}
+
+impl PgServer {
+    /// A fresh server, or None (after saying why) where PostgreSQL is not installed.
+    pub fn start(tag: &str) -> Option<PgServer> {
+        let Some(bin) = bin_dir() else {
+            eprintln!(
+                "skipped: PostgreSQL is not installed (no /usr/lib/postgresql/N/bin/initdb; scripts/setup.sh installs it)"
+            );
+            return None;
+        };
+        let dir = TempDir::new(&format!("pg-{tag}"));
+        let data = dir.path().join("data");
+        let sockets = dir.path().join("sockets");
+        std::fs::create_dir_all(&sockets).expect("creating the socket dir");
+        let chown = Command::new("chown")
+            .args(["-R", PG_USER])
+            .arg(dir.path())
+            .status()
+            .expect("running chown");
+        assert!(chown.success(), "chown of {} failed", dir.path().display());
+        let server = PgServer {
+            bin,
+            port: free_port(),
+            data,
+            sockets,
+            dir,
+        };
+        server.as_postgres(
+            "initdb",
+            &[
+                "-D",
+                server.data.to_str().expect("UTF-8 temp path"),
+                "-A",
+                "trust",
+                "-U",
+                PG_USER,
+                "--no-sync",
+            ],
+        );
+        server.pg_ctl_start();
+        Some(server)
+    }
+
+    /// Runs one of the server's programs as the postgres user; panics with its output if it
+    /// fails.
+    fn as_postgres(&self, program: &str, args: &[&str]) {
+        let out = Command::new("runuser")
+            .args(["-u", PG_USER, "--"])
+            .arg(self.bin.join(program))
+            .args(args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("running runuser");
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn pg_ctl_start(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            self.port,
+            self.sockets.display()
+        );
+        let log = self.dir.path().join("server.log");
+        self.as_postgres(
+            "pg_ctl",
+            &[
+                "-D",
+                self.data.to_str().expect("UTF-8 temp path"),
+                "-l",
+                log.to_str().expect("UTF-8 temp path"),
+                "-w",
+                "-o",
+                &options,
+                "start",
+            ],
+        );
+    }
+
+    fn pg_ctl_stop(&self, mode: &str) {
+        self.as_postgres(
+            "pg_ctl",
+            &[
+                "-D",
+                self.data.to_str().expect("UTF-8 temp path"),
+                "-w",
+                "-m",
+                mode,
+                "stop",
+            ],
+        );
+    }
+
+    /// A new, empty database; its URL (no password: trust authentication).
+    pub fn createdb(&self, name: &str) -> String {
+        self.as_postgres(
+            "createdb",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                PG_USER,
+                name,
+            ],
+        );
+        format!("postgres://{PG_USER}@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Stops the server the hard way (as a crash would: `immediate`, no checkpoint) and
+    /// starts it again, after `down` with it stopped.
+    pub fn restart(&self, down: std::time::Duration) {
+        self.pg_ctl_stop("immediate");
+        std::thread::sleep(down);
+        self.pg_ctl_start();
+    }
+
+    /// Runs SQL in a database (through psql over the socket directory).
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let out = Command::new("runuser")
+            .args(["-u", PG_USER, "--"])
+            .arg(self.bin.join("psql"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                PG_USER,
+            ])
+            .args(["-d", db, "-At", "-c", sql])
+            .current_dir(self.dir.path())
+            .output()
+            .expect("running psql");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        // Immediate: nothing to keep. Errors are ignored (a test may have stopped it).
+        let _ = Command::new("runuser")
+            .args(["-u", PG_USER, "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-w", "-m", "immediate", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}

@@ -1,0 +1,654 @@
+//! PostgreSQL as the volume's metadata engine, for a volume that many mounts share: the
+//! [`Conn`] that lets `store.rs` and `ops.rs` run on it (statements prepared once per
+//! connection with `?` rewritten to `$n`, failures sorted into retry / reconnect / errno),
+//! the connection settings (no password on a command line), format and open.
+//!
+//! Transactions run at READ COMMITTED: the operations change rows relative to what is there
+//! and lock a directory's row before checking that it is empty (see `ops.rs`), so no
+//! operation depends on a snapshot a concurrent commit could make stale. Deadlocks and
+//! serialization failures are retried by the committer (`store.rs`, bounded). COMMIT is
+//! durable when it returns (`synchronous_commit` on, PostgreSQL's default), so a sync only
+//! has to wait for the changes queued before it; with `--async-commit` ordinary commits do
+//! not wait for the WAL's flush and a sync's commit does (SQLite's NORMAL and FULL).
+
+use std::collections::HashMap;
+use std::error::Error as _;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use postgres::error::SqlState;
+use postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
+use postgres::{Client, Config, NoTls, Statement};
+
+use crate::meta::InodeRec;
+use crate::ops::{self, Writer};
+use crate::schema;
+use crate::sql::{Arg, DbError, Row, Tx, Val};
+use crate::store::{Conn, EngineParts, SqlStore};
+
+/// Read connections of a mount (each a server process on the database's machine).
+pub const READ_CONNECTIONS: usize = 4;
+/// How often a mount of a shared volume rewrites its session's heartbeat.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
+/// A session whose heartbeat is older than this is ended by the others (seven missed
+/// heartbeats), by a mount that has itself been beating for that long (see `store.rs`).
+pub const SESSION_EXPIRY: Duration = Duration::from_secs(15);
+/// How long a lost connection is tried again before the operations waiting on it get EIO.
+pub const RECONNECT_WAIT_MAX: Duration = Duration::from_secs(30);
+/// The wait between two tries at reconnecting.
+pub const RECONNECT_BACKOFF: Duration = Duration::from_millis(250);
+/// One try at connecting gives up after this long.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The MetaStore on a PostgreSQL database.
+pub type PgStore = SqlStore<PgConn>;
+
+/// Whether a mount source or a volume argument names a PostgreSQL database.
+pub fn is_url(source: &str) -> bool {
+    source.starts_with("postgres://") || source.starts_with("postgresql://")
+}
+
+/// A volume's database: where it is, how to connect (with the password from the
+/// environment or the password file, never from the URL).
+#[derive(Clone)]
+pub struct PgTarget {
+    /// The URL as the user gave it (it has no password: such a URL is refused).
+    pub url: String,
+    config: Config,
+    /// Commits return before PostgreSQL's WAL is on its disk (`synchronous_commit = off`
+    /// for this connection); a sync's commit still waits for it (see `Conn::begin`).
+    async_commit: bool,
+}
+
+impl std::fmt::Display for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+impl PgTarget {
+    /// Parses a `postgres://user@host:port/db` URL. A password in it is refused (it would
+    /// show in `ps`, /proc/mounts and the logs); it comes from PGPASSWORD or the password
+    /// file (PGPASSFILE, else ~/.pgpass).
+    pub fn parse(url: &str) -> Result<PgTarget, String> {
+        let mut config: Config = url
+            .parse()
+            .map_err(|e| format!("{url} is not a PostgreSQL URL ({e})"))?;
+        if config.get_password().is_some() {
+            return Err(
+                "a PostgreSQL URL must not carry a password (ps and /proc/mounts would show it); put it in PGPASSWORD or ~/.pgpass (PGPASSFILE) instead"
+                    .to_string(),
+            );
+        }
+        if config.get_user().is_none() {
+            let user = std::env::var("PGUSER")
+                .or_else(|_| std::env::var("USER"))
+                .unwrap_or_else(|_| "postgres".into());
+            config.user(&user);
+        }
+        if let Some(password) = password_for(&config) {
+            config.password(password);
+        }
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.application_name("lanefs");
+        Ok(PgTarget {
+            url: url.to_string(),
+            config,
+            async_commit: false,
+        })
+    }
+
+    /// The same database, for a committer whose commits do not wait for the WAL's flush.
+    pub fn with_async_commit(&self) -> PgTarget {
+        PgTarget {
+            async_commit: true,
+            ..self.clone()
+        }
+    }
+
+    pub fn connect(&self) -> Result<PgConn, String> {
+        let mut client = self
+            .config
+            .connect(NoTls)
+            .map_err(|e| format!("{}: cannot connect: {}", self.url, describe(&e)))?;
+        if self.async_commit {
+            client
+                .batch_execute("SET synchronous_commit = off")
+                .map_err(|e| format!("{}: {}", self.url, describe(&e)))?;
+        }
+        Ok(PgConn {
+            client,
+            target: self.clone(),
+            statements: HashMap::new(),
+            failure: None,
+            aborted: false,
+            unflushed: false,
+            maybe_lost: false,
+        })
+    }
+}
+
+/// The password for a connection: PGPASSWORD, else the first matching line of the password
+/// file (`host:port:database:user:password`, `*` matching anything, as libpq reads it).
+fn password_for(config: &Config) -> Option<Vec<u8>> {
+    if let Ok(p) = std::env::var("PGPASSWORD") {
+        return Some(p.into_bytes());
+    }
+    let path = std::env::var_os("PGPASSFILE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".pgpass")))?;
+    let text = std::fs::read_to_string(path).ok()?;
+    let host = match config.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "localhost".to_string(),
+    };
+    let port = config
+        .get_ports()
+        .first()
+        .copied()
+        .unwrap_or(5432)
+        .to_string();
+    let db = config.get_dbname().unwrap_or_default().to_string();
+    let user = config.get_user().unwrap_or_default().to_string();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let fields = split_pgpass(line);
+            let [h, p, d, u, password] = fields.as_slice() else {
+                return None;
+            };
+            let matches = |field: &str, value: &str| field == "*" || field == value;
+            (matches(h, &host) && matches(p, &port) && matches(d, &db) && matches(u, &user))
+                .then(|| password.clone().into_bytes())
+        })
+}
+
+/// A password-file line's five fields (`\:` and `\\` escape).
+fn split_pgpass(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let (Some(next), Some(field)) = (chars.next(), fields.last_mut()) {
+                    field.push(next);
+                }
+            }
+            ':' if fields.len() < 5 => fields.push(String::new()),
+            c => {
+                if let Some(field) = fields.last_mut() {
+                    field.push(c);
+                }
+            }
+        }
+    }
+    fields
+}
+
+/// `?` placeholders as `$1, $2, …` (outside quoted text).
+fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let (mut n, mut quoted) = (0, false);
+    for c in sql.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted => {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A server error's message with its detail, or the client's.
+fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => db.message().to_string(),
+        None => match e.source() {
+            Some(source) => format!("{e}: {source}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+fn error_of(e: &postgres::Error) -> DbError {
+    let text = describe(e);
+    let Some(code) = e.code() else {
+        // No SQLSTATE: the client's own failure. A closed connection or an I/O error is a
+        // lost connection; anything else (a value the statement did not accept) is ours.
+        let io = e.source().is_some_and(|s| s.is::<std::io::Error>());
+        return if e.is_closed() || io {
+            DbError::Lost(text)
+        } else {
+            DbError::Other(text)
+        };
+    };
+    if *code == SqlState::UNIQUE_VIOLATION {
+        DbError::Unique
+    } else if *code == SqlState::T_R_SERIALIZATION_FAILURE
+        || *code == SqlState::T_R_DEADLOCK_DETECTED
+    {
+        DbError::Retry(text)
+    } else if *code == SqlState::DISK_FULL {
+        DbError::Full(text)
+    } else if *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+    {
+        DbError::Lost(text)
+    } else {
+        DbError::Other(text)
+    }
+}
+
+type SqlResult<T> = Result<T, Box<dyn std::error::Error + Sync + Send>>;
+
+/// Arguments bind to whatever integer width, boolean or text type the server inferred for
+/// the parameter (one statement text serves both engines).
+impl ToSql for Arg<'_> {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> SqlResult<IsNull> {
+        match *self {
+            Arg::Null => Ok(IsNull::Yes),
+            Arg::Int(v) if *ty == Type::INT8 => v.to_sql(ty, out),
+            Arg::Int(v) if *ty == Type::INT4 => i32::try_from(v)?.to_sql(ty, out),
+            Arg::Int(v) if *ty == Type::INT2 => i16::try_from(v)?.to_sql(ty, out),
+            Arg::Int(v) if *ty == Type::BOOL => (v != 0).to_sql(ty, out),
+            Arg::Int(v) => v.to_string().as_str().to_sql(ty, out),
+            Arg::Bytes(b) => b.to_sql(ty, out),
+            Arg::Text(t) => t.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        [
+            Type::INT8,
+            Type::INT4,
+            Type::INT2,
+            Type::BOOL,
+            Type::BYTEA,
+            Type::TEXT,
+            Type::VARCHAR,
+            Type::NAME,
+        ]
+        .contains(ty)
+    }
+
+    to_sql_checked!();
+}
+
+impl<'a> FromSql<'a> for Val {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> SqlResult<Val> {
+        Ok(if *ty == Type::INT8 {
+            Val::Int(i64::from_sql(ty, raw)?)
+        } else if *ty == Type::INT4 {
+            Val::Int(i32::from_sql(ty, raw)?.into())
+        } else if *ty == Type::INT2 {
+            Val::Int(i16::from_sql(ty, raw)?.into())
+        } else if *ty == Type::BOOL {
+            Val::Int(bool::from_sql(ty, raw)?.into())
+        } else if *ty == Type::BYTEA {
+            Val::Bytes(raw.to_vec())
+        } else {
+            Val::Text(String::from_sql(ty, raw)?)
+        })
+    }
+
+    fn from_sql_null(_: &Type) -> SqlResult<Val> {
+        Ok(Val::Null)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::INT8
+            || *ty == Type::INT4
+            || *ty == Type::INT2
+            || *ty == Type::BOOL
+            || *ty == Type::BYTEA
+            || <String as FromSql>::accepts(ty)
+    }
+}
+
+/// A connection to the volume's database.
+pub struct PgConn {
+    client: Client,
+    target: PgTarget,
+    /// Prepared statements by their text's address and length (every statement is a
+    /// `&'static str`, so one address is one text).
+    statements: HashMap<(usize, usize), Statement>,
+    /// A retry or lost-connection failure in the current transaction (see `take_failure`).
+    failure: Option<DbError>,
+    /// A statement failed since the last savepoint rollback: the transaction is aborted,
+    /// and PostgreSQL would answer its COMMIT with a silent ROLLBACK.
+    aborted: bool,
+    /// Commits answered without waiting for the WAL's flush since the last one that waited.
+    unflushed: bool,
+    /// The connection was lost while `unflushed`: a server crash may have lost those commits,
+    /// so the next sync must not say they are durable.
+    maybe_lost: bool,
+}
+
+impl PgConn {
+    fn failed(&mut self, e: postgres::Error) -> DbError {
+        let e = error_of(&e);
+        self.aborted = true;
+        if let DbError::Retry(_) | DbError::Lost(_) = e
+            && self.failure.is_none()
+        {
+            self.failure = Some(e.clone());
+        }
+        e
+    }
+
+    fn statement(&mut self, sql: &'static str) -> Result<Statement, DbError> {
+        let key = (sql.as_ptr() as usize, sql.len());
+        if let Some(s) = self.statements.get(&key) {
+            return Ok(s.clone());
+        }
+        let prepared = self.client.prepare(&numbered(sql));
+        let s = prepared.map_err(|e| self.failed(e))?;
+        self.statements.insert(key, s.clone());
+        Ok(s)
+    }
+
+    fn rows(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Vec<Row>, DbError> {
+        let s = self.statement(sql)?;
+        let params: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+        let rows = self.client.query(&s, &params);
+        let rows = rows.map_err(|e| self.failed(e))?;
+        rows.iter()
+            .map(|r| {
+                (0..r.len())
+                    .map(|i| r.try_get::<_, Val>(i))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Row)
+                    .map_err(|e| DbError::Other(describe(&e)))
+            })
+            .collect()
+    }
+
+    /// Runs plain SQL (schema steps, transaction control).
+    pub fn batch_sql(&mut self, sql: &str) -> Result<(), DbError> {
+        let done = self.client.batch_execute(sql);
+        done.map_err(|e| self.failed(e))
+    }
+}
+
+impl Tx for PgConn {
+    fn execute(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<u64, DbError> {
+        let s = self.statement(sql)?;
+        let params: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+        let n = self.client.execute(&s, &params);
+        n.map_err(|e| self.failed(e))
+    }
+
+    fn query(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Vec<Row>, DbError> {
+        self.rows(sql, args)
+    }
+
+    fn query_opt(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Option<Row>, DbError> {
+        Ok(self.rows(sql, args)?.into_iter().next())
+    }
+}
+
+impl Conn for PgConn {
+    fn begin(&mut self, sync: bool) -> Result<(), DbError> {
+        self.failure = None;
+        self.aborted = false;
+        if sync && self.target.async_commit {
+            // This commit waits for the WAL up to its own record, which follows every
+            // earlier commit's: they are all on the disk when it returns.
+            self.batch_sql("BEGIN; SET LOCAL synchronous_commit = on")
+        } else {
+            self.batch_sql("BEGIN")
+        }
+    }
+
+    fn commit(&mut self, sync: bool) -> Result<(), DbError> {
+        if self.aborted {
+            return Err(DbError::Other(
+                "the transaction was aborted by a failed statement".into(),
+            ));
+        }
+        if sync && self.maybe_lost {
+            self.maybe_lost = false;
+            self.unflushed = false;
+            return Err(DbError::Other(
+                "the connection to PostgreSQL was lost while changes answered without waiting for its disk (--async-commit) were not yet on it; a crash of the server may have lost them, so this sync fails".into(),
+            ));
+        }
+        self.batch_sql("COMMIT")?;
+        if self.target.async_commit {
+            self.unflushed = !sync;
+        }
+        Ok(())
+    }
+
+    fn rollback(&mut self) {
+        let _ = self.client.batch_execute("ROLLBACK");
+        self.aborted = false;
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.batch_sql(sql)?;
+        // A savepoint rolled back: the transaction goes on as it was before the statement
+        // that failed.
+        if sql.starts_with("ROLLBACK TO") {
+            self.aborted = false;
+        }
+        Ok(())
+    }
+
+    fn begin_read(&mut self) -> Result<(), DbError> {
+        self.batch_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    }
+
+    fn end_read(&mut self) {
+        let _ = self.client.batch_execute("COMMIT");
+        self.aborted = false;
+    }
+
+    fn take_failure(&mut self) -> Option<DbError> {
+        self.failure.take()
+    }
+
+    fn reconnect(&mut self) -> bool {
+        let started = Instant::now();
+        let mut logged = false;
+        loop {
+            match self.target.connect() {
+                Ok(fresh) => {
+                    let maybe_lost = self.unflushed || self.maybe_lost;
+                    *self = fresh;
+                    self.maybe_lost = maybe_lost;
+                    if logged {
+                        tracing::warn!("volume: reconnected to {}", self.target);
+                    }
+                    return true;
+                }
+                Err(e) if started.elapsed() >= RECONNECT_WAIT_MAX => {
+                    tracing::error!(
+                        "volume: gave up reconnecting after {} s: {e}",
+                        RECONNECT_WAIT_MAX.as_secs()
+                    );
+                    return false;
+                }
+                Err(e) => {
+                    if !logged {
+                        tracing::warn!(
+                            "volume: waiting up to {} s for the database: {e}",
+                            RECONNECT_WAIT_MAX.as_secs()
+                        );
+                        logged = true;
+                    }
+                    std::thread::sleep(RECONNECT_BACKOFF);
+                }
+            }
+        }
+    }
+}
+
+/// The names of the volume's tables (with `schema_migrations`), to find an existing volume.
+const VOLUME_TABLES: &[&str] = &[
+    "schema_migrations",
+    "settings",
+    "counters",
+    "sessions",
+    "inode_ranges",
+    "inodes",
+    "entries",
+    "symlinks",
+    "xattrs",
+    "chunks",
+    "gc_blocks",
+    "orphans",
+    "changes",
+    "leases",
+];
+
+/// How many of the volume's tables the database's current schema has.
+pub fn volume_tables(conn: &mut PgConn) -> Result<usize, String> {
+    let rows = conn
+        .query(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema()",
+            &[],
+        )
+        .map_err(|e| e.to_string())?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.text(0).ok())
+        .filter(|t| VOLUME_TABLES.contains(&t.as_str()))
+        .count())
+}
+
+/// Writes a new volume's schema, settings and root into the database (one transaction;
+/// `replace`: drops the volume's tables first).
+pub fn initialize(
+    conn: &mut PgConn,
+    replace: bool,
+    settings: &[(&str, String)],
+    root: &InodeRec,
+) -> Result<(), String> {
+    let text = |e: DbError| e.to_string();
+    conn.batch_sql("BEGIN").map_err(text)?;
+    let result = (|| {
+        if replace {
+            for table in VOLUME_TABLES {
+                conn.batch_sql(&format!("DROP TABLE IF EXISTS {table}"))?;
+            }
+        }
+        conn.batch_sql(
+            "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, applied_ns BIGINT NOT NULL)",
+        )?;
+        for (i, step) in schema::STEPS.iter().enumerate() {
+            conn.batch_sql(&schema::step_for(step, "BYTEA"))?;
+            conn.execute(
+                "INSERT INTO schema_migrations (version, applied_ns) VALUES (?, ?)",
+                &crate::sql::args![i as i64 + 1, root.ctime_ns],
+            )?;
+        }
+        ops::initialize(conn, settings, root)
+    })();
+    match result {
+        Ok(()) => conn.batch_sql("COMMIT").map_err(text),
+        Err(e) => {
+            conn.rollback();
+            Err(e.to_string())
+        }
+    }
+}
+
+impl SqlStore<PgConn> {
+    /// Opens the volume's database for a mount: registers a session, ends the sessions
+    /// whose heartbeat stopped (`SESSION_EXPIRY`; live ones are never touched), starts the
+    /// committer.
+    /// `async_commit`: the committer's commits return before the WAL is flushed (a sync's
+    /// still waits; see `PgTarget::with_async_commit`).
+    pub fn open(
+        target: &PgTarget,
+        host: &str,
+        mountpoint: &str,
+        now_ns: i64,
+        async_commit: bool,
+    ) -> Result<PgStore, String> {
+        let writer_target = if async_commit {
+            target.with_async_commit()
+        } else {
+            target.clone()
+        };
+        let mut conn = writer_target.connect()?;
+        let text = |e: DbError| format!("{target}: {e}");
+        conn.begin(false).map_err(text)?;
+        let session = match ops::register_session(&mut conn, host, mountpoint, now_ns) {
+            Ok(session) => session,
+            Err(e) => {
+                conn.rollback();
+                return Err(text(e));
+            }
+        };
+        let mut w = Writer::new(conn, session);
+        w.log_changes = true;
+        let stale_before = now_ns - SESSION_EXPIRY.as_nanos() as i64;
+        let crashed = match ops::expire_sessions(&mut w, stale_before, now_ns) {
+            Ok(crashed) => crashed,
+            Err(e) => {
+                w.conn.rollback();
+                return Err(format!(
+                    "{target}: ending expired sessions: {}",
+                    std::io::Error::from_raw_os_error(e)
+                ));
+            }
+        };
+        w.conn.commit(false).map_err(text)?;
+        if !crashed.is_empty() {
+            tracing::info!("volume: ended sessions {crashed:?}: their heartbeat had stopped");
+        }
+        let readers = (0..READ_CONNECTIONS)
+            .map(|_| target.connect())
+            .collect::<Result<Vec<_>, _>>()?;
+        SqlStore::start(EngineParts {
+            writer: w,
+            readers,
+            crashed,
+            background: None,
+            session_expiry: Some(SESSION_EXPIRY),
+            at_close: |_| {},
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_numbered_outside_quotes() {
+        assert_eq!(
+            numbered("UPDATE t SET a = ?, b = '?' WHERE c = ? AND d = ?"),
+            "UPDATE t SET a = $1, b = '?' WHERE c = $2 AND d = $3"
+        );
+    }
+
+    #[test]
+    fn a_url_with_a_password_is_refused_with_where_to_put_it() {
+        let Err(e) = PgTarget::parse("postgres://u:secret@127.0.0.1:5432/db") else {
+            panic!("a URL with a password was accepted");
+        };
+        assert!(e.contains("PGPASSWORD"), "{e}");
+        assert!(!e.contains("secret"), "the refusal shows the password: {e}");
+    }
+
+    #[test]
+    fn the_password_file_is_read_with_wildcards_and_escapes() {
+        assert_eq!(
+            split_pgpass(r"db\:host:*:vol:me:pa\:ss:word"),
+            ["db:host", "*", "vol", "me", "pa:ss:word"]
+        );
+    }
+}

@@ -1,0 +1,716 @@
+//! `SqlStore`: the MetaStore on an SQL engine, written once for SQLite and PostgreSQL.
+//! Reads run on the caller's thread on a read connection of its own queue; every change is
+//! queued to one committer, which joins whatever is queued into one transaction (group
+//! commit) and answers each change after the commit. What differs between the engines (how
+//! a transaction starts and ends, what a failure means, reconnecting) is [`Conn`].
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::meta::*;
+use crate::ops::{self, Writer};
+use crate::sql::{DbError, Tx};
+
+/// Changes joined into one transaction at most.
+pub const BATCH_OPS_MAX: usize = 256;
+/// Runs of one batch when the engine gives up on its transaction (deadlock, serialization
+/// failure) or the connection is lost before COMMIT; then its changes get EIO.
+pub const BATCH_TRIES_MAX: u32 = 10;
+/// The wait before a batch's next run grows by this much each time (10 tries: ~0.5 s).
+pub const BATCH_RETRY_BACKOFF_STEP: Duration = Duration::from_millis(10);
+
+/// A connection of one engine, as the committer and the readers use it.
+pub trait Conn: Tx + Send + 'static {
+    /// Starts a write transaction; `sync`: its commit must be durable when it returns.
+    fn begin(&mut self, sync: bool) -> Result<(), DbError>;
+    fn commit(&mut self, sync: bool) -> Result<(), DbError>;
+    fn rollback(&mut self);
+    /// Runs statements with no arguments and no rows (savepoints).
+    fn batch(&mut self, sql: &str) -> Result<(), DbError>;
+    /// Starts and ends a read-only snapshot (load_file's three statements).
+    fn begin_read(&mut self) -> Result<(), DbError>;
+    fn end_read(&mut self);
+    /// A retryable or connection failure that a statement of the current transaction hit
+    /// (an operation turns every failure into its errno; the committer asks here whether
+    /// the whole transaction should run again). Cleared by the call.
+    fn take_failure(&mut self) -> Option<DbError>;
+    /// Connects again after a lost connection, waiting a bounded time; false if it could not.
+    fn reconnect(&mut self) -> bool;
+}
+
+/// A change waiting for the committer.
+trait Job<C: Conn>: Send {
+    /// Runs inside the batch's transaction, in a savepoint of its own when `savepoint` (a
+    /// batch of one needs none: its failure rolls back the whole transaction); whether it
+    /// succeeded.
+    fn apply(&mut self, w: &mut Writer<C>, savepoint: bool) -> bool;
+    /// After the commit (`Ok`) or its failure (the errno): answers.
+    fn finish(self: Box<Self>, committed: Result<(), Errno>);
+    fn sync(&self) -> bool;
+}
+
+struct Change<T, F> {
+    /// Run again when the batch's transaction is.
+    op: F,
+    result: Option<Result<T, Errno>>,
+    done: Done<T>,
+    sync: bool,
+}
+
+impl<C: Conn, T: Send, F: FnMut(&mut Writer<C>) -> Result<T, Errno> + Send> Job<C>
+    for Change<T, F>
+{
+    fn apply(&mut self, w: &mut Writer<C>, savepoint: bool) -> bool {
+        if savepoint && let Err(e) = w.conn.batch("SAVEPOINT op") {
+            self.result = Some(Err(e.into()));
+            return false;
+        }
+        // A panic in an operation (a bug) must not take the committer, and with it every
+        // later change of the mount, down: the operation's savepoint is rolled back and it
+        // gets EIO.
+        let op = &mut self.op;
+        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(w))) {
+            Ok(result) => result,
+            Err(panic) => {
+                tracing::error!(
+                    "volume: a metadata change panicked ({}); it is rolled back and answered EIO",
+                    panic_text(&*panic)
+                );
+                Err(libc::EIO)
+            }
+        };
+        let ok = result.is_ok();
+        if !savepoint {
+            self.result = Some(result);
+            return ok;
+        }
+        let end = if ok {
+            "RELEASE op"
+        } else {
+            "ROLLBACK TO op; RELEASE op"
+        };
+        let result = match w.conn.batch(end) {
+            Ok(()) => result,
+            Err(e) => Err(e.into()),
+        };
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn finish(self: Box<Self>, committed: Result<(), Errno>) {
+        let result = match (self.result, committed) {
+            (Some(Ok(v)), Ok(())) => Ok(v),
+            (Some(Ok(_)), Err(e)) => Err(e),
+            (None, _) => Err(libc::EIO),
+            (Some(Err(e)), _) => Err(e),
+        };
+        (self.done)(result)
+    }
+
+    fn sync(&self) -> bool {
+        self.sync
+    }
+}
+
+enum Msg<C> {
+    Job(Box<dyn Job<C>>),
+    /// End the session and stop the writer.
+    Close,
+}
+
+/// A background thread and the sender whose message (or end) stops it.
+pub type Stoppable = (Sender<()>, JoinHandle<()>);
+
+/// What an engine does besides the shared logic.
+pub struct EngineParts<C: Conn> {
+    /// The committer's connection and session, the session already registered.
+    pub writer: Writer<C>,
+    pub readers: Vec<C>,
+    /// Sessions that ended without unmounting, found (and cleaned up) at the start.
+    pub crashed: Vec<u64>,
+    /// A background thread of the engine's (SQLite's checkpointer), stopped at close.
+    pub background: Option<Stoppable>,
+    /// Whether a heartbeat also ends other sessions whose heartbeat is older than this
+    /// (a volume shared by many mounts); None where one mount holds the volume.
+    pub session_expiry: Option<Duration>,
+    /// Runs after the session's row is gone, on the committer's connection (SQLite folds its
+    /// WAL into the database there).
+    pub at_close: fn(&mut C),
+}
+
+pub struct SqlStore<C: Conn> {
+    /// Read connections. Each mutex protects one connection (neither engine's connection is
+    /// Sync); a queue takes its own (`queue % readers`) or any idle one. Leaf locks.
+    readers: Vec<Mutex<C>>,
+    /// The queue of changes. `Sender` is Sync: every queue sends without a lock of ours.
+    jobs: Sender<Msg<C>>,
+    /// The writing side (see [`Committer`]); whoever holds the mutex commits what is queued.
+    /// Held for the batches of one drain. Taken after anything a caller of `submit` holds
+    /// (a file's `flushing` mutex and write gate); inside it only the open table's shard
+    /// locks (`is_open`), which are leaves.
+    committer: Arc<Mutex<Committer<C>>>,
+    /// Wakes the writer thread when a change was queued while the committer was busy.
+    wake: Sender<()>,
+    /// The writer thread, joined by `close`. Taken once.
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Stops and joins the engine's background thread; taken once, by `close`.
+    background: Mutex<Option<Stoppable>>,
+    pub session: u64,
+    /// Sessions whose rows this one found (they ended without unmounting).
+    crashed: Vec<u64>,
+    session_expiry: Option<Duration>,
+    contact: Arc<Contact>,
+}
+
+/// This session's contact with the database, as its heartbeats saw it.
+#[derive(Default)]
+struct Contact {
+    /// Since when heartbeats have succeeded without a gap (0: the last one failed).
+    since_ns: AtomicI64,
+    /// The last heartbeat that succeeded (0: none yet).
+    last_beat_ns: AtomicI64,
+}
+
+impl<C: Conn> SqlStore<C> {
+    /// Starts the committer's thread over an engine's opened parts.
+    pub fn start(parts: EngineParts<C>) -> Result<SqlStore<C>, String> {
+        let session = parts.writer.session;
+        let (jobs, rx) = std::sync::mpsc::channel();
+        let committer = Arc::new(Mutex::new(Committer {
+            w: Some(parts.writer),
+            rx,
+            closed: false,
+            at_close: parts.at_close,
+        }));
+        let (wake, wake_rx) = std::sync::mpsc::channel();
+        let writer = {
+            let committer = committer.clone();
+            std::thread::Builder::new()
+                .name("lanefs-commit".into())
+                .spawn(move || run_writer(committer, wake_rx))
+                .map_err(|e| format!("starting the commit thread: {e}"))?
+        };
+        Ok(SqlStore {
+            readers: parts.readers.into_iter().map(Mutex::new).collect(),
+            jobs,
+            committer,
+            wake,
+            writer: Mutex::new(Some(writer)),
+            background: Mutex::new(parts.background),
+            session,
+            crashed: parts.crashed,
+            session_expiry: parts.session_expiry,
+            contact: Arc::new(Contact::default()),
+        })
+    }
+
+    fn reader(&self, queue: usize) -> MutexGuard<'_, C> {
+        let n = self.readers.len();
+        for i in 0..n {
+            if let Ok(conn) = self.readers[(queue + i) % n].try_lock() {
+                return conn;
+            }
+        }
+        self.readers[queue % n]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs a read on a read connection; once more after reconnecting if the connection was
+    /// lost (a restarted server).
+    fn read<T>(
+        &self,
+        queue: usize,
+        mut op: impl FnMut(&mut C) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let mut conn = self.reader(queue);
+        let result = op(&mut conn);
+        match conn.take_failure() {
+            Some(DbError::Lost(_)) if conn.reconnect() => {
+                let again = op(&mut conn);
+                conn.take_failure();
+                again
+            }
+            _ => result,
+        }
+    }
+
+    pub(crate) fn submit<T: Send + 'static>(
+        &self,
+        sync: bool,
+        op: impl FnMut(&mut Writer<C>) -> Result<T, Errno> + Send + 'static,
+        done: Done<T>,
+    ) {
+        let job = Box::new(Change {
+            op,
+            result: None,
+            done,
+            sync,
+        });
+        if let Err(std::sync::mpsc::SendError(Msg::Job(job))) = self.jobs.send(Msg::Job(job)) {
+            // The writer is gone (unmounted): nothing can be committed.
+            job.finish(Err(libc::EIO));
+            return;
+        }
+        // Commit on this thread when nobody is committing: a lone change (a create in a
+        // shell loop) then costs no thread hand-off there and back, the largest part of its
+        // latency on a busy 2-CPU machine. When the committer is busy, its holder or the
+        // writer thread takes the change with the next batch (group commit as before).
+        // The caller commits one batch at most, so a queue's worker never stays away from
+        // its queue for long however busy the other queues keep the committer: a full batch
+        // may have left changes behind, which the writer thread then takes.
+        let more = match self.committer.try_lock() {
+            Ok(mut c) => c.drain(Some(1)),
+            Err(TryLockError::Poisoned(p)) => p.into_inner().drain(Some(1)),
+            Err(TryLockError::WouldBlock) => true,
+        };
+        if more {
+            let _ = self.wake.send(());
+        }
+    }
+}
+
+/// The writer's connection and the receiving end of the queue of changes. A caller of
+/// `submit` that finds it free drains the queue itself; otherwise the writer thread is woken
+/// and drains it once the holder lets go. Every queued change is thus committed: the one who
+/// queued it either drains or wakes the thread, which drains after the current holder.
+struct Committer<C: Conn> {
+    /// None once the session ended: `close` drops the connection there, so the database is
+    /// closed before the volume's lock is let go.
+    w: Option<Writer<C>>,
+    rx: Receiver<Msg<C>>,
+    /// The session ended (`close`): every change queued from now on is answered EIO.
+    closed: bool,
+    at_close: fn(&mut C),
+}
+
+impl<C: Conn> Committer<C> {
+    /// Commits what is queued, in batches of up to `BATCH_OPS_MAX` changes, until the queue
+    /// is empty or `batches` batches were committed; whether changes may be left (the last
+    /// batch was full).
+    fn drain(&mut self, batches: Option<usize>) -> bool {
+        let mut committed = 0;
+        loop {
+            if batches.is_some_and(|most| committed >= most) {
+                return true;
+            }
+            let mut batch: Vec<Box<dyn Job<C>>> = Vec::new();
+            while batch.len() < BATCH_OPS_MAX {
+                match self.rx.try_recv() {
+                    Ok(Msg::Job(job)) if self.closed || self.w.is_none() => {
+                        job.finish(Err(libc::EIO))
+                    }
+                    Ok(Msg::Job(job)) => batch.push(job),
+                    Ok(Msg::Close) => self.closed = true,
+                    Err(_) => break,
+                }
+            }
+            let full = batch.len() == BATCH_OPS_MAX;
+            match &mut self.w {
+                Some(w) if !batch.is_empty() => commit_batch(w, batch),
+                _ => return false,
+            }
+            committed += 1;
+            if !full {
+                return false;
+            }
+        }
+    }
+}
+
+/// The writer thread: drains the queue whenever a change was queued while the committer was
+/// busy, and ends the session once `close` queued its message.
+fn run_writer<C: Conn>(committer: Arc<Mutex<Committer<C>>>, wake: Receiver<()>) {
+    while wake.recv().is_ok() {
+        let mut c = committer.lock().unwrap_or_else(|e| e.into_inner());
+        c.drain(None);
+        if c.closed {
+            if let Some(mut w) = c.w.take() {
+                let session = w.session;
+                let ended = w.conn.begin(false).and_then(|()| {
+                    ops::end_session(&mut w.conn, session)?;
+                    w.conn.commit(false)
+                });
+                if let Err(e) = ended {
+                    w.conn.rollback();
+                    tracing::warn!("volume: ending the session: {e}");
+                }
+                (c.at_close)(&mut w.conn);
+            }
+            return;
+        }
+    }
+}
+
+/// What one run of a batch came to.
+enum Run {
+    Done(Result<(), Errno>),
+    /// The transaction was rolled back for a reason that running it again may cure.
+    Again(DbError),
+}
+
+fn run_batch<C: Conn>(w: &mut Writer<C>, batch: &mut [Box<dyn Job<C>>], sync: bool) -> Run {
+    if let Err(e) = w.conn.begin(sync) {
+        return match e {
+            DbError::Retry(_) | DbError::Lost(_) => Run::Again(e),
+            e => {
+                tracing::error!("volume: cannot start a transaction: {e}");
+                Run::Done(Err(e.errno()))
+            }
+        };
+    }
+    let took_range = match w.refill(batch.len() as u64) {
+        Ok(took) => took,
+        Err(e) => {
+            w.conn.rollback();
+            w.forget_range();
+            return match e {
+                DbError::Retry(_) | DbError::Lost(_) => Run::Again(e),
+                e => {
+                    tracing::error!("volume: taking inode numbers: {e}");
+                    Run::Done(Err(e.errno()))
+                }
+            };
+        }
+    };
+    // A rolled-back transaction takes back the range it took (if it took one); numbers of
+    // an earlier range that the rolled-back changes used are simply never used.
+    let roll_back = |w: &mut Writer<C>| {
+        w.conn.rollback();
+        if took_range {
+            w.forget_range();
+        }
+    };
+    // A savepoint per change costs two statements (on PostgreSQL two round trips), which a
+    // lone change (a create in a shell loop) does without.
+    let savepoints = batch.len() > 1;
+    let mut all_ok = true;
+    for job in batch.iter_mut() {
+        all_ok &= job.apply(w, savepoints);
+    }
+    if let Some(e) = w.conn.take_failure() {
+        roll_back(w);
+        return Run::Again(e);
+    }
+    if !savepoints && !all_ok {
+        // The lone change failed (EEXIST, ENOENT…): nothing to commit; it is answered its
+        // own errno.
+        roll_back(w);
+        return Run::Done(Ok(()));
+    }
+    match w.conn.commit(sync) {
+        Ok(()) => Run::Done(Ok(())),
+        Err(e) => {
+            roll_back(w);
+            match e {
+                DbError::Retry(_) => Run::Again(e),
+                // Lost at COMMIT: it may or may not have committed, so it is answered EIO
+                // (never acknowledged, never run twice); the next batch reconnects.
+                DbError::Lost(_) => {
+                    tracing::error!(
+                        "volume: the connection was lost at the commit of {} changes; they are answered EIO",
+                        batch.len()
+                    );
+                    Run::Done(Err(libc::EIO))
+                }
+                e => {
+                    tracing::error!("volume: commit of {} changes failed: {e}", batch.len());
+                    Run::Done(Err(e.errno()))
+                }
+            }
+        }
+    }
+}
+
+fn commit_batch<C: Conn>(w: &mut Writer<C>, mut batch: Vec<Box<dyn Job<C>>>) {
+    let sync = batch.iter().any(|j| j.sync());
+    let mut tries = 0;
+    let committed = loop {
+        tries += 1;
+        match run_batch(w, &mut batch, sync) {
+            Run::Done(result) => break result,
+            Run::Again(e) if tries >= BATCH_TRIES_MAX => {
+                tracing::error!(
+                    "volume: {} changes could not commit after {tries} tries ({e}); they are answered EIO",
+                    batch.len()
+                );
+                break Err(libc::EIO);
+            }
+            Run::Again(DbError::Lost(cause)) => {
+                tracing::warn!("volume: the metadata connection was lost ({cause}); reconnecting");
+                if !w.conn.reconnect() {
+                    break Err(libc::EIO);
+                }
+            }
+            Run::Again(e) => {
+                if tries == 1 || tries % 5 == 0 {
+                    tracing::warn!(
+                        "volume: the database gave up a transaction ({e}); try {tries} of {BATCH_TRIES_MAX}"
+                    );
+                }
+                std::thread::sleep(BATCH_RETRY_BACKOFF_STEP * tries);
+            }
+        }
+    };
+    answer(batch, committed);
+}
+
+/// Answers every job of a batch. An answer that panics (a bug in a completion) is logged and
+/// the others are still answered: the writer, and with it the mount, goes on. Its own
+/// request was answered EIO when its `Reply` was dropped in the unwinding.
+fn answer<C: Conn>(batch: Vec<Box<dyn Job<C>>>, committed: Result<(), Errno>) {
+    for job in batch {
+        if let Err(panic) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.finish(committed)))
+        {
+            tracing::error!(
+                "volume: answering a metadata change panicked ({})",
+                panic_text(&*panic)
+            );
+        }
+    }
+}
+
+/// A panic's message, as far as it is text.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
+}
+
+impl<C: Conn> MetaStore for SqlStore<C> {
+    fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
+        self.read(queue, |c| ops::lookup(c, parent, name))
+    }
+
+    fn getattr(&self, queue: usize, ino: u64) -> Result<InodeRec, Errno> {
+        self.read(queue, |c| ops::getattr(c, ino))
+    }
+
+    fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
+        self.read(queue, |c| ops::readdir(c, dir))
+    }
+
+    fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno> {
+        self.read(queue, |c| ops::readlink(c, ino))
+    }
+
+    fn getxattr(&self, queue: usize, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        self.read(queue, |c| ops::getxattr(c, ino, name))
+    }
+
+    fn listxattr(&self, queue: usize, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
+        self.read(queue, |c| ops::listxattr(c, ino))
+    }
+
+    fn load_file(&self, queue: usize, ino: u64) -> Result<FileRec, Errno> {
+        self.read(queue, |c| {
+            c.begin_read()?;
+            let result = ops::load_file(c, ino);
+            c.end_read();
+            result
+        })
+    }
+
+    fn usage(&self) -> Result<Usage, Errno> {
+        self.read(0, |c| ops::usage(c))
+    }
+
+    fn create(&self, node: NewNode, done: Done<InodeRec>) {
+        self.submit(false, move |w| ops::create(w, &node), done)
+    }
+
+    fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
+        self.submit(
+            false,
+            move |w| ops::link(w, ino, parent, &name, now_ns),
+            done,
+        )
+    }
+
+    fn remove(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        dir: bool,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Removed>,
+    ) {
+        self.submit(
+            false,
+            move |w| ops::remove(w, parent, &name, dir, now_ns, &is_open),
+            done,
+        )
+    }
+
+    fn rename(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        newparent: u64,
+        newname: Vec<u8>,
+        flags: u32,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Renamed>,
+    ) {
+        self.submit(
+            false,
+            move |w| {
+                ops::rename(
+                    w, parent, &name, newparent, &newname, flags, now_ns, &is_open,
+                )
+            },
+            done,
+        )
+    }
+
+    fn setattr(&self, ino: u64, change: AttrChange, done: Done<InodeRec>) {
+        self.submit(false, move |w| ops::setattr(w, ino, &change), done)
+    }
+
+    fn update_data(&self, update: DataUpdate, done: Done<Vec<u64>>) {
+        self.submit(false, move |w| ops::update_data(w, &update), done)
+    }
+
+    fn setxattr(&self, ino: u64, name: Vec<u8>, value: Vec<u8>, flags: u32, done: Done<()>) {
+        self.submit(
+            false,
+            move |w| ops::setxattr(w, ino, &name, &value, flags),
+            done,
+        )
+    }
+
+    fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>) {
+        self.submit(false, move |w| ops::removexattr(w, ino, &name), done)
+    }
+
+    fn free_orphan(&self, ino: u64, done: Done<Vec<u64>>) {
+        self.submit(false, move |w| ops::free_orphan(w, ino), done)
+    }
+
+    fn sync(&self, done: Done<()>) {
+        // A sync commits one changed row (the session's heartbeat) with `sync` set. On
+        // SQLite an empty transaction writes no WAL frame, so its COMMIT under
+        // synchronous=FULL would fsync nothing; this one's frames follow those of every
+        // earlier commit in the WAL, and the fsync of the WAL at this commit makes all of
+        // them durable. On PostgreSQL every COMMIT is durable when it returns
+        // (synchronous_commit on), so this only waits for the changes queued before it.
+        // Anything acknowledged before this job was queued was committed by an earlier
+        // batch or is in this one.
+        self.submit(true, move |w| ops::heartbeat(w, crate::now_ns()), done)
+    }
+
+    fn forget_blocks(&self, blocks: Vec<u64>, done: Done<()>) {
+        self.submit(false, move |w| ops::forget_blocks(w, &blocks), done)
+    }
+
+    fn blocks_between(&self, lo: u64, hi: u64) -> Result<Vec<u64>, Errno> {
+        self.read(0, |c| ops::blocks_between(c, lo, hi))
+    }
+
+    fn crashed_sessions(&self) -> Vec<u64> {
+        self.crashed.clone()
+    }
+
+    fn pending_gc(&self) -> Result<Vec<u64>, Errno> {
+        self.read(0, |c| ops::pending_gc(c))
+    }
+
+    fn heartbeat(&self, now_ns: i64, done: Done<Vec<u64>>) {
+        // Other sessions are ended only by a mount that has itself been in contact with the
+        // database for a whole expiry period: after an outage, every mount gets that long to
+        // beat again before anyone judges it dead.
+        let expiry = self.session_expiry.filter(|expiry| {
+            let since = self.contact.since_ns.load(Ordering::Relaxed);
+            since != 0 && now_ns - since >= expiry.as_nanos() as i64
+        });
+        let contact = self.contact.clone();
+        let gap_max = self
+            .session_expiry
+            .map_or(i64::MAX, |e| e.as_nanos() as i64 / 2);
+        self.submit(
+            false,
+            move |w| {
+                ops::heartbeat(w, now_ns)?;
+                if w.log_changes {
+                    ops::trim_change_log(w, now_ns)?;
+                }
+                let Some(expiry) = expiry else {
+                    return Ok(Vec::new());
+                };
+                let ended = ops::expire_sessions(w, now_ns - expiry.as_nanos() as i64, now_ns)?;
+                if !ended.is_empty() {
+                    tracing::info!(
+                        "volume: ended sessions {ended:?}: no heartbeat for {} s",
+                        expiry.as_secs()
+                    );
+                }
+                Ok(ended)
+            },
+            Box::new(move |result| {
+                if result.is_ok() {
+                    let last = contact.last_beat_ns.swap(now_ns, Ordering::Relaxed);
+                    if last == 0 || now_ns - last > gap_max {
+                        contact.since_ns.store(now_ns, Ordering::Relaxed);
+                    }
+                } else {
+                    contact.since_ns.store(0, Ordering::Relaxed);
+                }
+                done(result)
+            }),
+        )
+    }
+
+    fn close(&self) {
+        let background = self
+            .background
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((stop, handle)) = background {
+            let _ = stop.send(());
+            let _ = handle.join();
+        }
+        let _ = self.jobs.send(Msg::Close);
+        let _ = self.wake.send(());
+        let handle = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
+
+    fn touch_atime(&self, ino: u64, atime_ns: i64, done: Done<()>) {
+        self.submit(false, move |w| ops::touch_atime(w, ino, atime_ns), done)
+    }
+
+    fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno> {
+        self.read(0, |c| ops::fileattr_flags(c))
+    }
+
+    fn changes_since(
+        &self,
+        cursors: &mut std::collections::HashMap<u64, u64>,
+    ) -> Result<Vec<ChangeRec>, Errno> {
+        if self.session_expiry.is_none() {
+            return Ok(Vec::new());
+        }
+        let session = self.session;
+        self.read(0, |c| ops::changes_since(c, session, cursors))
+    }
+
+    fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>) {
+        self.submit(
+            false,
+            move |w| ops::set_fileattr_flags(w, ino, flags, ctime_ns),
+            done,
+        )
+    }
+}
