@@ -732,6 +732,7 @@ impl Filesystem for PassthroughFs {
         let c = &self.counters;
         [
             ("getxattr", c.getxattr.get()),
+            ("caps_from_memory", c.caps_from_memory.get()),
             ("inodes", self.inodes.live()),
             ("fd_cache_fds", fds.cached),
             ("fd_cache_hits", fds.hits),
