@@ -113,8 +113,8 @@ pub struct MountArgs {
     pub no_file_handles: bool,
     /// Passthrough and volume: send no FLUSH at close(2) (two round trips fewer per `echo x >
     /// f`). The price: on a passthrough, POSIX locks stay in the kernel, unseen by processes
-    /// on the host; on a volume, data is committed after close returns, which no longer
-    /// reports a failed commit (fsync does).
+    /// on the host; on a volume, data is committed after close returns, which then no
+    /// longer reports a failed commit (an fsync before it still does).
     #[arg(long)]
     pub no_flush_on_close: bool,
     /// Volume: the size statfs (df) reports [default: the data directory's file system's].

@@ -50,12 +50,13 @@ pub struct VolumeOptions {
     /// [`VolumeFs::atime_switch`]).
     pub atime: Atime,
     /// Commit a file's data at each close(2) (FLUSH). Off (`--no-flush-on-close`), opens
-    /// are answered FOPEN_NOFLUSH and the data is committed at the file's last RELEASE,
-    /// which the kernel sends asynchronously: two synchronous round trips and a commit
-    /// fewer per `echo x > f`, but close(2) no longer returns a failed commit's error (it
-    /// is logged and counted in `flush_errors`; fsync still returns it). Another open on
-    /// this mount sees the data at once either way (the file's state stays in memory
-    /// until that RELEASE has committed it).
+    /// are answered FOPEN_NOFLUSH and the data is committed when the open file is released
+    /// (RELEASE, which the kernel sends without waiting for it once the last descriptor
+    /// of the open is closed): two synchronous round trips fewer per `echo x > f`, and
+    /// close(2) no longer waits for the commit, nor returns its error (logged and counted
+    /// in `flush_errors`; an fsync before the close still returns it). Another open on this
+    /// mount sees the data at once either way (the file's state stays in the open table
+    /// until its data is committed).
     pub flush_on_close: bool,
 }
 
