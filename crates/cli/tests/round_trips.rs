@@ -76,8 +76,8 @@ fn requests_of(mount: &Mount, dir: &Path, script: &str) -> BTreeMap<String, u64>
         .collect()
 }
 
-/// Asserts that `got` holds `per_file` requests per file of each opcode named there (within
-/// `MARGIN` above, exactly FILES for CREATE) and no other opcode beyond `MARGIN`.
+/// Asserts that `got` holds `per_file` requests per file of each opcode named there (at
+/// least that many, at most `MARGIN` more) and no other opcode beyond `MARGIN`.
 fn assert_requests(what: &str, got: &BTreeMap<String, u64>, per_file: &[(&str, u64)]) {
     let table = format!("{what}: {got:?} for {FILES} files");
     for (op, per) in per_file {
