@@ -450,6 +450,9 @@ impl VolumeFs {
                 chunks: Vec::new(),
             })
         })?;
+        // Inode numbers are never reused, so this state is the new inode's own.
+        state.capability_absent.store(true, Ordering::SeqCst);
+        self.created_without_privileges(rec);
         Ok(state)
     }
 
@@ -1302,6 +1305,10 @@ impl Filesystem for VolumeFs {
         }
         if name.as_bytes() == setid::CAPABILITY_XATTR {
             self.forget_privileges(ino);
+            // Before the commit: a GETXATTR from here on reads the store.
+            if let Some(state) = self.open.get(ino) {
+                state.capability_absent.store(false, Ordering::SeqCst);
+            }
         }
         self.store.setxattr(
             ino,
@@ -1317,6 +1324,16 @@ impl Filesystem for VolumeFs {
 
     fn getxattr(&self, req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {
         if name.as_bytes() == FILEATTR_XATTR {
+            return reply.error(libc::ENODATA);
+        }
+        // The kernel's question before the first write to a file this mount created
+        // (file_remove_privs): answered without the store when the answer is known.
+        if name.as_bytes() == setid::CAPABILITY_XATTR
+            && self
+                .open
+                .get(ino)
+                .is_some_and(|state| state.capability_absent.load(Ordering::SeqCst))
+        {
             return reply.error(libc::ENODATA);
         }
         match self.store.getxattr(req.queue, ino, name.as_bytes()) {
