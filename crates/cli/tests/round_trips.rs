@@ -11,6 +11,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::subject::{KINDS, Source};
+use common::sys;
 use common::volume::Volume;
 use common::{Mount, TempDir, wait_until};
 
@@ -255,6 +257,50 @@ fn a_create_after_a_miss_reuses_the_cached_negative_entry() {
             "volume, entry timeout {timeout}: {got:?}"
         );
         mount.unmount();
+    }
+}
+
+/// The GETXATTR before a new file's first write is answered from memory ("no capability":
+/// the file is new); that memory must never hide a capability set afterwards while the file
+/// is still open from its create, nor keep one the write removed. Same answers as tmpfs.
+#[test]
+fn a_new_files_capability_answers_stay_true_as_on_tmpfs() {
+    fn session(root: &Path) -> Vec<String> {
+        let path = root.join("prog");
+        let file = sys::open(&path, libc::O_CREAT | libc::O_WRONLY | libc::O_EXCL, 0o755).unwrap();
+        let caps = |what: &str| {
+            let size = sys::getxattr(&path, "security.capability", 0).map(|(n, _)| n);
+            format!("{what}: {size:?}")
+        };
+        let mut seen = vec![caps("created")];
+        // cap_net_raw+ep in the VFS_CAP_REVISION_2 layout.
+        let mut value = Vec::new();
+        for word in [0x0200_0001u32, 1 << 13, 0, 0, 0] {
+            value.extend_from_slice(&word.to_ne_bytes());
+        }
+        seen.push(format!(
+            "set: {:?}",
+            sys::setxattr(&path, "security.capability", &value, 0)
+        ));
+        seen.push(caps("after set, still open"));
+        sys::write(&file, b"#!/bin/sh\n").unwrap();
+        seen.push(caps("after a write"));
+        drop(file);
+        seen.push(caps("closed"));
+        seen
+    }
+    let native = common::Tmpfs::new("16M");
+    let expected = session(&native.path);
+    assert_eq!(expected[2], "after set, still open: Ok(20)", "{expected:?}");
+    for kind in KINDS {
+        let source = Source::new(kind, "rtt-caps");
+        let m = source.mount(&["--attr-timeout", "60"]);
+        assert_eq!(
+            session(&m.mountpoint),
+            expected,
+            "lanefs ({kind:?}) vs tmpfs"
+        );
+        m.unmount();
     }
 }
 
