@@ -216,6 +216,30 @@ fn no_flush_on_close_removes_both_flushes_on_the_passthrough() {
         "closing another descriptor of the file kept the lock"
     );
     drop(holder);
+
+    // flock stays the daemon's (on the open's host fd, closed at RELEASE, which comes
+    // without FLUSH too): held while open, gone once closed.
+    let flocked = std::fs::File::open(&path).unwrap();
+    // SAFETY: flock on an fd we hold.
+    assert_eq!(
+        unsafe { libc::flock(flocked.as_raw_fd(), libc::LOCK_EX) },
+        0
+    );
+    let free = || {
+        Command::new("flock")
+            .args(["-n", "-E", "9"])
+            .arg(&path)
+            .arg("true")
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(!free(), "flock not held");
+    drop(flocked);
+    assert!(
+        wait_until(Duration::from_secs(5), free),
+        "flock kept after close"
+    );
     mount.unmount();
 }
 
