@@ -161,6 +161,7 @@ pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
             "fd_cache" => args.fd_cache = Some(number("N")? as usize),
             "no_killpriv_v2" => args.no_killpriv_v2 = true,
             "no_file_handles" => args.no_file_handles = true,
+            "no_flush_on_close" | "noflush" => args.no_flush_on_close = true,
             "allow_other" => args.allow_other = true,
             "default_permissions" => args.default_permissions = true,
             "fsname" => args.fsname = Some(need("NAME")?.to_owned()),
@@ -277,6 +278,18 @@ mod tests {
             (a.attr_timeout, a.entry_timeout, a.fd_cache),
             (Some(2.5), Some(0.0), Some(10))
         );
+    }
+
+    #[test]
+    fn no_flush_on_close_in_both_spellings() {
+        for spelling in ["no_flush_on_close", "noflush"] {
+            let mut w = Wrapper::parse_from(["t", "/srv", "/mnt"]);
+            assert!(!w.args.no_flush_on_close);
+            apply(&mut w.args, &[format!("rw,{spelling}")]).unwrap();
+            assert!(w.args.no_flush_on_close, "{spelling}");
+        }
+        let w = Wrapper::parse_from(["t", "--no-flush-on-close", "/srv", "/mnt"]);
+        assert!(w.args.no_flush_on_close);
     }
 
     #[test]

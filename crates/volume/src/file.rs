@@ -240,6 +240,11 @@ pub struct FileState {
     pub opens: AtomicU32,
     /// Lost its last name while open: freed at the last release.
     pub orphaned: AtomicBool,
+    /// Known to have no `security.capability`: set when this mount created the inode (a
+    /// new inode has no xattrs), cleared by any setxattr of that name. Nothing else sets
+    /// one, so while it holds, the GETXATTR the kernel sends before the first write to a
+    /// new file (a new FUSE inode is never S_NOSEC) needs no read of the store.
+    pub capability_absent: AtomicBool,
     /// The load from the store, done by the first open.
     loaded: OnceLock<Result<(), Errno>>,
     /// Chunk index → buffer of written, unflushed bytes (past its end: zeros). The mutex
@@ -275,6 +280,7 @@ impl FileState {
             writes: AtomicU64::new(0),
             opens: AtomicU32::new(0),
             orphaned: AtomicBool::new(false),
+            capability_absent: AtomicBool::new(false),
             loaded: OnceLock::new(),
             dirty: Mutex::new(BTreeMap::new()),
             dirty_bytes: AtomicU64::new(0),

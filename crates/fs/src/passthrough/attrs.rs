@@ -226,6 +226,7 @@ impl PassthroughFs {
         // is remembered for the attribute timeout, as the attributes themselves are.
         let caps = name.as_bytes() == CAPS_XATTR;
         if caps && inode.caps_absent_until.load(Ordering::SeqCst) > self.now_ns() {
+            self.counters.caps_from_memory.bump();
             return reply.error(libc::ENODATA);
         }
         let changes = inode.caps_changes.load(Ordering::SeqCst);
@@ -332,7 +333,7 @@ impl PassthroughFs {
     /// that is 0). A setxattr of it through us bumps `caps_changes` and then forgets; if it
     /// ran since `changes` was read, the memory is dropped again here (whichever of the two
     /// stores comes last, the result is "not known").
-    fn remember_no_caps(&self, inode: &Inode, changes: u64) {
+    pub(super) fn remember_no_caps(&self, inode: &Inode, changes: u64) {
         if self.opts.attr_timeout.is_zero() {
             return;
         }

@@ -7,6 +7,9 @@ pub struct Counters {
     /// GETXATTR requests: with kernel passthrough and no HANDLE_KILLPRIV_V2, every write
     /// costs one (security.capability); this shows whether that round trip is gone.
     pub getxattr: PerThreadCounter,
+    /// GETXATTRs of security.capability answered "none" from memory, without a host call
+    /// (a recent host answer, or a file we just created).
+    pub caps_from_memory: PerThreadCounter,
     /// Backing ids registered with FUSE_DEV_IOC_BACKING_OPEN, in all.
     pub backing_opened: AtomicU64,
     /// Backing ids currently registered.

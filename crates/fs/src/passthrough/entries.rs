@@ -5,6 +5,7 @@ use std::ffi::{CStr, OsStr};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use lanefs_fuse::Request;
 use lanefs_fuse::abi;
@@ -233,6 +234,13 @@ impl PassthroughFs {
         keep_fd: bool,
     ) -> SysResult<(abi::EntryOut, abi::OpenOut)> {
         let inode = self.register(parent, Found::Open(&fd), keep_fd, st)?;
+        // The kernel's first write to the new file asks for its security.capability
+        // (file_remove_privs: a new FUSE inode is never S_NOSEC), a round trip no flag of
+        // 6.18 removes. The host file was made just now, exclusively, and a capability is
+        // never inherited, so the answer is known: "none", remembered as any host answer
+        // is (`remember_no_caps`), which spares that GETXATTR its host syscall.
+        let changes = inode.caps_changes.load(Ordering::SeqCst);
+        self.remember_no_caps(&inode, changes);
         let entry = self.entry_out(&inode, st);
         match self.finish_open(req, &inode, fd, flags, Some(st.st_mode)) {
             Ok(open) => Ok((entry, open)),

@@ -227,6 +227,15 @@ impl PassthroughFs {
             }
             state.opens += 1;
         }
+        // fuse_flush returns at once for such an open (without writeback cache, which we
+        // never ask for): no FLUSH round trip at close(2). Safe because our FLUSH does one
+        // thing, releasing the closer's host POSIX locks, and with this option the kernel
+        // keeps POSIX locks itself (see `PassthroughOptions::flush_on_close`). Writes have
+        // reached the host before they returned; dirty pages of a shared mapping are
+        // written back when it is unmapped (fuse_vma_close) or synced.
+        if !self.opts.flush_on_close {
+            out.open_flags |= fopen::NOFLUSH;
+        }
         out.fh = self.files.insert(OpenFile {
             fd,
             inode: inode.clone(),

@@ -67,6 +67,13 @@ pub struct PassthroughOptions {
     pub file_handles: bool,
     /// The FUSE mount's atime flags, which the host must apply to the daemon's own reads.
     pub atime: Atime,
+    /// Answer every open FOPEN_NOFLUSH (`--no-flush-on-close`): the kernel then sends no
+    /// FLUSH at close(2), two synchronous round trips of `echo x > f` (bash closes the
+    /// file twice, after its dup2 and when it restores stdout). FLUSH is what releases a
+    /// closing process's POSIX locks held on the host, so POSIX locks are then left to the
+    /// kernel (no FUSE_POSIX_LOCKS in INIT): exact between processes using this mount,
+    /// invisible to processes on the host, which no longer see or wait for them.
+    pub flush_on_close: bool,
 }
 
 // When reading a file or listing a directory updates its access time: the FUSE mount's
@@ -105,6 +112,7 @@ impl PassthroughOptions {
             killpriv_v2: true,
             file_handles: true,
             atime: Atime::default(),
+            flush_on_close: true,
         }
     }
 }
@@ -685,7 +693,6 @@ impl Filesystem for PassthroughFs {
     fn init(&self, offered: u64) -> InitRequest {
         let mut want = init_flags::DO_READDIRPLUS
             | init_flags::READDIRPLUS_AUTO
-            | init_flags::POSIX_LOCKS
             | init_flags::FLOCK_LOCKS
             | init_flags::ATOMIC_O_TRUNC
             | init_flags::CACHE_SYMLINKS
@@ -699,6 +706,11 @@ impl Filesystem for PassthroughFs {
             | init_flags::SETXATTR_EXT;
         if self.opts.killpriv_v2 {
             want |= init_flags::HANDLE_KILLPRIV_V2;
+        }
+        // POSIX locks on the host need FLUSH to be released at close(2) (the kernel keeps
+        // no record of locks it forwards); without FLUSH they stay in the kernel.
+        if self.opts.flush_on_close {
+            want |= init_flags::POSIX_LOCKS;
         }
         // Creates carry the caller's supplementary group in the parent's group (see
         // `creds`); only worth asking for when we act as callers at all.
@@ -732,6 +744,7 @@ impl Filesystem for PassthroughFs {
         let c = &self.counters;
         [
             ("getxattr", c.getxattr.get()),
+            ("caps_from_memory", c.caps_from_memory.get()),
             ("inodes", self.inodes.live()),
             ("fd_cache_fds", fds.cached),
             ("fd_cache_hits", fds.hits),

@@ -149,6 +149,14 @@ impl VolumeFs {
         }
     }
 
+    /// `rec` was just created by this mount and is open: a new inode has no capability,
+    /// so without set-ID bits in its mode its first write needs no store read either.
+    pub(super) fn created_without_privileges(&self, rec: &InodeRec) {
+        if rec.mode & (libc::S_ISUID | libc::S_ISGID) == 0 {
+            self.no_privileges.learn(rec.ino);
+        }
+    }
+
     /// The inode's mode or capability may have changed: look again at the next write.
     pub(super) fn forget_privileges(&self, ino: u64) {
         self.no_privileges.forget(ino)
