@@ -9,9 +9,18 @@ use clap::Args;
 pub struct FormatArgs {
     /// The volume's metadata file (SQLite), created.
     pub volume: PathBuf,
-    /// The directory for the volume's data blocks (created if missing; must be empty).
+    /// Where the volume's data blocks go: a directory (created if missing; must be empty),
+    /// or `s3://BUCKET/PREFIX` (the bucket must exist; credentials from AWS_ACCESS_KEY_ID
+    /// and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE and ~/.aws/credentials).
     #[arg(long)]
-    pub data: PathBuf,
+    pub data: String,
+    /// The S3 server's URL, for S3-compatible stores such as MinIO (stored in the volume:
+    /// mounts need no flag).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+    /// The bucket's region (default us-east-1; stored in the volume).
+    #[arg(long, value_name = "REGION")]
+    pub s3_region: Option<String>,
     /// Replace an existing volume file (and the blocks of an earlier volume in the data
     /// directory): everything in them is lost.
     #[arg(long)]
@@ -28,8 +37,14 @@ pub struct FsckArgs {
 }
 
 pub fn format(args: FormatArgs) -> io::Result<()> {
-    let summary = lanefs_volume::volume::format(&args.volume, &args.data, args.force)
-        .map_err(io::Error::other)?;
+    let data = lanefs_volume::location::DataLocation::from_arg(
+        &args.data,
+        args.s3_endpoint.as_deref(),
+        args.s3_region.as_deref(),
+    )
+    .map_err(io::Error::other)?;
+    let summary =
+        lanefs_volume::volume::format(&args.volume, data, args.force).map_err(io::Error::other)?;
     println!("{summary}");
     Ok(())
 }

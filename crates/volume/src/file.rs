@@ -584,10 +584,8 @@ impl FileState {
 
     /// Blocks written for a change that did not commit: nothing refers to them.
     fn discard(&self, dp: &DataPath, blocks: &[u64]) {
-        for b in blocks {
-            if let Err(e) = dp.blocks.delete(*b) {
-                tracing::warn!("volume: removing unused block {b:016x}: {e} (fsck will)");
-            }
+        if !blocks.is_empty() {
+            dp.blocks.discard(blocks.to_vec());
         }
     }
 

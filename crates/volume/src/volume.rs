@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension};
@@ -12,6 +12,7 @@ use rusqlite::{Connection, OptionalExtension};
 use crate::blocks::{BlockStore, ObjectBlockStore, VOLUME_ID_KEY};
 use crate::file::{CHUNK_BYTES, DataPath, INLINE_MAX_BYTES};
 use crate::fs::{VolumeFs, VolumeOptions};
+use crate::location::{DataLocation, S3Location};
 use crate::meta::{InodeRec, ROOT_INO};
 use crate::now_ns;
 use crate::schema::{FORMAT_VERSION, setting};
@@ -63,9 +64,12 @@ impl VolumeLock {
 
     /// Holds the volume's data directory too: two volume files can name one directory (a
     /// copy made by `lanefs load` does), and two mounts writing and deleting blocks in one
-    /// directory would destroy each other's data.
-    pub fn cover_data(&mut self, data_dir: &Path) -> Result<(), String> {
-        self.data = Some(lock_data_dir(data_dir)?);
+    /// directory would destroy each other's data. (An S3 prefix has no lock to take: there
+    /// the volume file's lock is the only one.)
+    pub fn cover_data(&mut self, data: &DataLocation) -> Result<(), String> {
+        if let DataLocation::Dir(dir) = data {
+            self.data = Some(lock_data_dir(dir)?);
+        }
         Ok(())
     }
 }
@@ -105,7 +109,7 @@ fn holder_of(db: &Path) -> Option<String> {
 /// A volume's settings, read and checked.
 pub struct Settings {
     pub uuid: String,
-    pub data: PathBuf,
+    pub data: DataLocation,
     pub format_version: i64,
     pub created_ns: i64,
 }
@@ -152,7 +156,8 @@ pub fn check(db: &Path, write: bool) -> Result<(Connection, Settings), String> {
     };
     let settings = Settings {
         uuid: get(setting::UUID)?,
-        data: PathBuf::from(get(setting::DATA)?),
+        data: DataLocation::from_setting(&get(setting::DATA)?)
+            .map_err(|e| format!("{shown} is damaged: {e}"))?,
         format_version: get(setting::FORMAT_VERSION)?.parse().unwrap_or(0),
         created_ns: get(setting::CREATED_NS)?.parse().unwrap_or(0),
     };
@@ -167,29 +172,32 @@ pub fn check(db: &Path, write: bool) -> Result<(Connection, Settings), String> {
 
 /// Opens the block store of a checked volume and checks it belongs to the volume.
 pub fn open_blocks(db: &Path, settings: &Settings) -> Result<Arc<ObjectBlockStore>, String> {
-    let dir = &settings.data;
-    if !dir.is_dir() {
-        return Err(format!(
-            "the data directory {} of volume {} is missing",
-            dir.display(),
-            db.display()
-        ));
-    }
-    let blocks = ObjectBlockStore::local(dir)
-        .map_err(|e| format!("data directory {}: {e}", dir.display()))?;
+    let data = &settings.data;
+    let what = match data {
+        DataLocation::Dir(dir) => {
+            if !dir.is_dir() {
+                return Err(format!(
+                    "the data directory {} of volume {} is missing",
+                    dir.display(),
+                    db.display()
+                ));
+            }
+            "data directory"
+        }
+        DataLocation::S3(_) => "data location",
+    };
+    let blocks = ObjectBlockStore::open(data).map_err(|e| format!("{what} {data}: {e}"))?;
     match blocks.get_volume_id() {
         Ok(Some(id)) if id == settings.uuid => Ok(Arc::new(blocks)),
         Ok(Some(_)) => Err(format!(
-            "the data directory {} belongs to another volume, not {}",
-            dir.display(),
+            "the {what} {data} belongs to another volume, not {}",
             db.display()
         )),
         Ok(None) => Err(format!(
-            "the data directory {} of volume {} has lost its {VOLUME_ID_KEY} file (is it the right directory?)",
-            dir.display(),
+            "the {what} {data} of volume {} has lost its {VOLUME_ID_KEY} object (is it the right place? on S3: does the bucket exist?)",
             db.display()
         )),
-        Err(e) => Err(format!("data directory {}: {e}", dir.display())),
+        Err(e) => Err(format!("{what} {data}: {e}")),
     }
 }
 
@@ -203,7 +211,8 @@ fn random_id() -> Result<String, String> {
 
 /// `lanefs format`: a new, empty volume. Everything is checked (and the old volume locked)
 /// before anything is deleted: a refusal leaves an existing volume as it was.
-pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
+pub fn format(db: &Path, data: impl Into<DataLocation>, force: bool) -> Result<String, String> {
+    let data = data.into();
     let shown = db.display();
     let mut _lock = None;
     let mut _data_lock = None;
@@ -221,6 +230,11 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
         }
         _lock = Some(VolumeLock::take(db)?);
     }
+    let data = match data {
+        DataLocation::Dir(dir) => dir,
+        DataLocation::S3(s3) => return format_on_s3(db, s3, force, replace_db),
+    };
+    let data = data.as_path();
     std::fs::create_dir_all(data).map_err(|e| format!("data directory {}: {e}", data.display()))?;
     let data = data
         .canonicalize()
@@ -249,23 +263,105 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
             _data_lock = Some(lock_data_dir(&data)?);
         }
     }
-    let uuid = random_id()?;
     // Checked; now the old volume goes.
     if replace_db {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = db.as_os_str().to_owned();
-            p.push(suffix);
-            match std::fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("removing {}: {e}", Path::new(&p).display())),
-            }
-        }
+        remove_database(db)?;
     }
     if clear_data {
         let _ = std::fs::remove_dir_all(data.join("blocks"));
         let _ = std::fs::remove_file(data.join(VOLUME_ID_KEY));
     }
+    let blocks = ObjectBlockStore::local(&data)
+        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    write_volume(db, &DataLocation::Dir(data.clone()), &blocks)
+}
+
+/// `format` onto an S3 prefix: the bucket must exist and the credentials be accepted (one
+/// request each way tells), and the prefix be empty or hold a volume's objects only (those
+/// deleted with --force).
+fn format_on_s3(
+    db: &Path,
+    s3: S3Location,
+    force: bool,
+    replace_db: bool,
+) -> Result<String, String> {
+    let data = DataLocation::S3(s3);
+    let blocks = ObjectBlockStore::open(&data).map_err(|e| format!("{data}: {e}"))?;
+    let keys = blocks.list_all().map_err(|e| s3_refusal(&data, e))?;
+    if !keys.is_empty() {
+        let ours = keys
+            .iter()
+            .all(|k| k == VOLUME_ID_KEY || k.starts_with("blocks/"));
+        if !ours {
+            return Err(format!(
+                "{data} holds other objects; give an empty or new prefix"
+            ));
+        }
+        if !force {
+            return Err(format!(
+                "{data} holds another volume's blocks; add --force to delete them"
+            ));
+        }
+    }
+    if replace_db {
+        remove_database(db)?;
+    }
+    if !keys.is_empty() {
+        blocks
+            .delete_all()
+            .map_err(|e| format!("{data}: deleting the old volume's objects: {e}"))?;
+    }
+    write_volume(db, &data, &blocks)
+}
+
+/// One sentence for an S3 error at format: the bucket is missing, the credentials are
+/// refused, or what the server said.
+fn s3_refusal(data: &DataLocation, e: std::io::Error) -> String {
+    let DataLocation::S3(s3) = data else {
+        return format!("{data}: {e}");
+    };
+    let text = e.to_string();
+    if e.kind() == std::io::ErrorKind::NotFound || text.contains("NoSuchBucket") {
+        format!(
+            "the bucket {} does not exist on {}; create it first",
+            s3.bucket,
+            s3.endpoint.as_deref().unwrap_or("AWS S3")
+        )
+    } else if e.kind() == std::io::ErrorKind::PermissionDenied
+        || text.contains("InvalidAccessKeyId")
+        || text.contains("SignatureDoesNotMatch")
+    {
+        format!(
+            "the S3 server refused the credentials (from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS profile) for the bucket {}",
+            s3.bucket
+        )
+    } else {
+        format!("{data}: {e}")
+    }
+}
+
+/// The old database and its WAL files, gone.
+fn remove_database(db: &Path) -> Result<(), String> {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = db.as_os_str().to_owned();
+        p.push(suffix);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("removing {}: {e}", Path::new(&p).display())),
+        }
+    }
+    Ok(())
+}
+
+/// A new volume's database and the volume-id object in its (checked, empty) block store.
+fn write_volume(
+    db: &Path,
+    data: &DataLocation,
+    blocks: &ObjectBlockStore,
+) -> Result<String, String> {
+    let shown = db.display();
+    let uuid = random_id()?;
     let now = now_ns();
     let conn = Connection::open(db).map_err(|e| format!("{shown}: {e}"))?;
     conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
@@ -273,7 +369,7 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
     let settings = [
         (setting::FORMAT_VERSION, FORMAT_VERSION.to_string()),
         (setting::UUID, uuid.clone()),
-        (setting::DATA, data.to_string_lossy().into_owned()),
+        (setting::DATA, data.to_setting()),
         (setting::CHUNK_BYTES, CHUNK_BYTES.to_string()),
         (setting::INLINE_MAX_BYTES, INLINE_MAX_BYTES.to_string()),
         (setting::CREATED_NS, now.to_string()),
@@ -296,14 +392,11 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
     sqlite::initialize(&conn, &settings, &root)
         .map_err(|e| format!("{shown}: writing the schema: {e}"))?;
     drop(conn);
-    let blocks = ObjectBlockStore::local(&data)
-        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
     blocks
         .put_volume_id(&uuid)
-        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+        .map_err(|e| format!("data location {data}: {e}"))?;
     Ok(format!(
-        "formatted {shown}: volume {uuid}, data in {}, format {FORMAT_VERSION}",
-        data.display()
+        "formatted {shown}: volume {uuid}, data in {data}, format {FORMAT_VERSION}"
     ))
 }
 
@@ -326,7 +419,7 @@ pub fn open_for_mount(
     Ok(VolumeFs::new(
         Arc::new(store),
         data,
-        settings.data.clone(),
+        settings.data.local_dir().map(Path::to_owned),
         options,
         lock,
     ))
@@ -353,7 +446,7 @@ pub fn status(db: &Path) -> Result<String, String> {
     out += &format!("volume {}\n", db.display());
     out += &format!("  id             {}\n", settings.uuid);
     out += &format!("  format         {}\n", settings.format_version);
-    out += &format!("  data           {}\n", settings.data.display());
+    out += &format!("  data           {}\n", settings.data);
     out += &format!(
         "  created        {} (unix seconds)\n",
         secs(settings.created_ns)
