@@ -43,8 +43,8 @@ pub fn format(args: FormatArgs) -> io::Result<()> {
         args.s3_region.as_deref(),
     )
     .map_err(io::Error::other)?;
-    let summary =
-        lanefs_volume::volume::format(&args.volume, data, args.force).map_err(io::Error::other)?;
+    let summary = lanefs_volume::volume::format_at(&args.volume, data, args.force)
+        .map_err(io::Error::other)?;
     println!("{summary}");
     Ok(())
 }

@@ -48,10 +48,12 @@ pub const PUTS_IN_FLIGHT: usize = 32;
 pub const S3_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time for one whole request, body included: a 1 MiB block at 35 KB/s still fits.
 pub const S3_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Retries of one request (after the first attempt)...
-pub const S3_RETRIES: usize = 10;
-/// ...and no new attempt once this long has passed since the first.
+/// No new attempt of a request once this long has passed since its first: the bound on
+/// retries is this time (a restarting MinIO refuses connections, then answers 503, for a few
+/// seconds; object_store's default of 10 retries is over in ~2.5 s of jittered backoff)...
 pub const S3_RETRY_TIMEOUT: Duration = Duration::from_secs(30);
+/// ...with a cap on the count as well, that the backoff does not reach within that time.
+pub const S3_RETRIES: usize = 100;
 /// Exponential backoff between attempts (with jitter): from 100 ms, doubling, at most 5 s,
 /// so the first retries come fast (a dropped connection) and later ones do not hammer a
 /// server that is restarting.

@@ -26,24 +26,6 @@ pub struct S3Location {
     pub region: String,
 }
 
-impl From<&Path> for DataLocation {
-    fn from(p: &Path) -> DataLocation {
-        DataLocation::Dir(p.to_owned())
-    }
-}
-
-impl From<PathBuf> for DataLocation {
-    fn from(p: PathBuf) -> DataLocation {
-        DataLocation::Dir(p)
-    }
-}
-
-impl From<&PathBuf> for DataLocation {
-    fn from(p: &PathBuf) -> DataLocation {
-        DataLocation::Dir(p.clone())
-    }
-}
-
 impl DataLocation {
     /// A `--data` argument: `s3://BUCKET[/PREFIX]` with the endpoint and region given
     /// beside it, or a directory's path.

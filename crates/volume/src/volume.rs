@@ -209,10 +209,14 @@ fn random_id() -> Result<String, String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// `lanefs format` with its blocks in a local directory.
+pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
+    format_at(db, DataLocation::Dir(data.to_owned()), force)
+}
+
 /// `lanefs format`: a new, empty volume. Everything is checked (and the old volume locked)
 /// before anything is deleted: a refusal leaves an existing volume as it was.
-pub fn format(db: &Path, data: impl Into<DataLocation>, force: bool) -> Result<String, String> {
-    let data = data.into();
+pub fn format_at(db: &Path, data: DataLocation, force: bool) -> Result<String, String> {
     let shown = db.display();
     let mut _lock = None;
     let mut _data_lock = None;
