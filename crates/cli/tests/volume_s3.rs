@@ -233,6 +233,31 @@ fn a_large_file_on_s3_reads_back_after_a_remount() {
     volume.assert_clean();
 }
 
+#[test]
+fn a_sequential_read_from_s3_gets_each_block_once() {
+    let Some(minio) = minio("readahead") else {
+        return;
+    };
+    let volume = S3Volume::format(&minio, "readahead");
+    let m = volume.mount(&[]);
+    const BLOCKS: usize = 40;
+    let data = content(8, BLOCKS * MIB);
+    std::fs::write(m.path("f"), &data).unwrap();
+    m.unmount();
+    let m = volume.mount(&[]);
+    let before = minio.requests("GetObject");
+    assert!(std::fs::read(m.path("f")).unwrap() == data);
+    let gets = minio.requests("GetObject") - before;
+    m.unmount();
+    // Read-ahead fetches the blocks ahead of the reader; the reads that reach a block in
+    // flight wait for it instead of fetching it again (before: 650 GETs for 40 blocks). A read
+    // racing a read-ahead to the same block may still fetch it twice now and then.
+    assert!(
+        (BLOCKS as u64..=(BLOCKS + BLOCKS / 4) as u64).contains(&gets),
+        "{gets} GETs to read {BLOCKS} blocks"
+    );
+}
+
 /// Writes files of 1.5 MiB (two blocks) and fsyncs each until `stop`, recording for each
 /// file whether its write+fsync+close succeeded, the errno if not, and how long it took.
 fn write_files(dir: &Path, stop: &std::sync::atomic::AtomicBool, log: &Mutex<Vec<Op>>) {

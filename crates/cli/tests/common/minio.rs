@@ -91,6 +91,8 @@ impl Minio {
             .env("MINIO_ROOT_USER", ACCESS_KEY)
             .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
             .env("MINIO_BROWSER", "off")
+            // Its request counters readable without a token (`requests`).
+            .env("MINIO_PROMETHEUS_AUTH_TYPE", "public")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -118,17 +120,35 @@ impl Minio {
         }
     }
 
+    /// How many S3 requests of one kind (`GetObject`, `PutObject`, …) MinIO has served since
+    /// it started, from its metrics (version 3: counted as they happen, not cached).
+    pub fn requests(&self, api: &str) -> u64 {
+        let answer = self.http_get("/minio/metrics/v3/api/requests");
+        let series = format!("minio_api_requests_total{{name=\"{api}\",");
+        answer
+            .lines()
+            .filter(|l| l.starts_with(&series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// The answer (head and body) to an unsigned GET of `path`; empty when there is none.
+    fn http_get(&self, path: &str) -> String {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return String::new();
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        let mut answer = String::new();
+        if s.write_all(request.as_bytes()).is_err() || s.read_to_string(&mut answer).is_err() {
+            return String::new();
+        }
+        answer
+    }
+
     /// MinIO's readiness probe answers 200.
     fn ready(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let request = "GET /minio/health/ready HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        let mut answer = String::new();
-        s.write_all(request.as_bytes()).is_ok()
-            && s.read_to_string(&mut answer).is_ok()
-            && answer.split(' ').nth(1) == Some("200")
+        self.http_get("/minio/health/ready").split(' ').nth(1) == Some("200")
     }
 
     pub fn endpoint(&self) -> String {
