@@ -18,8 +18,10 @@ use super::{Mount, TempDir, lanefs, wait_until};
 /// MinIO's root user: the tests' S3 access key (not a secret: loopback only, test data).
 pub const ACCESS_KEY: &str = "lanefs-test";
 pub const SECRET_KEY: &str = "lanefs-test-secret";
-/// How long MinIO may take to answer its readiness probe after starting.
-const READY_WITHIN: Duration = Duration::from_secs(60);
+/// How long MinIO may take to answer its readiness probe after starting. It is ready in
+/// ~0.5 s when started by hand, but started again by a test (`start_again`) while a mount
+/// is retrying requests to it, it has been seen to take ~30 s (cause not found yet).
+const READY_WITHIN: Duration = Duration::from_secs(120);
 
 pub struct Minio {
     dir: TempDir,
@@ -45,12 +47,17 @@ fn find_binary() -> Option<PathBuf> {
 
 /// A free loopback port below the ephemeral range (32768 and up): a client retrying
 /// connections to a stopped server on an ephemeral port can end up connected to itself
-/// (TCP simultaneous open) and hold the port the server must bind again.
+/// (TCP simultaneous open) and hold the port the server must bind again. Never the same port
+/// twice in one test process: a stopped MinIO's port is free, and another test's MinIO
+/// started there would answer the first one's clients (with 404s) and keep it from coming
+/// back.
 fn free_port() -> u16 {
+    const FIRST: u16 = 20_000;
+    const PORTS: u16 = 12_000;
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let start = 20_000 + (std::process::id() % 500) as u16 * 20;
-    (0..12_000)
-        .map(|i| 20_000 + (start - 20_000 + NEXT.fetch_add(1, Ordering::Relaxed) + i) % 12_000)
+    let start = (std::process::id() % 600) as u16 * 20;
+    (0..PORTS)
+        .map(|_| FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed) % PORTS) % PORTS)
         .find(|port| TcpListener::bind(("127.0.0.1", *port)).is_ok())
         .expect("a free loopback port")
 }
@@ -99,7 +106,13 @@ impl Minio {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", self.binary.display()));
         self.child = Some(child);
+        let started = std::time::Instant::now();
         let ready = wait_until(READY_WITHIN, || self.ready());
+        eprintln!(
+            "MinIO on port {}: ready after {:?}",
+            self.port,
+            started.elapsed()
+        );
         let exited = self
             .child
             .as_mut()
