@@ -90,11 +90,13 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to stderr (the daemon's is the --log file); LANEFS_LOG sets the filter. Colours
-/// only on a terminal: a log file or a pipe gets plain text.
+/// only on a terminal: a log file or a pipe gets plain text. object_store logs every retry
+/// of an S3 request at info (during an outage, one line per request every few hundred ms):
+/// by default only its warnings, as the volume logs one line when a request finally fails.
 fn init_logging() {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("LANEFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,object_store=warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

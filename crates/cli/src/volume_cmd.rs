@@ -10,9 +10,18 @@ pub struct FormatArgs {
     /// The volume's metadata: an SQLite file (created), or a PostgreSQL database as
     /// postgres://user@host:port/db (its password in PGPASSWORD or ~/.pgpass, never here).
     pub volume: PathBuf,
-    /// The directory for the volume's data blocks (created if missing; must be empty).
+    /// Where the volume's data blocks go: a directory (created if missing; must be empty),
+    /// or `s3://BUCKET/PREFIX` (the bucket must exist; credentials from AWS_ACCESS_KEY_ID
+    /// and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE and ~/.aws/credentials).
     #[arg(long)]
-    pub data: PathBuf,
+    pub data: String,
+    /// The S3 server's URL, for S3-compatible stores such as MinIO (stored in the volume:
+    /// mounts need no flag).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+    /// The bucket's region (default us-east-1; stored in the volume).
+    #[arg(long, value_name = "REGION")]
+    pub s3_region: Option<String>,
     /// Replace an existing volume file (and the blocks of an earlier volume in the data
     /// directory): everything in them is lost.
     #[arg(long)]
@@ -29,11 +38,17 @@ pub struct FsckArgs {
 }
 
 pub fn format(args: FormatArgs) -> io::Result<()> {
+    let data = lanefs_volume::location::DataLocation::from_arg(
+        &args.data,
+        args.s3_endpoint.as_deref(),
+        args.s3_region.as_deref(),
+    )
+    .map_err(io::Error::other)?;
     let source = args.volume.to_string_lossy();
     let summary = if is_postgres(&args.volume) {
-        lanefs_volume::volume::format_postgres(&source, &args.data, args.force)
+        lanefs_volume::volume::format_postgres(&source, data, args.force)
     } else {
-        lanefs_volume::volume::format(&args.volume, &args.data, args.force)
+        lanefs_volume::volume::format_at(&args.volume, data, args.force)
     }
     .map_err(io::Error::other)?;
     println!("{summary}");

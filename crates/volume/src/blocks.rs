@@ -1,20 +1,27 @@
 //! Blocks: the immutable objects holding file data, behind [`BlockStore`], and
-//! `ObjectBlockStore`, which keeps them in an `object_store` (a local directory now; S3 is
-//! issue 14). The async runtime object_store needs lives inside `ObjectBlockStore` and nowhere
-//! else: callers block on it from their own thread.
+//! `ObjectBlockStore`, which keeps them in an `object_store`: a local directory, or an S3
+//! bucket prefix (AWS or any S3-compatible server). The async runtime object_store needs
+//! lives inside `ObjectBlockStore` and nowhere else: callers block on it from their own
+//! thread.
 
 use std::collections::{BTreeSet, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::prefix::PrefixStore;
+use object_store::{
+    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+};
 
 use crate::file::BLOCK_ID_SESSION_SHIFT;
+use crate::location::{DataLocation, S3Credentials, S3Location};
 
 /// Threads of the runtime that drives the object store's requests.
 pub const IO_THREADS: usize = 2;
@@ -25,20 +32,54 @@ pub const SYNC_THREADS: usize = 16;
 /// The object holding the id of the volume a data directory belongs to.
 pub const VOLUME_ID_KEY: &str = "lanefs-volume-id";
 const BLOCKS_PREFIX: &str = "blocks";
+/// At most this many block PUTs of one `put` are in flight at once: a flush of
+/// `FILE_DIRTY_MAX_BYTES` = 64 MiB is 64 blocks, and 32 MiB in flight covers S3's latency
+/// (~20-50 ms for a 1 MiB PUT) at well over 1 GB/s while keeping the sockets and the memory
+/// in the HTTP client bounded.
+pub const PUTS_IN_FLIGHT: usize = 32;
+
+// S3 requests: how long each may take and how failures are retried (object_store's
+// RetryConfig: 5xx, 429, connection errors and timeouts of idempotent requests, which all of
+// ours are, are retried; 4xx such as 403 and 404 are not). A request that cannot succeed
+// fails after at most about S3_RETRY_TIMEOUT + S3_REQUEST_TIMEOUT + S3_BACKOFF_MAX (65 s),
+// and then the error reaches the caller as EIO: a server restart or a network blip of a few
+// seconds is ridden out, a dead server is reported within a minute, never a hang.
+/// Time to open a TCP connection (and TLS) to the server.
+pub const S3_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time for one whole request, body included: a 1 MiB block at 35 KB/s still fits.
+pub const S3_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// No new attempt of a request once this long has passed since its first: the bound on
+/// retries is this time (a restarting MinIO refuses connections, then answers 503, for a few
+/// seconds; object_store's default of 10 retries is over in ~2.5 s of jittered backoff)...
+pub const S3_RETRY_TIMEOUT: Duration = Duration::from_secs(30);
+/// ...with a cap on the count as well, that the backoff does not reach within that time.
+pub const S3_RETRIES: usize = 100;
+/// Exponential backoff between attempts (with jitter): from 100 ms, doubling, at most 5 s,
+/// so the first retries come fast (a dropped connection) and later ones do not hammer a
+/// server that is restarting.
+pub const S3_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+pub const S3_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 pub trait BlockStore: Send + Sync + 'static {
     /// Stores the blocks (in parallel); all of them are stored when it returns Ok.
     fn put(&self, blocks: Vec<(u64, Bytes)>) -> io::Result<()>;
     /// A block's bytes; NotFound when it is missing.
     fn get(&self, id: u64) -> io::Result<Bytes>;
+    /// Deletes a block; a block already gone is no error.
     fn delete(&self, id: u64) -> io::Result<()>;
+    /// Deletes blocks nothing refers to (those of a flush that failed), logging what could
+    /// not be deleted (fsck and gc find those). On a remote store in the background: the
+    /// failure being reported may be the server's, and its answer must not wait for
+    /// another round of retries.
+    fn discard(&self, ids: Vec<u64>);
     /// Fetches a block in the background and hands it to `done` (read-ahead).
     fn prefetch(&self, id: u64, done: Box<dyn FnOnce(io::Result<Bytes>) + Send>);
     /// Every block id in the store, or only those a session wrote.
     fn list(&self, session: Option<u64>) -> io::Result<Vec<u64>>;
     /// Makes the blocks durable: their bytes and their names, up to the store's root (fsync
     /// of each file, of its directory, and of every directory above it created since the
-    /// store was opened). Called before the commit that refers to them.
+    /// store was opened; nothing on S3, where an acknowledged PUT is durable). Called before
+    /// the commit that refers to them.
     fn sync(&self, ids: &[u64]) -> io::Result<()>;
     fn get_volume_id(&self) -> io::Result<Option<String>>;
     fn put_volume_id(&self, id: &str) -> io::Result<()>;
@@ -66,6 +107,8 @@ fn id_of(location: &ObjectPath) -> Option<u64> {
 }
 
 /// An object_store error as an io::Error, keeping the OS errno (ENOSPC!) where there is one.
+/// (A remote store's errors are `remote_error`'s: an OS error there is the HTTP client's,
+/// ECONNREFUSED and the like, which mean EIO to a writer.)
 fn io_error(e: object_store::Error) -> io::Error {
     if let object_store::Error::NotFound { .. } = e {
         return io::Error::new(io::ErrorKind::NotFound, e.to_string());
@@ -82,6 +125,17 @@ fn io_error(e: object_store::Error) -> io::Error {
     io::Error::other(e.to_string())
 }
 
+/// A remote store's error: NotFound, PermissionDenied (403, 401) or other (EIO).
+fn remote_error(e: object_store::Error) -> io::Error {
+    let kind = match e {
+        object_store::Error::NotFound { .. } => io::ErrorKind::NotFound,
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => io::ErrorKind::PermissionDenied,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e.to_string())
+}
+
 pub struct ObjectBlockStore {
     store: Arc<dyn ObjectStore>,
     runtime: tokio::runtime::Runtime,
@@ -94,21 +148,121 @@ pub struct ObjectBlockStore {
     durable_dirs: Mutex<HashSet<PathBuf>>,
 }
 
+fn runtime() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(IO_THREADS)
+        .max_blocking_threads(SYNC_THREADS)
+        .thread_name("lanefs-io")
+        .enable_all()
+        .build()
+}
+
 impl ObjectBlockStore {
+    /// The store at a volume's data location (S3 credentials from the environment).
+    pub fn open(location: &DataLocation) -> io::Result<ObjectBlockStore> {
+        match location {
+            DataLocation::Dir(dir) => ObjectBlockStore::local(dir),
+            DataLocation::S3(s3) => {
+                let credentials = crate::location::s3_credentials().map_err(io::Error::other)?;
+                ObjectBlockStore::s3(s3, credentials)
+            }
+        }
+    }
+
     /// A store in an existing local directory.
     pub fn local(dir: &Path) -> io::Result<ObjectBlockStore> {
         let store = LocalFileSystem::new_with_prefix(dir).map_err(io_error)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(IO_THREADS)
-            .max_blocking_threads(SYNC_THREADS)
-            .thread_name("lanefs-io")
-            .enable_all()
-            .build()?;
         Ok(ObjectBlockStore {
             store: Arc::new(store),
-            runtime,
+            runtime: runtime()?,
             local_root: Some(dir.to_owned()),
             durable_dirs: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// A store under an S3 bucket prefix. Path-style requests (what MinIO and most
+    /// S3-compatible servers expect, and AWS still serves); plain HTTP only when the user
+    /// gave an http:// endpoint.
+    pub fn s3(location: &S3Location, credentials: S3Credentials) -> io::Result<ObjectBlockStore> {
+        let client = ClientOptions::new()
+            .with_connect_timeout(S3_CONNECT_TIMEOUT)
+            .with_timeout(S3_REQUEST_TIMEOUT)
+            .with_allow_http(
+                location
+                    .endpoint
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("http://")),
+            );
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: S3_BACKOFF_FIRST,
+                max_backoff: S3_BACKOFF_MAX,
+                base: 2.0,
+            },
+            max_retries: S3_RETRIES,
+            retry_timeout: S3_RETRY_TIMEOUT,
+        };
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(&location.bucket)
+            .with_region(&location.region)
+            .with_access_key_id(credentials.access_key_id)
+            .with_secret_access_key(credentials.secret_access_key)
+            .with_virtual_hosted_style_request(false)
+            .with_client_options(client)
+            .with_retry(retry);
+        if let Some(token) = credentials.session_token {
+            builder = builder.with_token(token);
+        }
+        if let Some(endpoint) = &location.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        let s3 = builder.build().map_err(remote_error)?;
+        let store: Arc<dyn ObjectStore> = if location.prefix.is_empty() {
+            Arc::new(s3)
+        } else {
+            Arc::new(PrefixStore::new(s3, location.prefix.as_str()))
+        };
+        Ok(ObjectBlockStore {
+            store,
+            runtime: runtime()?,
+            local_root: None,
+            durable_dirs: Mutex::new(HashSet::new()),
+        })
+    }
+
+    fn error(&self, e: object_store::Error) -> io::Error {
+        match self.local_root {
+            Some(_) => io_error(e),
+            None => remote_error(e),
+        }
+    }
+
+    /// The keys of every object under the store's root (blocks and the volume id): for
+    /// format, which must find the prefix empty or holding a volume's objects only.
+    pub fn list_all(&self) -> io::Result<Vec<String>> {
+        self.runtime.block_on(async {
+            let mut stream = self.store.list(None);
+            let mut keys = Vec::new();
+            while let Some(meta) = stream.next().await {
+                keys.push(meta.map_err(|e| self.error(e))?.location.to_string());
+            }
+            Ok(keys)
+        })
+    }
+
+    /// Deletes every object under the store's root (format --force of a remote store).
+    pub fn delete_all(&self) -> io::Result<()> {
+        let keys = self.list_all()?;
+        self.runtime.block_on(async {
+            let paths = futures::stream::iter(keys.into_iter().map(|k| Ok(ObjectPath::from(k))));
+            let mut deleted = self.store.delete_stream(paths.boxed());
+            while let Some(result) = deleted.next().await {
+                match result {
+                    Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(self.error(e)),
+                }
+            }
+            Ok(())
         })
     }
 }
@@ -117,11 +271,14 @@ impl BlockStore for ObjectBlockStore {
     fn put(&self, blocks: Vec<(u64, Bytes)>) -> io::Result<()> {
         let store = &self.store;
         self.runtime.block_on(async {
-            let puts = blocks
-                .into_iter()
-                .map(|(id, data)| async move { store.put(&key(id), PutPayload::from(data)).await });
-            for result in futures::future::join_all(puts).await {
-                result.map_err(io_error)?;
+            let mut puts = futures::stream::iter(blocks.into_iter().map(|(id, data)| async move {
+                store.put(&key(id), PutPayload::from(data)).await
+            }))
+            .buffer_unordered(PUTS_IN_FLIGHT);
+            // The first failure ends the put (the others in flight are dropped, cancelled):
+            // the flush fails as a whole and discards what was written.
+            while let Some(result) = puts.next().await {
+                result.map_err(|e| self.error(e))?;
             }
             Ok(())
         })
@@ -130,25 +287,44 @@ impl BlockStore for ObjectBlockStore {
     fn get(&self, id: u64) -> io::Result<Bytes> {
         self.runtime
             .block_on(async { self.store.get(&key(id)).await?.bytes().await })
-            .map_err(io_error)
+            .map_err(|e| self.error(e))
     }
 
     fn delete(&self, id: u64) -> io::Result<()> {
         match self
             .runtime
             .block_on(self.store.delete(&key(id)))
-            .map_err(io_error)
+            .map_err(|e| self.error(e))
         {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             other => other,
         }
     }
 
+    fn discard(&self, ids: Vec<u64>) {
+        let store = self.store.clone();
+        let deletes = async move {
+            for id in ids {
+                match store.delete(&key(id)).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => tracing::warn!(
+                        "volume: removing unused block {id:016x}: {e} (fsck and gc will)"
+                    ),
+                }
+            }
+        };
+        match self.local_root {
+            Some(_) => self.runtime.block_on(deletes),
+            None => drop(self.runtime.spawn(deletes)),
+        }
+    }
+
     fn prefetch(&self, id: u64, done: Box<dyn FnOnce(io::Result<Bytes>) + Send>) {
         let store = self.store.clone();
+        let remote = self.local_root.is_none();
         self.runtime.spawn(async move {
             let result = async { store.get(&key(id)).await?.bytes().await }.await;
-            done(result.map_err(io_error));
+            done(result.map_err(if remote { remote_error } else { io_error }));
         });
     }
 
@@ -161,7 +337,7 @@ impl BlockStore for ObjectBlockStore {
             let mut stream = self.store.list(Some(&prefix));
             let mut ids = Vec::new();
             while let Some(meta) = stream.next().await {
-                let meta = meta.map_err(io_error)?;
+                let meta = meta.map_err(|e| self.error(e))?;
                 if let Some(id) = id_of(&meta.location) {
                     ids.push(id);
                 }
@@ -171,6 +347,8 @@ impl BlockStore for ObjectBlockStore {
     }
 
     fn sync(&self, ids: &[u64]) -> io::Result<()> {
+        // S3 (and compatible servers) acknowledge a PUT only once the object is durable:
+        // nothing is left to sync.
         let Some(root) = &self.local_root else {
             return Ok(());
         };
@@ -215,7 +393,7 @@ impl BlockStore for ObjectBlockStore {
         {
             Ok(b) => Ok(Some(String::from_utf8_lossy(&b).trim().to_owned())),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(io_error(e)),
+            Err(e) => Err(self.error(e)),
         }
     }
 
@@ -227,7 +405,7 @@ impl BlockStore for ObjectBlockStore {
                     .put(&path, PutPayload::from(Bytes::from(format!("{id}\n")))),
             )
             .map(|_| ())
-            .map_err(io_error)
+            .map_err(|e| self.error(e))
     }
 }
 

@@ -2,9 +2,9 @@
 //! not yet flushed, and what the store holds (inline bytes or the chunk map). Flushing turns
 //! dirty chunks into new immutable blocks and commits them as one metadata change.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
 use bytes::Bytes;
 
@@ -36,13 +36,18 @@ struct CacheShard {
     /// Insertion order, for eviction (first in, first out).
     order: VecDeque<u64>,
     bytes: usize,
+    /// Blocks a read-ahead is fetching: not fetched again by another read-ahead, and a read
+    /// that needs one waits for it rather than sending a second GET (at S3's latency every
+    /// sequential read would otherwise re-request the 4 chunks ahead that are in flight).
+    fetching: HashSet<u64>,
 }
 
 /// Recently read blocks, by id, at most BLOCK_CACHE_BYTES (first in, first out).
 pub struct BlockCache {
     /// Each mutex protects one shard; held for a map operation only (never across I/O).
-    /// Leaf locks.
-    shards: Vec<Mutex<CacheShard>>,
+    /// Leaf locks. The condvar beside it wakes reads waiting for a block the shard's
+    /// `fetching` holds.
+    shards: Vec<(Mutex<CacheShard>, Condvar)>,
 }
 
 impl BlockCache {
@@ -50,18 +55,48 @@ impl BlockCache {
         BlockCache {
             shards: (0..CACHE_SHARDS)
                 .map(|_| {
-                    Mutex::new(CacheShard {
+                    let shard = CacheShard {
                         blocks: HashMap::new(),
                         order: VecDeque::new(),
                         bytes: 0,
-                    })
+                        fetching: HashSet::new(),
+                    };
+                    (Mutex::new(shard), Condvar::new())
                 })
                 .collect(),
         }
     }
 
     fn shard(&self, block: u64) -> std::sync::MutexGuard<'_, CacheShard> {
-        lock(&self.shards[(block as usize) % CACHE_SHARDS])
+        lock(&self.shards[(block as usize) % CACHE_SHARDS].0)
+    }
+
+    /// Marks a block as being fetched, unless it is cached or already being fetched.
+    fn begin_fetch(&self, block: u64) -> bool {
+        let mut shard = self.shard(block);
+        !shard.blocks.contains_key(&block) && shard.fetching.insert(block)
+    }
+
+    /// Ends a fetch begun by `begin_fetch`: caches what it got (if it is good) and wakes the
+    /// reads waiting for it.
+    fn end_fetch(&self, block: u64, data: Option<Bytes>) {
+        if let Some(data) = data {
+            self.insert(block, data);
+        }
+        let (mutex, fetched) = &self.shards[(block as usize) % CACHE_SHARDS];
+        lock(mutex).fetching.remove(&block);
+        fetched.notify_all();
+    }
+
+    /// The block, once a fetch in flight for it ended (None: no fetch, or it failed). The
+    /// wait is bounded by the fetch's own (the block store's timeouts and retry bound).
+    fn wait_for_fetch(&self, block: u64) -> Option<Bytes> {
+        let (mutex, fetched) = &self.shards[(block as usize) % CACHE_SHARDS];
+        let mut shard = lock(mutex);
+        while shard.fetching.contains(&block) {
+            shard = fetched.wait(shard).unwrap_or_else(|e| e.into_inner());
+        }
+        shard.blocks.get(&block).cloned()
     }
 
     fn get(&self, block: u64) -> Option<Bytes> {
@@ -117,7 +152,11 @@ impl DataPath {
 
     /// A chunk's block, checked against its checksum.
     fn read_block(&self, ino: u64, chunk: &ChunkRec) -> Result<Bytes, Errno> {
-        if let Some(b) = self.cache.get(chunk.block) {
+        if let Some(b) = self
+            .cache
+            .get(chunk.block)
+            .or_else(|| self.cache.wait_for_fetch(chunk.block))
+        {
             return Ok(b);
         }
         let data = match self.blocks.get(chunk.block) {
@@ -154,18 +193,15 @@ impl DataPath {
     /// fails its checksum is not cached: the read that needs it fetches it again and reports.
     fn prefetch(&self, chunks: Vec<ChunkRec>) {
         for chunk in chunks {
-            if self.cache.get(chunk.block).is_some() {
+            if !self.cache.begin_fetch(chunk.block) {
                 continue;
             }
             let cache = self.cache.clone();
             self.blocks.prefetch(
                 chunk.block,
                 Box::new(move |data| {
-                    if let Ok(data) = data
-                        && checksum(&data) == chunk.crc
-                    {
-                        cache.insert(chunk.block, data);
-                    }
+                    let good = data.ok().filter(|data| checksum(data) == chunk.crc);
+                    cache.end_fetch(chunk.block, good);
                 }),
             );
         }
@@ -590,10 +626,8 @@ impl FileState {
 
     /// Blocks written for a change that did not commit: nothing refers to them.
     fn discard(&self, dp: &DataPath, blocks: &[u64]) {
-        for b in blocks {
-            if let Err(e) = dp.blocks.delete(*b) {
-                tracing::warn!("volume: removing unused block {b:016x}: {e} (fsck will)");
-            }
+        if !blocks.is_empty() {
+            dp.blocks.discard(blocks.to_vec());
         }
     }
 

@@ -184,8 +184,8 @@ pub struct VolumeFs {
     open: Arc<OpenTable>,
     dirs: DirHandles,
     options: VolumeOptions,
-    /// The data directory, for statfs's capacity.
-    data_dir: std::path::PathBuf,
+    /// The data directory, for statfs's capacity; None when the blocks are remote (S3).
+    data_dir: Option<std::path::PathBuf>,
     /// Blocks released by commits, to the reaper thread (`Sender` is Sync: no lock).
     reaper: Sender<ReapMsg>,
     /// A message (or its end) stops the heartbeat thread.
@@ -223,7 +223,7 @@ impl VolumeFs {
     pub fn new(
         store: Arc<dyn MetaStore>,
         data: Arc<DataPath>,
-        data_dir: std::path::PathBuf,
+        data_dir: Option<std::path::PathBuf>,
         options: VolumeOptions,
         lock: VolumeLock,
     ) -> VolumeFs {
@@ -1288,9 +1288,17 @@ impl Filesystem for VolumeFs {
             bytes: self.usage_bytes.load(Ordering::Relaxed),
         };
         const BSIZE: u64 = 4096;
-        // Without a capacity, the data directory's file system's figures (blocks and inodes).
-        let host = host_statvfs(&self.data_dir).unwrap_or_default();
-        let (blocks, free) = match self.options.capacity {
+        // Without a capacity, the data directory's file system's figures (blocks and inodes);
+        // a remote store has no figures, so it shows REMOTE_CAPACITY_BYTES.
+        let host = match &self.data_dir {
+            Some(dir) => host_statvfs(dir).unwrap_or_default(),
+            None => HostStatfs::default(),
+        };
+        let capacity = match &self.data_dir {
+            Some(_) => self.options.capacity,
+            None => Some(self.options.capacity.unwrap_or(REMOTE_CAPACITY_BYTES)),
+        };
+        let (blocks, free) = match capacity {
             Some(capacity) => {
                 let blocks = capacity / BSIZE;
                 (blocks, blocks.saturating_sub(usage.bytes.div_ceil(BSIZE)))
@@ -1508,6 +1516,9 @@ fn send_reap(tx: &Sender<ReapMsg>, blocks: Vec<u64>) {
 
 /// What statfs says when the data directory's file system has no inode limit.
 const FILES_FREE_WITHOUT_LIMIT: u64 = 1 << 32;
+/// The size statfs shows for a volume whose blocks are remote (S3 has no capacity to ask
+/// for) when the mount gives none: 1 PiB, so that tools that check free space go ahead.
+const REMOTE_CAPACITY_BYTES: u64 = 1 << 50;
 
 #[derive(Default)]
 struct HostStatfs {

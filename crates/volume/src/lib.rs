@@ -7,6 +7,7 @@ pub mod dump;
 pub mod file;
 pub mod fs;
 pub mod fsck;
+pub mod location;
 pub mod meta;
 pub mod ops;
 pub mod postgres;

@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use rusqlite::Connection;
@@ -12,6 +12,7 @@ use rusqlite::Connection;
 use crate::blocks::{BlockStore, ObjectBlockStore, VOLUME_ID_KEY};
 use crate::file::{CHUNK_BYTES, DataPath, INLINE_MAX_BYTES};
 use crate::fs::{VolumeFs, VolumeOptions};
+use crate::location::DataLocation;
 use crate::meta::{InodeRec, ROOT_INO};
 use crate::now_ns;
 use crate::postgres::{self, PgStore, PgTarget};
@@ -78,9 +79,12 @@ impl VolumeLock {
 
     /// Holds the volume's data directory too: two volume files can name one directory (a
     /// copy made by `lanefs load` does), and two mounts writing and deleting blocks in one
-    /// directory would destroy each other's data.
-    pub fn cover_data(&mut self, data_dir: &Path) -> Result<(), String> {
-        self.data = Some(lock_data_dir(data_dir)?);
+    /// directory would destroy each other's data. (An S3 prefix has no lock to take: there
+    /// the volume file's lock is the only one.)
+    pub fn cover_data(&mut self, data: &DataLocation) -> Result<(), String> {
+        if let DataLocation::Dir(dir) = data {
+            self.data = Some(lock_data_dir(dir)?);
+        }
         Ok(())
     }
 }
@@ -120,7 +124,7 @@ fn holder_of(db: &Path) -> Option<String> {
 /// A volume's settings, read and checked.
 pub struct Settings {
     pub uuid: String,
-    pub data: PathBuf,
+    pub data: DataLocation,
     pub format_version: i64,
     pub created_ns: i64,
 }
@@ -172,7 +176,8 @@ pub fn check_settings(tx: &mut dyn Tx, shown: &str, engine: &str) -> Result<Sett
     };
     let settings = Settings {
         uuid: get(setting::UUID)?,
-        data: PathBuf::from(get(setting::DATA)?),
+        data: DataLocation::from_setting(&get(setting::DATA)?)
+            .map_err(|e| format!("{shown} is damaged: {e}"))?,
         format_version: get(setting::FORMAT_VERSION)?.parse().unwrap_or(0),
         created_ns: get(setting::CREATED_NS)?.parse().unwrap_or(0),
     };
@@ -187,29 +192,32 @@ pub fn check_settings(tx: &mut dyn Tx, shown: &str, engine: &str) -> Result<Sett
 
 /// Opens the block store of a checked volume and checks it belongs to the volume.
 pub fn open_blocks(db: &Path, settings: &Settings) -> Result<Arc<ObjectBlockStore>, String> {
-    let dir = &settings.data;
-    if !dir.is_dir() {
-        return Err(format!(
-            "the data directory {} of volume {} is missing",
-            dir.display(),
-            db.display()
-        ));
-    }
-    let blocks = ObjectBlockStore::local(dir)
-        .map_err(|e| format!("data directory {}: {e}", dir.display()))?;
+    let data = &settings.data;
+    let what = match data {
+        DataLocation::Dir(dir) => {
+            if !dir.is_dir() {
+                return Err(format!(
+                    "the data directory {} of volume {} is missing",
+                    dir.display(),
+                    db.display()
+                ));
+            }
+            "data directory"
+        }
+        DataLocation::S3(_) => "data location",
+    };
+    let blocks = ObjectBlockStore::open(data).map_err(|e| format!("{what} {data}: {e}"))?;
     match blocks.get_volume_id() {
         Ok(Some(id)) if id == settings.uuid => Ok(Arc::new(blocks)),
         Ok(Some(_)) => Err(format!(
-            "the data directory {} belongs to another volume, not {}",
-            dir.display(),
+            "the {what} {data} belongs to another volume, not {}",
             db.display()
         )),
         Ok(None) => Err(format!(
-            "the data directory {} of volume {} has lost its {VOLUME_ID_KEY} file (is it the right directory?)",
-            dir.display(),
+            "the {what} {data} of volume {} has lost its {VOLUME_ID_KEY} object (is it the right place? on S3: does the bucket exist?)",
             db.display()
         )),
-        Err(e) => Err(format!("data directory {}: {e}", dir.display())),
+        Err(e) => Err(format!("{what} {data}: {e}")),
     }
 }
 
@@ -221,69 +229,104 @@ fn random_id() -> Result<String, String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// A data directory made ready for a new volume: created and checked (empty, or a volume's
-/// blocks that --force allows deleting, locked meanwhile). Nothing is deleted until `clear`.
-struct NewDataDir {
-    path: PathBuf,
+/// Where a new volume's blocks go, checked and made ready: a directory (created; empty, or an
+/// earlier volume's blocks that --force allows deleting, locked meanwhile) or an S3 prefix
+/// (the bucket exists and takes the credentials: one listing tells; empty, or an earlier
+/// volume's objects that --force allows deleting). Nothing is deleted until `clear`.
+struct NewData {
+    location: DataLocation,
+    /// The store listed at `prepare` (S3), for `clear`.
+    listed: Option<ObjectBlockStore>,
     clear: bool,
     _lock: Option<File>,
 }
 
-impl NewDataDir {
-    fn prepare(data: &Path, force: bool) -> Result<NewDataDir, String> {
-        std::fs::create_dir_all(data)
-            .map_err(|e| format!("data directory {}: {e}", data.display()))?;
-        let data = data
-            .canonicalize()
-            .map_err(|e| format!("data directory {}: {e}", data.display()))?;
-        let entries = std::fs::read_dir(&data)
-            .map_err(|e| format!("data directory {}: {e}", data.display()))?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name())
-            .collect::<Vec<_>>();
-        let clear = !entries.is_empty();
+impl NewData {
+    fn prepare(data: DataLocation, force: bool) -> Result<NewData, String> {
         let mut lock = None;
-        if clear {
-            let ours = entries.iter().all(|n| n == "blocks" || n == VOLUME_ID_KEY);
-            if !ours {
-                return Err(format!(
-                    "the data directory {} is not empty; give an empty or new one",
-                    data.display()
-                ));
+        let (location, listed, clear) = match data {
+            DataLocation::Dir(dir) => {
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| format!("data directory {}: {e}", dir.display()))?;
+                let dir = dir
+                    .canonicalize()
+                    .map_err(|e| format!("data directory {}: {e}", dir.display()))?;
+                let entries = std::fs::read_dir(&dir)
+                    .map_err(|e| format!("data directory {}: {e}", dir.display()))?
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name())
+                    .collect::<Vec<_>>();
+                let ours = entries.iter().all(|n| n == "blocks" || n == VOLUME_ID_KEY);
+                if !ours {
+                    return Err(format!(
+                        "the data directory {} is not empty; give an empty or new one",
+                        dir.display()
+                    ));
+                }
+                if !entries.is_empty() && !force {
+                    return Err(format!(
+                        "the data directory {} holds another volume's blocks; add --force to delete them",
+                        dir.display()
+                    ));
+                }
+                if dir.join(VOLUME_ID_KEY).exists() {
+                    lock = Some(lock_data_dir(&dir)?);
+                }
+                (DataLocation::Dir(dir), None, !entries.is_empty())
             }
-            if !force {
-                return Err(format!(
-                    "the data directory {} holds another volume's blocks; add --force to delete them",
-                    data.display()
-                ));
+            s3 @ DataLocation::S3(_) => {
+                let blocks = ObjectBlockStore::open(&s3).map_err(|e| format!("{s3}: {e}"))?;
+                let keys = blocks.list_all().map_err(|e| s3_refusal(&s3, e))?;
+                let ours = keys
+                    .iter()
+                    .all(|k| k == VOLUME_ID_KEY || k.starts_with("blocks/"));
+                if !ours {
+                    return Err(format!(
+                        "{s3} holds other objects; give an empty or new prefix"
+                    ));
+                }
+                if !keys.is_empty() && !force {
+                    return Err(format!(
+                        "{s3} holds another volume's blocks; add --force to delete them"
+                    ));
+                }
+                (s3, Some(blocks), !keys.is_empty())
             }
-            if data.join(VOLUME_ID_KEY).exists() {
-                lock = Some(lock_data_dir(&data)?);
-            }
-        }
-        Ok(NewDataDir {
-            path: data,
+        };
+        Ok(NewData {
+            location,
+            listed,
             clear,
             _lock: lock,
         })
     }
 
     /// Deletes an earlier volume's blocks (everything was checked).
-    fn clear(&self) {
-        if self.clear {
-            let _ = std::fs::remove_dir_all(self.path.join("blocks"));
-            let _ = std::fs::remove_file(self.path.join(VOLUME_ID_KEY));
+    fn clear(&self) -> Result<(), String> {
+        if !self.clear {
+            return Ok(());
+        }
+        match (&self.location, &self.listed) {
+            (DataLocation::Dir(dir), _) => {
+                let _ = std::fs::remove_dir_all(dir.join("blocks"));
+                let _ = std::fs::remove_file(dir.join(VOLUME_ID_KEY));
+                Ok(())
+            }
+            (s3, Some(blocks)) => blocks
+                .delete_all()
+                .map_err(|e| format!("{s3}: deleting the old volume's objects: {e}")),
+            (s3, None) => Err(format!("{s3}: not listed before clearing")),
         }
     }
 
-    /// Marks the directory as the new volume's.
+    /// Marks the location as the new volume's.
     fn write_volume_id(&self, uuid: &str) -> Result<(), String> {
-        let shown = self.path.display();
-        let blocks = ObjectBlockStore::local(&self.path)
-            .map_err(|e| format!("data directory {shown}: {e}"))?;
+        let data = &self.location;
+        let blocks =
+            ObjectBlockStore::open(data).map_err(|e| format!("data location {data}: {e}"))?;
         blocks
             .put_volume_id(uuid)
-            .map_err(|e| format!("data directory {shown}: {e}"))
+            .map_err(|e| format!("data location {data}: {e}"))
     }
 
     /// A new volume's settings and root directory.
@@ -291,7 +334,7 @@ impl NewDataDir {
         let settings = vec![
             (setting::FORMAT_VERSION, FORMAT_VERSION.to_string()),
             (setting::UUID, uuid.to_string()),
-            (setting::DATA, self.path.to_string_lossy().into_owned()),
+            (setting::DATA, self.location.to_setting()),
             (setting::CHUNK_BYTES, CHUNK_BYTES.to_string()),
             (setting::INLINE_MAX_BYTES, INLINE_MAX_BYTES.to_string()),
             (setting::CREATED_NS, now.to_string()),
@@ -315,9 +358,40 @@ impl NewDataDir {
     }
 }
 
+/// One sentence for an S3 error at format: the bucket is missing, the credentials are
+/// refused, or what the server said.
+fn s3_refusal(data: &DataLocation, e: std::io::Error) -> String {
+    let DataLocation::S3(s3) = data else {
+        return format!("{data}: {e}");
+    };
+    let text = e.to_string();
+    if e.kind() == std::io::ErrorKind::NotFound || text.contains("NoSuchBucket") {
+        format!(
+            "the bucket {} does not exist on {}; create it first",
+            s3.bucket,
+            s3.endpoint.as_deref().unwrap_or("AWS S3")
+        )
+    } else if e.kind() == std::io::ErrorKind::PermissionDenied
+        || text.contains("InvalidAccessKeyId")
+        || text.contains("SignatureDoesNotMatch")
+    {
+        format!(
+            "the S3 server refused the credentials (from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS profile) for the bucket {}",
+            s3.bucket
+        )
+    } else {
+        format!("{data}: {e}")
+    }
+}
+
 /// `lanefs format`: a new, empty volume. Everything is checked (and the old volume locked)
 /// before anything is deleted: a refusal leaves an existing volume as it was.
 pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
+    format_at(db, DataLocation::Dir(data.to_owned()), force)
+}
+
+/// `lanefs format` of a volume file, its blocks in a directory or on S3.
+pub fn format_at(db: &Path, data: DataLocation, force: bool) -> Result<String, String> {
     let shown = db.display();
     let mut _lock = None;
     let replace_db = db.exists();
@@ -334,7 +408,7 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
         }
         _lock = Some(VolumeLock::take(db)?);
     }
-    let data = NewDataDir::prepare(data, force)?;
+    let data = NewData::prepare(data, force)?;
     let uuid = random_id()?;
     // Checked; now the old volume goes.
     if replace_db {
@@ -348,7 +422,7 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
             }
         }
     }
-    data.clear();
+    data.clear()?;
     let now = now_ns();
     let conn = Connection::open(db).map_err(|e| format!("{shown}: {e}"))?;
     conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
@@ -359,14 +433,14 @@ pub fn format(db: &Path, data: &Path, force: bool) -> Result<String, String> {
     data.write_volume_id(&uuid)?;
     Ok(format!(
         "formatted {shown}: volume {uuid}, data in {}, format {FORMAT_VERSION}",
-        data.path.display()
+        data.location
     ))
 }
 
 /// `lanefs format postgres://…`: a new, empty volume in a PostgreSQL database. A database
 /// that holds a volume already is refused without `force`, and with it while a mount of it
 /// is live.
-pub fn format_postgres(url: &str, data: &Path, force: bool) -> Result<String, String> {
+pub fn format_postgres(url: &str, data: DataLocation, force: bool) -> Result<String, String> {
     let target = PgTarget::parse(url)?;
     let mut conn = target.connect()?;
     let existing = postgres::volume_tables(&mut conn)?;
@@ -383,16 +457,16 @@ pub fn format_postgres(url: &str, data: &Path, force: bool) -> Result<String, St
             ));
         }
     }
-    let data = NewDataDir::prepare(data, force)?;
+    let data = NewData::prepare(data, force)?;
     let uuid = random_id()?;
-    data.clear();
+    data.clear()?;
     let (settings, root) = data.records(&uuid, now_ns());
     postgres::initialize(&mut conn, existing > 0, &settings, &root)
         .map_err(|e| format!("{url}: writing the schema: {e}"))?;
     data.write_volume_id(&uuid)?;
     Ok(format!(
         "formatted {url}: volume {uuid}, data in {}, format {FORMAT_VERSION}",
-        data.path.display()
+        data.location
     ))
 }
 
@@ -428,7 +502,7 @@ pub fn open_for_mount(
     Ok(VolumeFs::new(
         Arc::new(store),
         data,
-        settings.data.clone(),
+        settings.data.local_dir().map(Path::to_owned),
         options,
         lock,
     ))
@@ -461,7 +535,7 @@ pub fn open_for_mount_postgres(
     Ok(VolumeFs::new(
         Arc::new(store),
         data,
-        settings.data.clone(),
+        settings.data.local_dir().map(Path::to_owned),
         options,
         VolumeLock::shared(),
     ))
@@ -521,7 +595,7 @@ fn report(
     out += &format!("volume {shown}\n");
     out += &format!("  id             {}\n", settings.uuid);
     out += &format!("  format         {}\n", settings.format_version);
-    out += &format!("  data           {}\n", settings.data.display());
+    out += &format!("  data           {}\n", settings.data);
     out += &format!(
         "  created        {} (unix seconds)\n",
         secs(settings.created_ns)

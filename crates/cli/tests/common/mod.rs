@@ -3,6 +3,7 @@
 //! fail.
 #![allow(dead_code)] // each test binary uses part of the harness
 
+pub mod minio;
 pub mod postgres;
 pub mod subject;
 pub mod volume;
