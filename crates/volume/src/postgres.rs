@@ -510,6 +510,7 @@ const VOLUME_TABLES: &[&str] = &[
     "orphans",
     "changes",
     "leases",
+    "locks",
 ];
 
 /// How many of the volume's tables the database's current schema has.
