@@ -22,6 +22,7 @@ use crate::volume::VolumeLock;
 mod atime;
 mod changes;
 mod fileattr;
+mod locks;
 mod setid;
 
 pub use atime::AtimeSwitch;
@@ -208,6 +209,8 @@ pub struct VolumeFs {
     fileattrs: fileattr::FileAttrs,
     /// Open inodes known to have no set-ID bits and no capability (see `setid`).
     no_privileges: setid::NoPrivileges,
+    /// flock and POSIX locks of a shared volume (see `locks`).
+    locks: locks::Locks,
     /// The session's /dev/fuse fd, for notifications; set once the session is connected.
     session_fd: Arc<std::sync::OnceLock<i32>>,
     /// The volume's lock: let go at the very end of `destroy`, after the session ended and
@@ -293,7 +296,10 @@ impl VolumeFs {
             }
         }
         let fileattrs = fileattr::FileAttrs::load(&*store);
+        let (locks, lock_thread) = locks::Locks::new(&store, options.shared);
+        threads.extend(lock_thread);
         VolumeFs {
+            locks,
             atime: AtimeSwitch::new(options.atime),
             atime_due: atime::AtimeDue::new(),
             fileattrs,
@@ -324,6 +330,18 @@ impl VolumeFs {
             flush_errors: AtomicU64::new(0),
             lock,
         }
+    }
+
+    /// Drops this mount's locks on `ino` (one owner's, or all) and wakes its waiters; a
+    /// failure is logged (the locks then go with the session).
+    fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>) {
+        if let Err(e) = wait(|done| self.store.release_locks(ino, owner, done)) {
+            tracing::error!(
+                "volume: releasing locks on inode {ino}: {}; they go when this mount ends",
+                errno_name(e)
+            );
+        }
+        self.locks.released(ino);
     }
 
     fn attr(&self, rec: &InodeRec) -> abi::Attr {
@@ -705,12 +723,52 @@ fn time_of(
 
 impl Filesystem for VolumeFs {
     fn init(&self, _offered: u64) -> InitRequest {
+        // Locks: on a shared volume ours (the database's), so they hold across mounts; on a
+        // volume one mount holds, the kernel's, which are exact there and cost no request.
+        let locks = if self.options.shared {
+            init_flags::POSIX_LOCKS | init_flags::FLOCK_LOCKS
+        } else {
+            0
+        };
         InitRequest {
             // HANDLE_KILLPRIV_V2: set-ID bits and capabilities are ours to drop (`setid`).
             want: init_flags::DO_READDIRPLUS
                 | init_flags::READDIRPLUS_AUTO
-                | init_flags::HANDLE_KILLPRIV_V2,
+                | init_flags::HANDLE_KILLPRIV_V2
+                | locks,
             max_stack_depth: 0,
+        }
+    }
+
+    fn interrupt(&self, unique: u64) {
+        self.locks.interrupt(unique)
+    }
+
+    fn getlk(&self, req: &Request, ino: u64, arg: &abi::LkIn, reply: Reply) {
+        let lock = locks::lock_req(ino, arg);
+        match self.store.lock_conflict(req.queue, &lock) {
+            Ok(holder) => reply.lock(&locks::lock_out(&lock, holder)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setlk(&self, req: &Request, ino: u64, arg: &abi::LkIn, sleep: bool, reply: Reply) {
+        let lock = locks::lock_req(ino, arg);
+        if !matches!(lock.typ, LOCK_READ | LOCK_WRITE | LOCK_UNLOCK) {
+            return reply.error(libc::EINVAL);
+        }
+        match wait(|done| self.store.set_lock(lock.clone(), done)) {
+            Ok(None) => {
+                if lock.typ == LOCK_UNLOCK {
+                    self.locks.released(ino);
+                } else {
+                    self.locks.took(&lock);
+                }
+                reply.ok()
+            }
+            Ok(Some(_)) if sleep => self.locks.wait(req.unique, lock, reply),
+            Ok(Some(_)) => reply.error(libc::EAGAIN),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -728,6 +786,7 @@ impl Filesystem for VolumeFs {
                 );
             }
         }
+        self.locks.stop();
         let _ = self.heartbeat_stop.send(());
         let _ = self.reaper.send(ReapMsg::Stop);
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1127,7 +1186,12 @@ impl Filesystem for VolumeFs {
         }
     }
 
-    fn flush(&self, _req: &Request, ino: u64, _arg: &abi::FlushIn, reply: Reply) {
+    fn flush(&self, _req: &Request, ino: u64, arg: &abi::FlushIn, reply: Reply) {
+        // A close drops the closing owner's POSIX locks on the file (the kernel keeps none
+        // of a shared volume's to drop itself).
+        if self.locks.forget(ino, arg.lock_owner, LockKind::Posix) {
+            self.release_locks(ino, Some((arg.lock_owner, LockKind::Posix)));
+        }
         match self.open.get(ino) {
             Some(state) => match self.flush_state(&state) {
                 Ok(()) => reply.ok(),
@@ -1152,7 +1216,17 @@ impl Filesystem for VolumeFs {
                 errno_name(e)
             );
         }
+        if arg.release_flags & abi::RELEASE_FLOCK_UNLOCK != 0
+            && self.locks.forget(ino, arg.lock_owner, LockKind::Flock)
+        {
+            self.release_locks(ino, Some((arg.lock_owner, LockKind::Flock)));
+        }
         if let Some(last) = self.open.release(ino) {
+            // No process of this mount has the file open: none can hold a lock on it (POSIX
+            // locks of owners whose FLUSH never came, with --no-flush-on-close).
+            if self.locks.forget_inode(ino) {
+                self.release_locks(ino, None);
+            }
             self.last_release(last);
         }
         reply.ok()

@@ -931,6 +931,11 @@ pub fn expire_sessions<C: Tx>(
         );
     }
     w.tx().execute(
+        "DELETE FROM locks WHERE session NOT IN
+         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
+        &args![session, stale_before_ns],
+    )?;
+    w.tx().execute(
         "DELETE FROM inode_ranges WHERE session NOT IN
          (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
         &args![session, stale_before_ns],
@@ -942,12 +947,132 @@ pub fn expire_sessions<C: Tx>(
     Ok(dead)
 }
 
-/// Ends this session (unmount): its ranges and its row (inside the caller's transaction).
+/// Ends this session (unmount): its locks, ranges and row (inside the caller's transaction).
 pub fn end_session(tx: &mut dyn Tx, session: u64) -> Result<(), DbError> {
+    tx.execute("DELETE FROM locks WHERE session = ?", &args![session])?;
     tx.execute(
         "DELETE FROM inode_ranges WHERE session = ?",
         &args![session],
     )?;
     tx.execute("DELETE FROM sessions WHERE id = ?", &args![session])?;
+    Ok(())
+}
+
+// ---- Locks (a shared volume) -------------------------------------------------------------
+
+/// Reads the first lock of another owner (another session's, or another owner's here) that
+/// conflicts with `req`: same inode and kind, overlapping range, and one of them a write lock.
+pub fn lock_conflict(
+    tx: &mut dyn Tx,
+    session: u64,
+    req: &LockReq,
+) -> Result<Option<LockHolder>, Errno> {
+    let row = tx.query_opt(
+        "SELECT typ, lock_start, lock_end, pid FROM locks
+         WHERE ino = ? AND kind = ? AND lock_end >= ? AND lock_start <= ?
+           AND NOT (session = ? AND owner = ?) AND (typ = ? OR ? = ?) LIMIT 1",
+        &args![
+            req.ino,
+            req.kind as i64,
+            req.start,
+            req.end,
+            session,
+            req.owner,
+            LOCK_WRITE,
+            req.typ,
+            LOCK_WRITE
+        ],
+    )?;
+    Ok(match row {
+        Some(r) => Some(LockHolder {
+            typ: r.int(0)?,
+            start: r.int(1)?,
+            end: r.int(2)?,
+            pid: r.u32(3)?,
+        }),
+        None => None,
+    })
+}
+
+/// SETLK: takes, changes or (typ F_UNLCK) drops the owner's lock on a range; the conflicting
+/// lock instead when another owner holds one (nothing changed). Serialised per inode by the
+/// inode row's lock, so two mounts cannot both find the range free and both take it.
+pub fn set_lock<C: Tx>(w: &mut Writer<C>, req: &LockReq) -> Result<Option<LockHolder>, Errno> {
+    let session = w.session;
+    if req.typ != LOCK_UNLOCK {
+        let found = w.tx().execute(
+            "UPDATE inodes SET nlink = nlink WHERE ino = ?",
+            &args![req.ino],
+        )?;
+        if found == 0 {
+            return Err(libc::ENOENT);
+        }
+        if let Some(holder) = lock_conflict(w.tx(), session, req)? {
+            return Ok(Some(holder));
+        }
+    }
+    // The owner's own locks in the range are replaced (POSIX: a new lock over an old one of
+    // the same owner changes its type there); the parts outside the range stay.
+    let mine = w.tx().query(
+        "SELECT typ, lock_start, lock_end, pid FROM locks
+         WHERE ino = ? AND session = ? AND owner = ? AND kind = ? AND lock_end >= ? AND lock_start <= ?",
+        &args![req.ino, session, req.owner, req.kind as i64, req.start, req.end],
+    )?;
+    if !mine.is_empty() {
+        w.tx().execute(
+            "DELETE FROM locks
+             WHERE ino = ? AND session = ? AND owner = ? AND kind = ? AND lock_end >= ? AND lock_start <= ?",
+            &args![req.ino, session, req.owner, req.kind as i64, req.start, req.end],
+        )?;
+    }
+    let mut keep = Vec::new();
+    for r in &mine {
+        let (typ, start, end, pid) = (r.int(0)?, r.int(1)?, r.int(2)?, r.int(3)?);
+        if start < req.start {
+            keep.push((typ, start, req.start - 1, pid));
+        }
+        if end > req.end {
+            keep.push((typ, req.end + 1, end, pid));
+        }
+    }
+    if req.typ != LOCK_UNLOCK {
+        keep.push((req.typ, req.start, req.end, req.pid as i64));
+    }
+    for (typ, start, end, pid) in keep {
+        w.tx().execute(
+            "INSERT INTO locks (ino, session, owner, kind, typ, lock_start, lock_end, pid)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            &args![
+                req.ino,
+                session,
+                req.owner,
+                req.kind as i64,
+                typ,
+                start,
+                end,
+                pid
+            ],
+        )?;
+    }
+    Ok(None)
+}
+
+/// Drops this session's locks on an inode: one owner's of one kind, or (None) all of them.
+pub fn release_locks<C: Tx>(
+    w: &mut Writer<C>,
+    ino: u64,
+    owner: Option<(u64, LockKind)>,
+) -> Result<(), Errno> {
+    let session = w.session;
+    match owner {
+        Some((owner, kind)) => w.tx().execute(
+            "DELETE FROM locks WHERE ino = ? AND session = ? AND owner = ? AND kind = ?",
+            &args![ino, session, owner, kind as i64],
+        )?,
+        None => w.tx().execute(
+            "DELETE FROM locks WHERE ino = ? AND session = ?",
+            &args![ino, session],
+        )?,
+    };
     Ok(())
 }

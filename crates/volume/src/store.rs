@@ -695,6 +695,19 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.read(0, |c| ops::fileattr_flags(c))
     }
 
+    fn lock_conflict(&self, queue: usize, req: &LockReq) -> Result<Option<LockHolder>, Errno> {
+        let session = self.session;
+        self.read(queue, |c| ops::lock_conflict(c, session, req))
+    }
+
+    fn set_lock(&self, req: LockReq, done: Done<Option<LockHolder>>) {
+        self.submit(false, move |w| ops::set_lock(w, &req), done)
+    }
+
+    fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>, done: Done<()>) {
+        self.submit(false, move |w| ops::release_locks(w, ino, owner), done)
+    }
+
     fn changes_since(
         &self,
         cursors: &mut std::collections::HashMap<u64, u64>,
