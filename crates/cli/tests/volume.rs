@@ -1681,6 +1681,23 @@ mod on_postgres {
         let other = std::fs::File::open(a.path("f")).unwrap();
         assert_eq!(flock_ex(&other), -1);
         drop(other);
+        // A waiter killed while it waits goes at once (INTERRUPT answers it EINTR); the
+        // kernel would otherwise hold the dying process until the lock came free.
+        let mut killed = Command::new("flock")
+            .arg(b.path("f"))
+            .arg("true")
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(killed.try_wait().unwrap().is_none());
+        killed.kill().unwrap();
+        assert!(
+            wait_until(Duration::from_secs(3), || killed
+                .try_wait()
+                .unwrap()
+                .is_some()),
+            "a waiting flock killed with SIGKILL did not exit while the lock was held"
+        );
         let mut waiter = Command::new("flock")
             .arg(b.path("f"))
             .arg("true")

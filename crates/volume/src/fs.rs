@@ -725,11 +725,15 @@ impl Filesystem for VolumeFs {
     fn init(&self, _offered: u64) -> InitRequest {
         // Locks: on a shared volume ours (the database's), so they hold across mounts; on a
         // volume one mount holds, the kernel's, which are exact there and cost no request.
-        let locks = if self.options.shared {
-            init_flags::POSIX_LOCKS | init_flags::FLOCK_LOCKS
-        } else {
-            0
-        };
+        // POSIX locks are released by FLUSH at close(2): with --no-flush-on-close none
+        // comes, so they stay the kernel's (exact on this mount only), as on the passthrough.
+        let mut locks = 0;
+        if self.options.shared {
+            locks |= init_flags::FLOCK_LOCKS;
+            if self.options.flush_on_close {
+                locks |= init_flags::POSIX_LOCKS;
+            }
+        }
         InitRequest {
             // HANDLE_KILLPRIV_V2: set-ID bits and capabilities are ours to drop (`setid`).
             want: init_flags::DO_READDIRPLUS
@@ -1222,8 +1226,8 @@ impl Filesystem for VolumeFs {
             self.release_locks(ino, Some((arg.lock_owner, LockKind::Flock)));
         }
         if let Some(last) = self.open.release(ino) {
-            // No process of this mount has the file open: none can hold a lock on it (POSIX
-            // locks of owners whose FLUSH never came, with --no-flush-on-close).
+            // No process of this mount has the file open: none can hold a lock on it, so
+            // whatever an owner's FLUSH or RELEASE did not name goes now.
             if self.locks.forget_inode(ino) {
                 self.release_locks(ino, None);
             }

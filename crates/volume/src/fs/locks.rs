@@ -281,11 +281,12 @@ fn serve(waits: &Waits, store: &dyn MetaStore) {
         let now = Instant::now();
         let released = std::mem::take(&mut list.released);
         let mut due = Vec::new();
+        let mut interrupted = Vec::new();
         for waiter in std::mem::take(&mut list.waiting) {
             if let Some(pos) = list.interrupts.iter().position(|u| *u == waiter.unique) {
                 list.interrupts.remove(pos);
                 waits.count.fetch_sub(1, Ordering::AcqRel);
-                waiter.reply.error(libc::EINTR);
+                interrupted.push(waiter);
             } else if waiter.next_try <= now || released.contains(&waiter.req.ino) {
                 due.push(waiter);
             } else {
@@ -293,6 +294,10 @@ fn serve(waits: &Waits, store: &dyn MetaStore) {
             }
         }
         drop(list);
+        // Answered with no mutex of ours held: an answer may take the ring's own locks.
+        for waiter in interrupted {
+            waiter.reply.error(libc::EINTR);
+        }
         let mut still = Vec::new();
         for mut waiter in due {
             // A read first: a waiter costs the committer nothing while the range is held.
