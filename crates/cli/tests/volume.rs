@@ -696,7 +696,8 @@ fn a_second_mount_and_bad_volumes_are_refused_with_one_sentence() {
 
 /// What makes a volume of this binary's format (2) one of format 1: step 2 (the locks
 /// table) undone. Step 1 is the same text in both binaries.
-const BACK_TO_FORMAT_1: &str = "DROP TABLE locks; DELETE FROM schema_migrations WHERE version = 2;
+const BACK_TO_FORMAT_1: &str = "DROP TABLE locks; DROP TABLE holds;
+     ALTER TABLE orphans DROP COLUMN since_ns; DELETE FROM schema_migrations WHERE version = 2;
      UPDATE settings SET value = '1' WHERE name = 'format_version';";
 
 /// A volume of format 1 (made before the locks table) is upgraded when it is mounted, and
@@ -1853,6 +1854,42 @@ mod on_postgres {
         assert!(!flock_free(&b.path("f")));
         drop(held);
         assert!(flock_free(&b.path("f")));
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// A file unlinked on one mount while open on another stays readable there until that
+    /// close (the other mount holds the orphan), and is freed after it; an unlinked file no
+    /// mount has open is freed after the grace period.
+    #[test]
+    fn a_file_unlinked_on_one_mount_stays_readable_where_it_is_open() {
+        let Some(volume) = Volume::format_on_postgres("unlinked") else {
+            return;
+        };
+        let server = volume.server();
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        let data = content(7, 3 * 1024 * KIB);
+        std::fs::write(a.path("f"), &data).unwrap();
+        // Opened, nothing read: every byte must come from the blocks after the unlink.
+        let mut on_b = std::fs::File::open(b.path("f")).unwrap();
+        std::fs::remove_file(a.path("f")).unwrap();
+        std::fs::write(a.path("g"), &data).unwrap();
+        std::fs::remove_file(a.path("g")).unwrap();
+        // Past the grace period and two heartbeats (sweeps) of a.
+        std::thread::sleep(Duration::from_secs(7));
+        let mut read = Vec::new();
+        std::io::Read::read_to_end(&mut on_b, &mut read).expect("reading on b what a unlinked");
+        assert!(read == data, "b read other bytes from the file a unlinked");
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM orphans"), "1");
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM holds"), "1");
+        drop(on_b);
+        let freed = wait_until(Duration::from_secs(10), || {
+            server.psql("vol", "SELECT count(*) FROM orphans") == "0"
+        });
+        assert!(freed, "the unlinked file was not freed after b closed it");
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM holds"), "0");
         a.unmount();
         b.unmount();
         volume.assert_clean();

@@ -33,6 +33,10 @@ const OPEN_SHARDS: usize = 64;
 /// How often a mount of a shared volume reads the other mounts' change log: the bound on
 /// how long its kernel caches can hold what another mount changed.
 pub const CHANGE_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// A shared volume's file that lost its last name is freed no sooner than this after the
+/// unlink, so that every other mount's change-log poll (every `CHANGE_POLL_INTERVAL`) has
+/// seen it and, if it has the file open, holds it: twenty polls, for a busy database.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(2);
 /// How often the session's heartbeat row is refreshed (by default; see
 /// `VolumeOptions::heartbeat_interval`).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
@@ -172,6 +176,29 @@ impl DirHandles {
 }
 
 /// To the reaper thread.
+/// Frees this session's unheld orphans of a shared volume unlinked before `before_ns`.
+fn sweep_orphans(
+    store: &dyn MetaStore,
+    open: &Arc<OpenTable>,
+    reaper: &Sender<ReapMsg>,
+    before_ns: i64,
+) {
+    let is_open: IsOpen = {
+        let open = open.clone();
+        Box::new(move |ino| open.mark_orphan_if_open(ino))
+    };
+    match wait(|done| store.sweep_orphans(before_ns, is_open, done)) {
+        Ok(released) if !released.is_empty() => {
+            let _ = reaper.send(ReapMsg::Blocks(released));
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            "volume: freeing unlinked files: {} (tried again at the next heartbeat)",
+            errno_name(e)
+        ),
+    }
+}
+
 enum ReapMsg {
     /// Blocks released by a commit: delete them from the block store.
     Blocks(Vec<u64>),
@@ -255,9 +282,17 @@ impl VolumeFs {
         recover_crashed_blocks(&*store, &data, store.crashed_sessions());
         let (beat_tx, beat_rx) = channel::<()>();
         let session_fd = Arc::new(std::sync::OnceLock::new());
+        let open = Arc::new(OpenTable {
+            shards: (0..OPEN_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+        });
         {
             let store = store.clone();
             let data = data.clone();
+            let shared = options.shared;
+            let swept_open = open.clone();
+            let reap_swept = reap_tx.clone();
             let interval = options.heartbeat_interval;
             // A shared volume's thread also reads the other mounts' change log.
             let tick = if options.shared {
@@ -267,7 +302,7 @@ impl VolumeFs {
             };
             let mut changes = options
                 .shared
-                .then(|| changes::Follower::new(session_fd.clone()));
+                .then(|| changes::Follower::new(session_fd.clone(), open.clone()));
             match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
                 .spawn(move || {
@@ -289,6 +324,10 @@ impl VolumeFs {
                         {
                             recover_crashed_blocks(&*store, &data, ended);
                         }
+                        if shared {
+                            let before = now_ns() - ORPHAN_GRACE.as_nanos() as i64;
+                            sweep_orphans(&*store, &swept_open, &reap_swept, before);
+                        }
                     }
                 }) {
                 Ok(handle) => threads.push(handle),
@@ -307,11 +346,7 @@ impl VolumeFs {
             session_fd,
             store,
             data,
-            open: Arc::new(OpenTable {
-                shards: (0..OPEN_SHARDS)
-                    .map(|_| Mutex::new(HashMap::new()))
-                    .collect(),
-            }),
+            open,
             dirs: DirHandles {
                 shards: (0..OPEN_SHARDS)
                     .map(|_| Mutex::new(HashMap::new()))
@@ -466,7 +501,19 @@ impl VolumeFs {
                 errno_name(e)
             );
         }
-        if state.orphaned.load(Ordering::Relaxed) {
+        if self.options.shared {
+            // Freed by the sweep of the session that owns the orphan (this one or another),
+            // once no mount holds it.
+            if state.held_for_other_mount.load(Ordering::Relaxed)
+                && let Err(e) = wait(|done| self.store.release_hold(state.ino, done))
+            {
+                tracing::error!(
+                    "volume: letting go of unlinked inode {}: {} (it goes with this session)",
+                    state.ino,
+                    errno_name(e)
+                );
+            }
+        } else if state.orphaned.load(Ordering::Relaxed) {
             match wait(|done| self.store.free_orphan(state.ino, done)) {
                 Ok(released) => self.reap(released),
                 Err(e) => tracing::error!(
@@ -792,6 +839,12 @@ impl Filesystem for VolumeFs {
         }
         self.locks.stop();
         let _ = self.heartbeat_stop.send(());
+        if self.options.shared {
+            // Unmounting: this session's unheld orphans go now, the grace cut short (another
+            // mount that opened one in the last ORPHAN_GRACE and has not polled yet loses
+            // it); held ones pass to a holder at the session's end.
+            sweep_orphans(&*self.store, &self.open, &self.reaper, i64::MAX);
+        }
         let _ = self.reaper.send(ReapMsg::Stop);
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for handle in threads {

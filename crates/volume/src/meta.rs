@@ -280,6 +280,16 @@ pub trait MetaStore: Send + Sync + 'static {
     /// Drops this mount's locks on `ino`: one owner's of one kind, or all (None).
     fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>, done: Done<()>);
 
+    // Files unlinked on one mount of a shared volume while open on another (issue 14).
+    /// This mount has `ino` open and saw it unlinked elsewhere: holds it if it is an orphan;
+    /// whether it holds it.
+    fn hold_orphan(&self, ino: u64, done: Done<bool>);
+    /// The last close here of an orphan this mount held.
+    fn release_hold(&self, ino: u64, done: Done<()>);
+    /// Frees this session's orphans unlinked before `before_ns` that no mount holds and that
+    /// are not open here; the blocks released.
+    fn sweep_orphans(&self, before_ns: i64, is_open: IsOpen, done: Done<Vec<u64>>);
+
     // A shared volume's change log (issue 14).
     /// What other sessions changed past `cursors` (session → last seq read; moved on by the
     /// call). Empty on a volume that one mount holds.

@@ -451,7 +451,18 @@ impl<C: Tx> Writer<C> {
         if left > 0 {
             return Ok(removed);
         }
-        if is_open(ino) {
+        if self.log_changes {
+            // A shared volume: other mounts may have it open and learn of the unlink only
+            // from the change log, so it is always kept as an orphan, freed by this session's
+            // sweep once `ORPHAN_GRACE` has passed with no holds and no open here.
+            is_open(ino);
+            let session = self.session;
+            self.tx().execute(
+                "INSERT INTO orphans (ino, session, since_ns) VALUES (?, ?, ?) ON CONFLICT (ino) DO NOTHING",
+                &args![ino, session, now_ns],
+            )?;
+            removed.orphaned = true;
+        } else if is_open(ino) {
             let session = self.session;
             self.tx().execute(
                 "INSERT INTO orphans (ino, session) VALUES (?, ?) ON CONFLICT (ino) DO NOTHING",
@@ -787,6 +798,70 @@ pub fn free_orphan<C: Tx>(w: &mut Writer<C>, ino: u64) -> Result<Vec<u64>, Errno
     }
 }
 
+/// This mount has `ino` open and saw it unlinked on another: holds it if it is an orphan
+/// (the inode row's lock orders this against the owner's sweep); whether it now holds it.
+pub fn hold_orphan<C: Tx>(w: &mut Writer<C>, ino: u64) -> Result<bool, Errno> {
+    let session = w.session;
+    w.tx()
+        .execute("UPDATE inodes SET nlink = nlink WHERE ino = ?", &args![ino])?;
+    let n = w.tx().execute(
+        "INSERT INTO holds (ino, session) SELECT ino, ? FROM orphans WHERE ino = ?
+         ON CONFLICT (ino, session) DO NOTHING",
+        &args![session, ino],
+    )?;
+    if n > 0 {
+        return Ok(true);
+    }
+    Ok(w.tx()
+        .query_opt(
+            "SELECT 1 FROM holds WHERE ino = ? AND session = ?",
+            &args![ino, session],
+        )?
+        .is_some())
+}
+
+/// The last close of an orphan this mount held for another's unlink.
+pub fn release_hold<C: Tx>(w: &mut Writer<C>, ino: u64) -> Result<(), Errno> {
+    let session = w.session;
+    w.tx().execute(
+        "DELETE FROM holds WHERE ino = ? AND session = ?",
+        &args![ino, session],
+    )?;
+    Ok(())
+}
+
+/// Frees this session's orphans on a shared volume that lost their last name before
+/// `before_ns`, that no mount holds and that are not open here; the blocks released.
+pub fn sweep_orphans<C: Tx>(
+    w: &mut Writer<C>,
+    before_ns: i64,
+    is_open: &IsOpen,
+) -> Result<Vec<u64>, Errno> {
+    let session = w.session;
+    let due = blocks_of(w.tx().query(
+        "SELECT ino FROM orphans o WHERE session = ? AND since_ns > 0 AND since_ns < ?
+         AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.ino = o.ino)",
+        &args![session, before_ns],
+    )?)?;
+    let mut released = Vec::new();
+    for ino in due {
+        if is_open(ino) {
+            continue;
+        }
+        // Under the inode row's lock a hold taken meanwhile is seen (hold_orphan takes it).
+        w.tx()
+            .execute("UPDATE inodes SET nlink = nlink WHERE ino = ?", &args![ino])?;
+        let held = w
+            .tx()
+            .query_opt("SELECT 1 FROM holds WHERE ino = ? LIMIT 1", &args![ino])?
+            .is_some();
+        if !held {
+            released.extend(free_orphan(w, ino)?);
+        }
+    }
+    Ok(released)
+}
+
 pub fn forget_blocks<C: Tx>(w: &mut Writer<C>, blocks: &[u64]) -> Result<(), Errno> {
     for b in blocks {
         w.tx()
@@ -914,6 +989,19 @@ pub fn expire_sessions<C: Tx>(
         "SELECT id FROM sessions WHERE id <> ? AND heartbeat_ns < ?",
         &args![session, stale_before_ns],
     )?)?;
+    // Holds of sessions that are not live go; orphans of such sessions that a live mount
+    // still holds become this session's, freed by its sweep once the holds are gone.
+    w.tx().execute(
+        "DELETE FROM holds WHERE session NOT IN
+         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
+        &args![session, stale_before_ns],
+    )?;
+    w.tx().execute(
+        "UPDATE orphans SET session = ?, since_ns = ? WHERE session NOT IN
+         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)
+         AND EXISTS (SELECT 1 FROM holds h WHERE h.ino = orphans.ino)",
+        &args![session, now_ns, session, stale_before_ns],
+    )?;
     // Orphans and ranges of any session that is not live (rows left by an earlier cleanup
     // that failed half-way included).
     let orphans = blocks_of(w.tx().query(
@@ -950,6 +1038,13 @@ pub fn expire_sessions<C: Tx>(
 /// Ends this session (unmount): its locks, ranges and row (inside the caller's transaction).
 pub fn end_session(tx: &mut dyn Tx, session: u64) -> Result<(), DbError> {
     tx.execute("DELETE FROM locks WHERE session = ?", &args![session])?;
+    tx.execute("DELETE FROM holds WHERE session = ?", &args![session])?;
+    // Orphans another mount still holds go to one of those mounts, whose sweep frees them.
+    tx.execute(
+        "UPDATE orphans SET session = (SELECT min(h.session) FROM holds h WHERE h.ino = orphans.ino)
+         WHERE session = ? AND EXISTS (SELECT 1 FROM holds h WHERE h.ino = orphans.ino)",
+        &args![session],
+    )?;
     tx.execute(
         "DELETE FROM inode_ranges WHERE session = ?",
         &args![session],

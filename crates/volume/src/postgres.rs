@@ -511,6 +511,7 @@ const VOLUME_TABLES: &[&str] = &[
     "changes",
     "leases",
     "locks",
+    "holds",
 ];
 
 /// How many of the volume's tables the database's current schema has.
