@@ -495,10 +495,12 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
     // No name: an O_TMPFILE, an orphan from birth (a later link names it).
     let unnamed = node.name.is_empty();
     let (parent_mode, parent_gid) = if unnamed {
-        let session = w.session;
+        // On a shared volume with its birth as the unlink time, for the sweep (see
+        // `drop_link`); 0 elsewhere: freed at its last close.
+        let (session, since_ns) = (w.session, if w.log_changes { node.now_ns } else { 0 });
         w.tx().execute(
-            "INSERT INTO orphans (ino, session) VALUES (?, ?)",
-            &args![ino, session],
+            "INSERT INTO orphans (ino, session, since_ns) VALUES (?, ?, ?)",
+            &args![ino, session, since_ns],
         )?;
         let parent = w.attr(node.parent)?;
         (parent.mode, parent.gid)
