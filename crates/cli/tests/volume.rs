@@ -694,6 +694,54 @@ fn a_second_mount_and_bad_volumes_are_refused_with_one_sentence() {
     volume.assert_clean();
 }
 
+/// What makes a volume of this binary's format (2) one of format 1: step 2 (the locks
+/// table) undone. Step 1 is the same text in both binaries.
+const BACK_TO_FORMAT_1: &str = "DROP TABLE locks; DROP TABLE holds;
+     ALTER TABLE orphans DROP COLUMN since_ns; DELETE FROM schema_migrations WHERE version = 2;
+     UPDATE settings SET value = '1' WHERE name = 'format_version';";
+
+/// A volume of format 1 (made before the locks table) is upgraded when it is mounted, and
+/// works: a file written, read back after a remount, fsck clean.
+#[test]
+fn a_format_1_volume_is_upgraded_at_mount() {
+    let volume = Volume::format("v1");
+    rusqlite::Connection::open(&volume.db)
+        .unwrap()
+        .execute_batch(BACK_TO_FORMAT_1)
+        .unwrap();
+    let status = lanefs(&["status", volume.source()]);
+    assert!(
+        stderr(&status).contains("format 1"),
+        "status of a format-1 volume: {}",
+        stderr(&status)
+    );
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("f"), b"after the upgrade").unwrap();
+    m.unmount();
+    let conn = rusqlite::Connection::open(&volume.db).unwrap();
+    let newest: i64 = conn
+        .query_row("SELECT max(version) FROM schema_migrations", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(newest, 2);
+    let locks: i64 = conn
+        .query_row("SELECT count(*) FROM locks", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(locks, 0);
+    drop(conn);
+    let status = lanefs(&["status", volume.source()]);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("format         2"),
+        "{}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    let m = volume.mount(&[]);
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), b"after the upgrade");
+    m.unmount();
+    volume.assert_clean();
+}
+
 #[test]
 fn mount_8_form_mounts_a_volume_with_a_capacity() {
     let volume = Volume::format("fstab");
@@ -1571,6 +1619,279 @@ mod on_postgres {
             stderr(&out)
         );
         m.unmount();
+        volume.assert_clean();
+    }
+
+    /// `flock -n PATH true` from a separate process: whether it got the lock at once.
+    fn flock_free(path: &Path) -> bool {
+        Command::new("flock")
+            .arg("-n")
+            .arg(path)
+            .arg("true")
+            .status()
+            .unwrap()
+            .success()
+    }
+
+    fn flock_ex(file: &std::fs::File) -> i32 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor the File owns; no memory is passed.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }
+    }
+
+    /// F_SETLK (`cmd` F_SETLK or F_GETLK) of `typ` on [start, start + len) through `file`;
+    /// the call's result (errno on failure) and the lock structure as the kernel left it.
+    fn fcntl_lock(
+        file: &std::fs::File,
+        cmd: i32,
+        typ: i32,
+        start: i64,
+        len: i64,
+    ) -> (Result<(), i32>, libc::flock) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: an all-zero flock is a valid value of the plain C struct.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = start;
+        fl.l_len = len;
+        // SAFETY: fcntl with a lock command and a pointer to a flock we own for the call.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
+        let result = if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+        };
+        (result, fl)
+    }
+
+    /// flock taken through one mount holds on the other: `flock -n` there fails while it is
+    /// held, a blocking `flock` there waits and gets it once the first is closed.
+    #[test]
+    fn flock_holds_across_mounts() {
+        let Some(volume) = Volume::format_on_postgres("flock") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::write(a.path("f"), b"x").unwrap();
+        let held = std::fs::File::open(a.path("f")).unwrap();
+        assert_eq!(flock_ex(&held), 0);
+        assert!(!flock_free(&b.path("f")), "b took a flock that a holds");
+        // A second open on a (another open file) conflicts too.
+        let other = std::fs::File::open(a.path("f")).unwrap();
+        assert_eq!(flock_ex(&other), -1);
+        drop(other);
+        // A waiter killed while it waits goes at once (INTERRUPT answers it EINTR); the
+        // kernel would otherwise hold the dying process until the lock came free.
+        let mut killed = Command::new("flock")
+            .arg(b.path("f"))
+            .arg("true")
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(killed.try_wait().unwrap().is_none());
+        killed.kill().unwrap();
+        assert!(
+            wait_until(Duration::from_secs(3), || killed
+                .try_wait()
+                .unwrap()
+                .is_some()),
+            "a waiting flock killed with SIGKILL did not exit while the lock was held"
+        );
+        let mut waiter = Command::new("flock")
+            .arg(b.path("f"))
+            .arg("true")
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            waiter.try_wait().unwrap().is_none(),
+            "a blocking flock on b returned while a holds the lock"
+        );
+        drop(held);
+        let got = wait_until(Duration::from_secs(5), || {
+            waiter.try_wait().unwrap().is_some()
+        });
+        assert!(
+            got,
+            "a blocking flock on b did not get the lock after a closed"
+        );
+        assert!(waiter.wait().unwrap().success());
+        assert!(flock_free(&b.path("f")));
+        assert!(flock_free(&a.path("f")));
+        let server = volume.server();
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM locks"), "0");
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// POSIX record locks: a write lock through one mount makes F_SETLK on an overlapping
+    /// range through the other fail with EAGAIN (and a disjoint one succeed), F_GETLK there
+    /// reports it, and closing the file (FLUSH) releases it.
+    #[test]
+    fn posix_locks_conflict_across_mounts() {
+        let Some(volume) = Volume::format_on_postgres("posix") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::write(a.path("f"), vec![0u8; 4096]).unwrap();
+        let rw = |p: PathBuf| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .unwrap()
+        };
+        let on_a = rw(a.path("f"));
+        let on_b = rw(b.path("f"));
+        assert_eq!(
+            fcntl_lock(&on_a, libc::F_SETLK, libc::F_WRLCK, 100, 100).0,
+            Ok(())
+        );
+        assert_eq!(
+            fcntl_lock(&on_b, libc::F_SETLK, libc::F_RDLCK, 150, 10).0,
+            Err(libc::EAGAIN),
+            "b took a read lock inside a's write lock"
+        );
+        assert_eq!(
+            fcntl_lock(&on_b, libc::F_SETLK, libc::F_WRLCK, 200, 50).0,
+            Ok(())
+        );
+        let (r, fl) = fcntl_lock(&on_b, libc::F_GETLK, libc::F_WRLCK, 0, 0);
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            fl.l_type,
+            libc::F_WRLCK as i16,
+            "F_GETLK on b misses a's lock"
+        );
+        assert_eq!((fl.l_start, fl.l_len), (100, 100));
+        // a unlocks half of its range: b gets that half, not the other.
+        assert_eq!(
+            fcntl_lock(&on_a, libc::F_SETLK, libc::F_UNLCK, 100, 50).0,
+            Ok(())
+        );
+        assert_eq!(
+            fcntl_lock(&on_b, libc::F_SETLK, libc::F_WRLCK, 100, 50).0,
+            Ok(())
+        );
+        assert_eq!(
+            fcntl_lock(&on_b, libc::F_SETLK, libc::F_WRLCK, 150, 1).0,
+            Err(libc::EAGAIN)
+        );
+        // Closing a's file drops its locks (FLUSH with its lock owner).
+        drop(on_a);
+        assert_eq!(
+            fcntl_lock(&on_b, libc::F_SETLK, libc::F_WRLCK, 0, 0).0,
+            Ok(())
+        );
+        let (_, fl) = fcntl_lock(&rw(a.path("f")), libc::F_GETLK, libc::F_RDLCK, 0, 0);
+        assert_eq!(
+            fl.l_type,
+            libc::F_WRLCK as i16,
+            "F_GETLK on a misses b's lock"
+        );
+        drop(on_b);
+        let server = volume.server();
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM locks"), "0");
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// A mount killed with kill -9 while holding a flock: the other mount ends its session
+    /// after the heartbeat timeout, and the lock with it.
+    #[test]
+    fn a_killed_mounts_locks_go_with_its_session() {
+        let Some(volume) = Volume::format_on_postgres("lockexpiry") else {
+            return;
+        };
+        let server = volume.server();
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::write(a.path("f"), b"x").unwrap();
+        let held = std::fs::File::open(a.path("f")).unwrap();
+        assert_eq!(flock_ex(&held), 0);
+        assert!(!flock_free(&b.path("f")));
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM locks"), "1");
+        common::kill_daemon_leaving_a_dead_mount(a.pid, &a.mountpoint);
+        drop(held);
+        drop(a);
+        wait_for_sessions(&volume, 1);
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM locks"), "0");
+        assert!(
+            flock_free(&b.path("f")),
+            "the dead mount's flock still holds"
+        );
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// A shared volume of format 1 is upgraded by its first mount; a second mount then
+    /// finds it current, and locks work across them.
+    #[test]
+    fn a_format_1_volume_is_upgraded_at_mount() {
+        let Some(volume) = Volume::format_on_postgres("v1") else {
+            return;
+        };
+        let server = volume.server();
+        server.psql("vol", super::BACK_TO_FORMAT_1);
+        assert_eq!(
+            server.psql("vol", "SELECT max(version) FROM schema_migrations"),
+            "1"
+        );
+        let a = volume.mount(&[]);
+        assert_eq!(
+            server.psql("vol", "SELECT max(version) FROM schema_migrations"),
+            "2"
+        );
+        let b = volume.mount(&[]);
+        std::fs::write(a.path("f"), b"x").unwrap();
+        let held = std::fs::File::open(a.path("f")).unwrap();
+        assert_eq!(flock_ex(&held), 0);
+        assert!(!flock_free(&b.path("f")));
+        drop(held);
+        assert!(flock_free(&b.path("f")));
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// A file unlinked on one mount while open on another stays readable there until that
+    /// close (the other mount holds the orphan), and is freed after it; an unlinked file no
+    /// mount has open is freed after the grace period.
+    #[test]
+    fn a_file_unlinked_on_one_mount_stays_readable_where_it_is_open() {
+        let Some(volume) = Volume::format_on_postgres("unlinked") else {
+            return;
+        };
+        let server = volume.server();
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        let data = content(7, 3 * 1024 * KIB);
+        std::fs::write(a.path("f"), &data).unwrap();
+        // Opened, nothing read: every byte must come from the blocks after the unlink.
+        let mut on_b = std::fs::File::open(b.path("f")).unwrap();
+        std::fs::remove_file(a.path("f")).unwrap();
+        std::fs::write(a.path("g"), &data).unwrap();
+        std::fs::remove_file(a.path("g")).unwrap();
+        // Past the grace period and two heartbeats (sweeps) of a.
+        std::thread::sleep(Duration::from_secs(7));
+        let mut read = Vec::new();
+        std::io::Read::read_to_end(&mut on_b, &mut read).expect("reading on b what a unlinked");
+        assert!(read == data, "b read other bytes from the file a unlinked");
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM orphans"), "1");
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM holds"), "1");
+        drop(on_b);
+        let freed = wait_until(Duration::from_secs(10), || {
+            server.psql("vol", "SELECT count(*) FROM orphans") == "0"
+        });
+        assert!(freed, "the unlinked file was not freed after b closed it");
+        assert_eq!(server.psql("vol", "SELECT count(*) FROM holds"), "0");
+        a.unmount();
+        b.unmount();
         volume.assert_clean();
     }
 }

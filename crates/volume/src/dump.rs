@@ -131,10 +131,12 @@ pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
     let doc: serde_json::Value = serde_json::from_reader(input)
         .map_err(|e| format!("load: the input is not a dump: {e}"))?;
     match doc.get("lanefs_volume_dump").and_then(|v| v.as_i64()) {
-        Some(v) if v == FORMAT_VERSION => {}
+        // Format 2 added only the locks table, which a dump leaves out (locks live with
+        // mounts): a dump of format 1 loads as it is.
+        Some(v) if (1..=FORMAT_VERSION).contains(&v) => {}
         Some(v) => {
             return Err(format!(
-                "load: the dump is of format {v}; this lanefs loads format {FORMAT_VERSION}"
+                "load: the dump is of format {v}; this lanefs loads formats 1 to {FORMAT_VERSION}"
             ));
         }
         None => return Err("load: the input is not a lanefs volume dump".into()),

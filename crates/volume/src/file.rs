@@ -276,6 +276,9 @@ pub struct FileState {
     pub opens: AtomicU32,
     /// Lost its last name while open: freed at the last release.
     pub orphaned: AtomicBool,
+    /// Another mount of a shared volume unlinked it while open here, and this mount's hold
+    /// row keeps it: dropped at the last release.
+    pub held_for_other_mount: AtomicBool,
     /// Known to have no `security.capability`: set when this mount created the inode (a
     /// new inode has no xattrs), cleared by any setxattr of that name. Nothing else sets
     /// one, so while it holds, the GETXATTR the kernel sends before the first write to a
@@ -316,6 +319,7 @@ impl FileState {
             writes: AtomicU64::new(0),
             opens: AtomicU32::new(0),
             orphaned: AtomicBool::new(false),
+            held_for_other_mount: AtomicBool::new(false),
             capability_absent: AtomicBool::new(false),
             loaded: OnceLock::new(),
             dirty: Mutex::new(BTreeMap::new()),

@@ -22,6 +22,7 @@ use crate::volume::VolumeLock;
 mod atime;
 mod changes;
 mod fileattr;
+mod locks;
 mod setid;
 
 pub use atime::AtimeSwitch;
@@ -32,6 +33,10 @@ const OPEN_SHARDS: usize = 64;
 /// How often a mount of a shared volume reads the other mounts' change log: the bound on
 /// how long its kernel caches can hold what another mount changed.
 pub const CHANGE_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// A shared volume's file that lost its last name is freed no sooner than this after the
+/// unlink, so that every other mount's change-log poll (every `CHANGE_POLL_INTERVAL`) has
+/// seen it and, if it has the file open, holds it: twenty polls, for a busy database.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(2);
 /// How often the session's heartbeat row is refreshed (by default; see
 /// `VolumeOptions::heartbeat_interval`).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
@@ -171,6 +176,29 @@ impl DirHandles {
 }
 
 /// To the reaper thread.
+/// Frees this session's unheld orphans of a shared volume unlinked before `before_ns`.
+fn sweep_orphans(
+    store: &dyn MetaStore,
+    open: &Arc<OpenTable>,
+    reaper: &Sender<ReapMsg>,
+    before_ns: i64,
+) {
+    let is_open: IsOpen = {
+        let open = open.clone();
+        Box::new(move |ino| open.mark_orphan_if_open(ino))
+    };
+    match wait(|done| store.sweep_orphans(before_ns, is_open, done)) {
+        Ok(released) if !released.is_empty() => {
+            let _ = reaper.send(ReapMsg::Blocks(released));
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            "volume: freeing unlinked files: {} (tried again at the next heartbeat)",
+            errno_name(e)
+        ),
+    }
+}
+
 enum ReapMsg {
     /// Blocks released by a commit: delete them from the block store.
     Blocks(Vec<u64>),
@@ -208,6 +236,8 @@ pub struct VolumeFs {
     fileattrs: fileattr::FileAttrs,
     /// Open inodes known to have no set-ID bits and no capability (see `setid`).
     no_privileges: setid::NoPrivileges,
+    /// flock and POSIX locks of a shared volume (see `locks`).
+    locks: locks::Locks,
     /// The session's /dev/fuse fd, for notifications; set once the session is connected.
     session_fd: Arc<std::sync::OnceLock<i32>>,
     /// The volume's lock: let go at the very end of `destroy`, after the session ended and
@@ -252,9 +282,17 @@ impl VolumeFs {
         recover_crashed_blocks(&*store, &data, store.crashed_sessions());
         let (beat_tx, beat_rx) = channel::<()>();
         let session_fd = Arc::new(std::sync::OnceLock::new());
+        let open = Arc::new(OpenTable {
+            shards: (0..OPEN_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+        });
         {
             let store = store.clone();
             let data = data.clone();
+            let shared = options.shared;
+            let swept_open = open.clone();
+            let reap_swept = reap_tx.clone();
             let interval = options.heartbeat_interval;
             // A shared volume's thread also reads the other mounts' change log.
             let tick = if options.shared {
@@ -264,7 +302,7 @@ impl VolumeFs {
             };
             let mut changes = options
                 .shared
-                .then(|| changes::Follower::new(session_fd.clone()));
+                .then(|| changes::Follower::new(session_fd.clone(), open.clone()));
             match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
                 .spawn(move || {
@@ -286,6 +324,10 @@ impl VolumeFs {
                         {
                             recover_crashed_blocks(&*store, &data, ended);
                         }
+                        if shared {
+                            let before = now_ns() - ORPHAN_GRACE.as_nanos() as i64;
+                            sweep_orphans(&*store, &swept_open, &reap_swept, before);
+                        }
                     }
                 }) {
                 Ok(handle) => threads.push(handle),
@@ -293,7 +335,10 @@ impl VolumeFs {
             }
         }
         let fileattrs = fileattr::FileAttrs::load(&*store);
+        let (locks, lock_thread) = locks::Locks::new(&store, options.shared);
+        threads.extend(lock_thread);
         VolumeFs {
+            locks,
             atime: AtimeSwitch::new(options.atime),
             atime_due: atime::AtimeDue::new(),
             fileattrs,
@@ -301,11 +346,7 @@ impl VolumeFs {
             session_fd,
             store,
             data,
-            open: Arc::new(OpenTable {
-                shards: (0..OPEN_SHARDS)
-                    .map(|_| Mutex::new(HashMap::new()))
-                    .collect(),
-            }),
+            open,
             dirs: DirHandles {
                 shards: (0..OPEN_SHARDS)
                     .map(|_| Mutex::new(HashMap::new()))
@@ -324,6 +365,18 @@ impl VolumeFs {
             flush_errors: AtomicU64::new(0),
             lock,
         }
+    }
+
+    /// Drops this mount's locks on `ino` (one owner's, or all) and wakes its waiters; a
+    /// failure is logged (the locks then go with the session).
+    fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>) {
+        if let Err(e) = wait(|done| self.store.release_locks(ino, owner, done)) {
+            tracing::error!(
+                "volume: releasing locks on inode {ino}: {}; they go when this mount ends",
+                errno_name(e)
+            );
+        }
+        self.locks.released(ino);
     }
 
     fn attr(&self, rec: &InodeRec) -> abi::Attr {
@@ -448,7 +501,19 @@ impl VolumeFs {
                 errno_name(e)
             );
         }
-        if state.orphaned.load(Ordering::Relaxed) {
+        if self.options.shared {
+            // Freed by the sweep of the session that owns the orphan (this one or another),
+            // once no mount holds it.
+            if state.held_for_other_mount.load(Ordering::Relaxed)
+                && let Err(e) = wait(|done| self.store.release_hold(state.ino, done))
+            {
+                tracing::error!(
+                    "volume: letting go of unlinked inode {}: {} (it goes with this session)",
+                    state.ino,
+                    errno_name(e)
+                );
+            }
+        } else if state.orphaned.load(Ordering::Relaxed) {
             match wait(|done| self.store.free_orphan(state.ino, done)) {
                 Ok(released) => self.reap(released),
                 Err(e) => tracing::error!(
@@ -705,12 +770,56 @@ fn time_of(
 
 impl Filesystem for VolumeFs {
     fn init(&self, _offered: u64) -> InitRequest {
+        // Locks: on a shared volume ours (the database's), so they hold across mounts; on a
+        // volume one mount holds, the kernel's, which are exact there and cost no request.
+        // POSIX locks are released by FLUSH at close(2): with --no-flush-on-close none
+        // comes, so they stay the kernel's (exact on this mount only), as on the passthrough.
+        let mut locks = 0;
+        if self.options.shared {
+            locks |= init_flags::FLOCK_LOCKS;
+            if self.options.flush_on_close {
+                locks |= init_flags::POSIX_LOCKS;
+            }
+        }
         InitRequest {
             // HANDLE_KILLPRIV_V2: set-ID bits and capabilities are ours to drop (`setid`).
             want: init_flags::DO_READDIRPLUS
                 | init_flags::READDIRPLUS_AUTO
-                | init_flags::HANDLE_KILLPRIV_V2,
+                | init_flags::HANDLE_KILLPRIV_V2
+                | locks,
             max_stack_depth: 0,
+        }
+    }
+
+    fn interrupt(&self, unique: u64) {
+        self.locks.interrupt(unique)
+    }
+
+    fn getlk(&self, req: &Request, ino: u64, arg: &abi::LkIn, reply: Reply) {
+        let lock = locks::lock_req(ino, arg);
+        match self.store.lock_conflict(req.queue, &lock) {
+            Ok(holder) => reply.lock(&locks::lock_out(&lock, holder)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setlk(&self, req: &Request, ino: u64, arg: &abi::LkIn, sleep: bool, reply: Reply) {
+        let lock = locks::lock_req(ino, arg);
+        if !matches!(lock.typ, LOCK_READ | LOCK_WRITE | LOCK_UNLOCK) {
+            return reply.error(libc::EINVAL);
+        }
+        match wait(|done| self.store.set_lock(lock.clone(), done)) {
+            Ok(None) => {
+                if lock.typ == LOCK_UNLOCK {
+                    self.locks.released(ino);
+                } else {
+                    self.locks.took(&lock);
+                }
+                reply.ok()
+            }
+            Ok(Some(_)) if sleep => self.locks.wait(req.unique, lock, reply),
+            Ok(Some(_)) => reply.error(libc::EAGAIN),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -728,7 +837,14 @@ impl Filesystem for VolumeFs {
                 );
             }
         }
+        self.locks.stop();
         let _ = self.heartbeat_stop.send(());
+        if self.options.shared {
+            // Unmounting: this session's unheld orphans go now, the grace cut short (another
+            // mount that opened one in the last ORPHAN_GRACE and has not polled yet loses
+            // it); held ones pass to a holder at the session's end.
+            sweep_orphans(&*self.store, &self.open, &self.reaper, i64::MAX);
+        }
         let _ = self.reaper.send(ReapMsg::Stop);
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for handle in threads {
@@ -1127,7 +1243,12 @@ impl Filesystem for VolumeFs {
         }
     }
 
-    fn flush(&self, _req: &Request, ino: u64, _arg: &abi::FlushIn, reply: Reply) {
+    fn flush(&self, _req: &Request, ino: u64, arg: &abi::FlushIn, reply: Reply) {
+        // A close drops the closing owner's POSIX locks on the file (the kernel keeps none
+        // of a shared volume's to drop itself).
+        if self.locks.forget(ino, arg.lock_owner, LockKind::Posix) {
+            self.release_locks(ino, Some((arg.lock_owner, LockKind::Posix)));
+        }
         match self.open.get(ino) {
             Some(state) => match self.flush_state(&state) {
                 Ok(()) => reply.ok(),
@@ -1152,7 +1273,17 @@ impl Filesystem for VolumeFs {
                 errno_name(e)
             );
         }
+        if arg.release_flags & abi::RELEASE_FLOCK_UNLOCK != 0
+            && self.locks.forget(ino, arg.lock_owner, LockKind::Flock)
+        {
+            self.release_locks(ino, Some((arg.lock_owner, LockKind::Flock)));
+        }
         if let Some(last) = self.open.release(ino) {
+            // No process of this mount has the file open: none can hold a lock on it, so
+            // whatever an owner's FLUSH or RELEASE did not name goes now.
+            if self.locks.forget_inode(ino) {
+                self.release_locks(ino, None);
+            }
             self.last_release(last);
         }
         reply.ok()

@@ -88,6 +88,7 @@ fn hold_sqlite(db: &Path) -> Result<Held<SqliteConn>, String> {
 fn hold_postgres(url: &str) -> Result<Held<PgConn>, String> {
     let target = PgTarget::parse(url)?;
     let mut conn = target.connect()?;
+    volume::migrate(&mut conn, "BYTEA", url)?;
     let settings: Settings = volume::check_settings(&mut conn, url, "a PostgreSQL")?;
     let live = volume::live_sessions(&mut conn, crate::now_ns());
     if live > 0 {

@@ -159,6 +159,41 @@ pub struct ChangeRec {
     pub kind: i64,
 }
 
+/// flock(2) or POSIX record locks: separate on Linux, they never conflict with each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockKind {
+    Flock = 1,
+    Posix = 2,
+}
+
+/// Lock types as the kernel sends them (`struct fuse_file_lock`'s type).
+pub const LOCK_READ: i64 = libc::F_RDLCK as i64;
+pub const LOCK_WRITE: i64 = libc::F_WRLCK as i64;
+pub const LOCK_UNLOCK: i64 = libc::F_UNLCK as i64;
+
+/// A lock request of a shared volume: an owner's lock of `typ` on [start, end] (inclusive).
+#[derive(Debug, Clone)]
+pub struct LockReq {
+    pub ino: u64,
+    /// The kernel's lock owner (a process's files table for POSIX, an open file for flock);
+    /// unique within the mount only, so always paired with the session.
+    pub owner: u64,
+    pub kind: LockKind,
+    pub typ: i64,
+    pub start: i64,
+    pub end: i64,
+    pub pid: u32,
+}
+
+/// A lock that stands in a request's way (what F_GETLK reports).
+#[derive(Debug, Clone)]
+pub struct LockHolder {
+    pub typ: i64,
+    pub start: i64,
+    pub end: i64,
+    pub pid: u32,
+}
+
 /// Counts for `lanefs status` and statfs.
 #[derive(Debug, Clone, Default)]
 pub struct Usage {
@@ -235,6 +270,25 @@ pub trait MetaStore: Send + Sync + 'static {
     fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno>;
     /// Sets an inode's file-attribute flags (none: 0) and its ctime, in one change.
     fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>);
+
+    // Locks of a shared volume (issue 14); a volume one mount holds leaves them to the kernel.
+    /// The lock of another owner that conflicts with `req`, if any (F_GETLK).
+    fn lock_conflict(&self, queue: usize, req: &LockReq) -> Result<Option<LockHolder>, Errno>;
+    /// Takes, changes or drops a lock (F_SETLK); the conflicting lock when another owner
+    /// holds one (nothing changed then).
+    fn set_lock(&self, req: LockReq, done: Done<Option<LockHolder>>);
+    /// Drops this mount's locks on `ino`: one owner's of one kind, or all (None).
+    fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>, done: Done<()>);
+
+    // Files unlinked on one mount of a shared volume while open on another (issue 14).
+    /// This mount has `ino` open and saw it unlinked elsewhere: holds it if it is an orphan;
+    /// whether it holds it.
+    fn hold_orphan(&self, ino: u64, done: Done<bool>);
+    /// The last close here of an orphan this mount held.
+    fn release_hold(&self, ino: u64, done: Done<()>);
+    /// Frees this session's orphans unlinked before `before_ns` that no mount holds and that
+    /// are not open here; the blocks released.
+    fn sweep_orphans(&self, before_ns: i64, is_open: IsOpen, done: Done<Vec<u64>>);
 
     // A shared volume's change log (issue 14).
     /// What other sessions changed past `cursors` (session → last seq read; moved on by the

@@ -451,7 +451,18 @@ impl<C: Tx> Writer<C> {
         if left > 0 {
             return Ok(removed);
         }
-        if is_open(ino) {
+        if self.log_changes {
+            // A shared volume: other mounts may have it open and learn of the unlink only
+            // from the change log, so it is always kept as an orphan, freed by this session's
+            // sweep once `ORPHAN_GRACE` has passed with no holds and no open here.
+            is_open(ino);
+            let session = self.session;
+            self.tx().execute(
+                "INSERT INTO orphans (ino, session, since_ns) VALUES (?, ?, ?) ON CONFLICT (ino) DO NOTHING",
+                &args![ino, session, now_ns],
+            )?;
+            removed.orphaned = true;
+        } else if is_open(ino) {
             let session = self.session;
             self.tx().execute(
                 "INSERT INTO orphans (ino, session) VALUES (?, ?) ON CONFLICT (ino) DO NOTHING",
@@ -484,10 +495,12 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
     // No name: an O_TMPFILE, an orphan from birth (a later link names it).
     let unnamed = node.name.is_empty();
     let (parent_mode, parent_gid) = if unnamed {
-        let session = w.session;
+        // On a shared volume with its birth as the unlink time, for the sweep (see
+        // `drop_link`); 0 elsewhere: freed at its last close.
+        let (session, since_ns) = (w.session, if w.log_changes { node.now_ns } else { 0 });
         w.tx().execute(
-            "INSERT INTO orphans (ino, session) VALUES (?, ?)",
-            &args![ino, session],
+            "INSERT INTO orphans (ino, session, since_ns) VALUES (?, ?, ?)",
+            &args![ino, session, since_ns],
         )?;
         let parent = w.attr(node.parent)?;
         (parent.mode, parent.gid)
@@ -787,6 +800,70 @@ pub fn free_orphan<C: Tx>(w: &mut Writer<C>, ino: u64) -> Result<Vec<u64>, Errno
     }
 }
 
+/// This mount has `ino` open and saw it unlinked on another: holds it if it is an orphan
+/// (the inode row's lock orders this against the owner's sweep); whether it now holds it.
+pub fn hold_orphan<C: Tx>(w: &mut Writer<C>, ino: u64) -> Result<bool, Errno> {
+    let session = w.session;
+    w.tx()
+        .execute("UPDATE inodes SET nlink = nlink WHERE ino = ?", &args![ino])?;
+    let n = w.tx().execute(
+        "INSERT INTO holds (ino, session) SELECT ino, ? FROM orphans WHERE ino = ?
+         ON CONFLICT (ino, session) DO NOTHING",
+        &args![session, ino],
+    )?;
+    if n > 0 {
+        return Ok(true);
+    }
+    Ok(w.tx()
+        .query_opt(
+            "SELECT 1 FROM holds WHERE ino = ? AND session = ?",
+            &args![ino, session],
+        )?
+        .is_some())
+}
+
+/// The last close of an orphan this mount held for another's unlink.
+pub fn release_hold<C: Tx>(w: &mut Writer<C>, ino: u64) -> Result<(), Errno> {
+    let session = w.session;
+    w.tx().execute(
+        "DELETE FROM holds WHERE ino = ? AND session = ?",
+        &args![ino, session],
+    )?;
+    Ok(())
+}
+
+/// Frees this session's orphans on a shared volume that lost their last name before
+/// `before_ns`, that no mount holds and that are not open here; the blocks released.
+pub fn sweep_orphans<C: Tx>(
+    w: &mut Writer<C>,
+    before_ns: i64,
+    is_open: &IsOpen,
+) -> Result<Vec<u64>, Errno> {
+    let session = w.session;
+    let due = blocks_of(w.tx().query(
+        "SELECT ino FROM orphans o WHERE session = ? AND since_ns > 0 AND since_ns < ?
+         AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.ino = o.ino)",
+        &args![session, before_ns],
+    )?)?;
+    let mut released = Vec::new();
+    for ino in due {
+        if is_open(ino) {
+            continue;
+        }
+        // Under the inode row's lock a hold taken meanwhile is seen (hold_orphan takes it).
+        w.tx()
+            .execute("UPDATE inodes SET nlink = nlink WHERE ino = ?", &args![ino])?;
+        let held = w
+            .tx()
+            .query_opt("SELECT 1 FROM holds WHERE ino = ? LIMIT 1", &args![ino])?
+            .is_some();
+        if !held {
+            released.extend(free_orphan(w, ino)?);
+        }
+    }
+    Ok(released)
+}
+
 pub fn forget_blocks<C: Tx>(w: &mut Writer<C>, blocks: &[u64]) -> Result<(), Errno> {
     for b in blocks {
         w.tx()
@@ -914,6 +991,19 @@ pub fn expire_sessions<C: Tx>(
         "SELECT id FROM sessions WHERE id <> ? AND heartbeat_ns < ?",
         &args![session, stale_before_ns],
     )?)?;
+    // Holds of sessions that are not live go; orphans of such sessions that a live mount
+    // still holds become this session's, freed by its sweep once the holds are gone.
+    w.tx().execute(
+        "DELETE FROM holds WHERE session NOT IN
+         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
+        &args![session, stale_before_ns],
+    )?;
+    w.tx().execute(
+        "UPDATE orphans SET session = ?, since_ns = ? WHERE session NOT IN
+         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)
+         AND EXISTS (SELECT 1 FROM holds h WHERE h.ino = orphans.ino)",
+        &args![session, now_ns, session, stale_before_ns],
+    )?;
     // Orphans and ranges of any session that is not live (rows left by an earlier cleanup
     // that failed half-way included).
     let orphans = blocks_of(w.tx().query(
@@ -931,6 +1021,11 @@ pub fn expire_sessions<C: Tx>(
         );
     }
     w.tx().execute(
+        "DELETE FROM locks WHERE session NOT IN
+         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
+        &args![session, stale_before_ns],
+    )?;
+    w.tx().execute(
         "DELETE FROM inode_ranges WHERE session NOT IN
          (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
         &args![session, stale_before_ns],
@@ -942,12 +1037,139 @@ pub fn expire_sessions<C: Tx>(
     Ok(dead)
 }
 
-/// Ends this session (unmount): its ranges and its row (inside the caller's transaction).
+/// Ends this session (unmount): its locks, ranges and row (inside the caller's transaction).
 pub fn end_session(tx: &mut dyn Tx, session: u64) -> Result<(), DbError> {
+    tx.execute("DELETE FROM locks WHERE session = ?", &args![session])?;
+    tx.execute("DELETE FROM holds WHERE session = ?", &args![session])?;
+    // Orphans another mount still holds go to one of those mounts, whose sweep frees them.
+    tx.execute(
+        "UPDATE orphans SET session = (SELECT min(h.session) FROM holds h WHERE h.ino = orphans.ino)
+         WHERE session = ? AND EXISTS (SELECT 1 FROM holds h WHERE h.ino = orphans.ino)",
+        &args![session],
+    )?;
     tx.execute(
         "DELETE FROM inode_ranges WHERE session = ?",
         &args![session],
     )?;
     tx.execute("DELETE FROM sessions WHERE id = ?", &args![session])?;
+    Ok(())
+}
+
+// ---- Locks (a shared volume) -------------------------------------------------------------
+
+/// Reads the first lock of another owner (another session's, or another owner's here) that
+/// conflicts with `req`: same inode and kind, overlapping range, and one of them a write lock.
+pub fn lock_conflict(
+    tx: &mut dyn Tx,
+    session: u64,
+    req: &LockReq,
+) -> Result<Option<LockHolder>, Errno> {
+    let row = tx.query_opt(
+        "SELECT typ, lock_start, lock_end, pid FROM locks
+         WHERE ino = ? AND kind = ? AND lock_end >= ? AND lock_start <= ?
+           AND NOT (session = ? AND owner = ?) AND (typ = ? OR ? = ?) LIMIT 1",
+        &args![
+            req.ino,
+            req.kind as i64,
+            req.start,
+            req.end,
+            session,
+            req.owner,
+            LOCK_WRITE,
+            req.typ,
+            LOCK_WRITE
+        ],
+    )?;
+    Ok(match row {
+        Some(r) => Some(LockHolder {
+            typ: r.int(0)?,
+            start: r.int(1)?,
+            end: r.int(2)?,
+            pid: r.u32(3)?,
+        }),
+        None => None,
+    })
+}
+
+/// SETLK: takes, changes or (typ F_UNLCK) drops the owner's lock on a range; the conflicting
+/// lock instead when another owner holds one (nothing changed). Serialised per inode by the
+/// inode row's lock, so two mounts cannot both find the range free and both take it.
+pub fn set_lock<C: Tx>(w: &mut Writer<C>, req: &LockReq) -> Result<Option<LockHolder>, Errno> {
+    let session = w.session;
+    if req.typ != LOCK_UNLOCK {
+        let found = w.tx().execute(
+            "UPDATE inodes SET nlink = nlink WHERE ino = ?",
+            &args![req.ino],
+        )?;
+        if found == 0 {
+            return Err(libc::ENOENT);
+        }
+        if let Some(holder) = lock_conflict(w.tx(), session, req)? {
+            return Ok(Some(holder));
+        }
+    }
+    // The owner's own locks in the range are replaced (POSIX: a new lock over an old one of
+    // the same owner changes its type there); the parts outside the range stay.
+    let mine = w.tx().query(
+        "SELECT typ, lock_start, lock_end, pid FROM locks
+         WHERE ino = ? AND session = ? AND owner = ? AND kind = ? AND lock_end >= ? AND lock_start <= ?",
+        &args![req.ino, session, req.owner, req.kind as i64, req.start, req.end],
+    )?;
+    if !mine.is_empty() {
+        w.tx().execute(
+            "DELETE FROM locks
+             WHERE ino = ? AND session = ? AND owner = ? AND kind = ? AND lock_end >= ? AND lock_start <= ?",
+            &args![req.ino, session, req.owner, req.kind as i64, req.start, req.end],
+        )?;
+    }
+    let mut keep = Vec::new();
+    for r in &mine {
+        let (typ, start, end, pid) = (r.int(0)?, r.int(1)?, r.int(2)?, r.int(3)?);
+        if start < req.start {
+            keep.push((typ, start, req.start - 1, pid));
+        }
+        if end > req.end {
+            keep.push((typ, req.end + 1, end, pid));
+        }
+    }
+    if req.typ != LOCK_UNLOCK {
+        keep.push((req.typ, req.start, req.end, req.pid as i64));
+    }
+    for (typ, start, end, pid) in keep {
+        w.tx().execute(
+            "INSERT INTO locks (ino, session, owner, kind, typ, lock_start, lock_end, pid)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            &args![
+                req.ino,
+                session,
+                req.owner,
+                req.kind as i64,
+                typ,
+                start,
+                end,
+                pid
+            ],
+        )?;
+    }
+    Ok(None)
+}
+
+/// Drops this session's locks on an inode: one owner's of one kind, or (None) all of them.
+pub fn release_locks<C: Tx>(
+    w: &mut Writer<C>,
+    ino: u64,
+    owner: Option<(u64, LockKind)>,
+) -> Result<(), Errno> {
+    let session = w.session;
+    match owner {
+        Some((owner, kind)) => w.tx().execute(
+            "DELETE FROM locks WHERE ino = ? AND session = ? AND owner = ? AND kind = ?",
+            &args![ino, session, owner, kind as i64],
+        )?,
+        None => w.tx().execute(
+            "DELETE FROM locks WHERE ino = ? AND session = ?",
+            &args![ino, session],
+        )?,
+    };
     Ok(())
 }

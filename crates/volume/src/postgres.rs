@@ -510,6 +510,8 @@ const VOLUME_TABLES: &[&str] = &[
     "orphans",
     "changes",
     "leases",
+    "locks",
+    "holds",
 ];
 
 /// How many of the volume's tables the database's current schema has.

@@ -6,7 +6,7 @@
 //! was made by a newer lanefs and is refused.
 
 /// The newest schema step this binary knows; also the volume's format version.
-pub const FORMAT_VERSION: i64 = 1;
+pub const FORMAT_VERSION: i64 = 2;
 
 /// Step 1: the whole first schema (see ARCHITECTURE.md, "Volume", for what each table is).
 const STEP_1: &str = "
@@ -42,8 +42,26 @@ CREATE TABLE leases (
     expires_ns BIGINT NOT NULL);
 ";
 
+/// Step 2: flock and POSIX locks held across the mounts of a shared volume (issue 14). A row
+/// is one granted lock: `kind` 1 = flock, 2 = POSIX; `typ` F_RDLCK / F_WRLCK; the range
+/// [lock_start, lock_end] inclusive (flock: the whole file); `owner` the kernel's lock owner,
+/// unique within its session only. Also a file unlinked on one mount while open on others:
+/// `holds` (ino, session) says a mount still has the orphan open, and `orphans.since_ns`
+/// when it lost its last name on a shared volume (0: a single mount's orphan, freed at its
+/// last close), so that it is freed only a grace period later with no holds left.
+const STEP_2: &str = "
+CREATE TABLE locks (
+    ino BIGINT NOT NULL, session BIGINT NOT NULL, owner BIGINT NOT NULL, kind BIGINT NOT NULL,
+    typ BIGINT NOT NULL, lock_start BIGINT NOT NULL, lock_end BIGINT NOT NULL,
+    pid BIGINT NOT NULL);
+CREATE INDEX locks_by_ino ON locks (ino);
+CREATE INDEX locks_by_session ON locks (session);
+CREATE TABLE holds (ino BIGINT NOT NULL, session BIGINT NOT NULL, PRIMARY KEY (ino, session));
+ALTER TABLE orphans ADD COLUMN since_ns BIGINT NOT NULL DEFAULT 0;
+";
+
 /// Every step, in order: `STEPS[i]` takes the schema from version `i` to `i + 1`.
-pub const STEPS: &[&str] = &[STEP_1];
+pub const STEPS: &[&str] = &[STEP_1, STEP_2];
 
 /// The step's text for an engine whose byte-string type is `bytes`.
 pub fn step_for(step: &str, bytes: &str) -> String {

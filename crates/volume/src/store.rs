@@ -695,6 +695,35 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.read(0, |c| ops::fileattr_flags(c))
     }
 
+    fn hold_orphan(&self, ino: u64, done: Done<bool>) {
+        self.submit(false, move |w| ops::hold_orphan(w, ino), done)
+    }
+
+    fn release_hold(&self, ino: u64, done: Done<()>) {
+        self.submit(false, move |w| ops::release_hold(w, ino), done)
+    }
+
+    fn sweep_orphans(&self, before_ns: i64, is_open: IsOpen, done: Done<Vec<u64>>) {
+        self.submit(
+            false,
+            move |w| ops::sweep_orphans(w, before_ns, &is_open),
+            done,
+        )
+    }
+
+    fn lock_conflict(&self, queue: usize, req: &LockReq) -> Result<Option<LockHolder>, Errno> {
+        let session = self.session;
+        self.read(queue, |c| ops::lock_conflict(c, session, req))
+    }
+
+    fn set_lock(&self, req: LockReq, done: Done<Option<LockHolder>>) {
+        self.submit(false, move |w| ops::set_lock(w, &req), done)
+    }
+
+    fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>, done: Done<()>) {
+        self.submit(false, move |w| ops::release_locks(w, ino, owner), done)
+    }
+
     fn changes_since(
         &self,
         cursors: &mut std::collections::HashMap<u64, u64>,

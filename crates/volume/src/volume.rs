@@ -16,9 +16,10 @@ use crate::location::DataLocation;
 use crate::meta::{InodeRec, ROOT_INO};
 use crate::now_ns;
 use crate::postgres::{self, PgStore, PgTarget};
-use crate::schema::{FORMAT_VERSION, setting};
-use crate::sql::{Tx, args};
+use crate::schema::{FORMAT_VERSION, STEPS, setting, step_for};
+use crate::sql::{DbError, Tx, args};
 use crate::sqlite::{self, SqliteConn, SqliteStore};
+use crate::store::Conn;
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
@@ -145,8 +146,61 @@ pub fn check(db: &Path, write: bool) -> Result<(Connection, Settings), String> {
     let conn = sqlite::connect(db, write)
         .map_err(|e| format!("{shown}: cannot open the database: {e}"))?;
     let mut conn = SqliteConn(conn);
+    if write {
+        migrate(&mut conn, "BLOB", &shown.to_string())?;
+    }
     let settings = check_settings(&mut conn, &shown.to_string(), "an SQLite")?;
     Ok((conn.0, settings))
+}
+
+/// Brings an older volume's schema up to [`FORMAT_VERSION`] (one transaction; `bytes` is the
+/// engine's byte-string type). A database that is not a volume, or is newer, is left as it
+/// is for `check_settings` to name. Two mounts upgrading at once: the second's insert into
+/// `schema_migrations` hits the first's key, and it fails with a sentence; run it again.
+pub fn migrate<C: Conn>(conn: &mut C, bytes: &str, shown: &str) -> Result<(), String> {
+    let fail = |e: DbError| format!("{shown}: upgrading its format: {e}");
+    let newest = |conn: &mut C| -> Option<i64> {
+        conn.query_opt("SELECT max(version) FROM schema_migrations", &[])
+            .ok()
+            .flatten()
+            .and_then(|r| r.int(0).ok())
+    };
+    match newest(conn) {
+        Some(v) if (1..FORMAT_VERSION).contains(&v) => {}
+        _ => return Ok(()),
+    }
+    conn.begin(false).map_err(fail)?;
+    let result = (|| {
+        // Read again inside the transaction: another mount may have upgraded meanwhile.
+        let from = newest(conn).unwrap_or(FORMAT_VERSION);
+        let now = now_ns();
+        for version in from + 1..=FORMAT_VERSION {
+            let step = STEPS[(version - 1) as usize];
+            conn.batch(&step_for(step, bytes))?;
+            conn.execute(
+                "INSERT INTO schema_migrations (version, applied_ns) VALUES (?, ?)",
+                &args![version, now],
+            )?;
+        }
+        conn.execute(
+            "UPDATE settings SET value = ? WHERE name = ?",
+            &args![FORMAT_VERSION.to_string().as_str(), setting::FORMAT_VERSION],
+        )?;
+        Ok(from)
+    })();
+    match result {
+        Ok(from) => {
+            conn.commit(false).map_err(fail)?;
+            if from < FORMAT_VERSION {
+                tracing::info!("{shown}: upgraded from format {from} to {FORMAT_VERSION}");
+            }
+            Ok(())
+        }
+        Err(e) => {
+            conn.rollback();
+            Err(fail(e))
+        }
+    }
 }
 
 /// Checks that a database holds a volume this binary can use and reads its settings;
@@ -162,10 +216,14 @@ pub fn check_settings(tx: &mut dyn Tx, shown: &str, engine: &str) -> Result<Sett
             "{shown} was made by a newer lanefs (format {newest}; this one reads up to {FORMAT_VERSION}); upgrade lanefs"
         ));
     }
-    if newest < FORMAT_VERSION {
-        // Issue 14's second step will migrate here; version 1 is the first.
+    if newest < 1 {
         return Err(format!(
             "{shown} has an incomplete schema (format {newest}); it is damaged"
+        ));
+    }
+    if newest < FORMAT_VERSION {
+        return Err(format!(
+            "{shown} is of format {newest}; mount it or run `lanefs fsck` once to upgrade it to format {FORMAT_VERSION}"
         ));
     }
     let mut get = |name: &str| -> Result<String, String> {
@@ -519,6 +577,7 @@ pub fn open_for_mount_postgres(
 ) -> Result<VolumeFs, String> {
     let target = PgTarget::parse(url)?;
     let mut conn = target.connect()?;
+    migrate(&mut conn, "BYTEA", url)?;
     let settings = check_settings(&mut conn, url, "a PostgreSQL")?;
     drop(conn);
     let blocks = open_blocks(Path::new(url), &settings)?;

@@ -6,7 +6,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use crate::meta::{ChangeKind, ChangeRec, MetaStore};
+use std::sync::atomic::Ordering;
+
+use super::OpenTable;
+use crate::meta::{ChangeKind, ChangeRec, MetaStore, wait};
 
 /// The reader of the change log: the last seq read of each other session.
 pub(super) struct Follower {
@@ -15,14 +18,17 @@ pub(super) struct Follower {
     session_fd: Arc<OnceLock<i32>>,
     /// Whether the last poll failed (one log line per outage, not one per poll).
     failing: bool,
+    /// This mount's open files: one another mount unlinked is held (see `ops::hold_orphan`).
+    open: Arc<OpenTable>,
 }
 
 impl Follower {
-    pub(super) fn new(session_fd: Arc<OnceLock<i32>>) -> Follower {
+    pub(super) fn new(session_fd: Arc<OnceLock<i32>>, open: Arc<OpenTable>) -> Follower {
         Follower {
             cursors: HashMap::new(),
             session_fd,
             failing: false,
+            open,
         }
     }
 
@@ -36,6 +42,9 @@ impl Follower {
                 self.failing = false;
                 for change in &changes {
                     invalidate(fd, change);
+                    if change.kind == ChangeKind::Entry as i64 {
+                        self.hold_if_open(store, change.ino);
+                    }
                 }
             }
             Err(e) if !self.failing => {
@@ -46,6 +55,33 @@ impl Follower {
                 );
             }
             Err(_) => {}
+        }
+    }
+}
+
+impl Follower {
+    /// A name of `ino` changed on another mount: if this mount has it open and it lost its
+    /// last name there, hold it so that it stays readable here until the last close.
+    fn hold_if_open(&self, store: &dyn MetaStore, ino: u64) {
+        let Some(state) = self.open.get(ino) else {
+            return;
+        };
+        if state.held_for_other_mount.load(Ordering::Relaxed) {
+            return;
+        }
+        match wait(|done| store.hold_orphan(ino, done)) {
+            Ok(held) => {
+                state.held_for_other_mount.store(held, Ordering::Relaxed);
+                // Its last close may have come meanwhile and seen no hold to let go.
+                let still_open = self.open.get(ino).is_some_and(|s| Arc::ptr_eq(&s, &state));
+                if held && !still_open {
+                    let _ = wait(|done| store.release_hold(ino, done));
+                }
+            }
+            Err(e) => tracing::warn!(
+                "volume: holding inode {ino}, unlinked on another mount while open here: {}",
+                std::io::Error::from_raw_os_error(e)
+            ),
         }
     }
 }
