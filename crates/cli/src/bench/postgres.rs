@@ -1,7 +1,7 @@
 //! PostgreSQL for the bench: the programs of the installed version, run as the postgres
 //! user, and the server the volume's rows on PostgreSQL share: initdb into a directory on
-//! the bench's tmpfs (beside the SQLite volume's files, so the two compare like for like), a
-//! free loopback port, trust authentication, fsync on as shipped; started on the first row
+//! the native disk (fsync on as shipped: a synchronous commit waits for the disk, which is
+//! what `--async-commit` saves), a free loopback port, trust authentication; started on the first row
 //! that needs it, stopped (immediately: nothing in it is kept) and removed when the bench's
 //! context drops, on success, error or Ctrl-C (a second Ctrl-C kills the postmaster).
 
@@ -77,7 +77,7 @@ pub struct PgServer {
 }
 
 impl PgServer {
-    /// initdb into `dir` (made for it, on the bench's tmpfs) and a started server.
+    /// initdb into `dir` (made for it on the native disk) and a started server.
     pub fn start(dir: ScratchDir) -> Result<PgServer, Unavailable> {
         let installed = || -> Result<(PathBuf, PathBuf, (u32, u32)), String> {
             Ok((
@@ -170,8 +170,7 @@ impl PgServer {
 
 impl Drop for PgServer {
     fn drop(&mut self) {
-        // Immediate: nothing in it is kept. An error leaves the registered postmaster to the
-        // emergency cleanup; the directory goes with the tmpfs.
+        // Immediate: nothing in it is kept. Then `dir` is removed (a field: after this).
         let _ = as_postgres(self.pg_ctl.clone())
             .arg("-D")
             .arg(&self.data)

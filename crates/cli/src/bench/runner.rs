@@ -243,15 +243,17 @@ impl Ctx {
     pub fn postgres(&mut self) -> Result<&mut PgServer, Unavailable> {
         if self.postgres.is_none() {
             let started = self
-                .scratch_tmpfs("postgres")
+                .scratch_disk("postgres")
                 .map_err(Unavailable::Failed)
                 .and_then(PgServer::start);
             if let Ok(server) = &started {
                 self.notes.push(format!(
                     "PostgreSQL {} for the volume's rows on it: started by the bench, its \
-                     data directory on the bench's tmpfs beside the SQLite volumes' files \
-                     (fsync on), reached over loopback TCP",
-                    server.version()
+                     data directory on the {} (fsync on, so that a synchronous commit waits \
+                     for the disk as a database server's does), reached over loopback TCP; \
+                     the volume's blocks are on the bench's tmpfs as the SQLite volume's are",
+                    server.version(),
+                    self.disk_label
                 ));
             }
             self.postgres = Some(started);

@@ -241,6 +241,7 @@ impl SystemSpec {
             } => json!({"system": "lanefs",
                 "fs": "volume", "metadata": "PostgreSQL", "data": "local directory",
                 "async_commit": async_commit, "mounts": mounts,
+                "postgres_data": ctx.disk_label,
                 "queues": if *uring { possible_cpus() } else { *queues },
                 "queue_depth": uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH),
                 "backing": ctx.tmpfs_label, "extra_args": ctx.lanefs_args,
