@@ -111,6 +111,17 @@ fn emergency_cleanup() {
     if let Ok(Some(scratch)) = SCRATCH.try_lock().map(|s| s.clone())
         && !super::systems::has_mount_under(&scratch)
     {
-        let _ = std::fs::remove_dir_all(&scratch);
+        // A killed server's children (PostgreSQL's backends) may still write into it for a
+        // moment after their parent died: try again while the removal finds new entries.
+        for _ in 0..REMOVE_TRIES {
+            if std::fs::remove_dir_all(&scratch).is_ok() || !scratch.exists() {
+                break;
+            }
+            std::thread::sleep(REMOVE_RETRY_AFTER);
+        }
     }
 }
+
+/// How often, and how far apart, an emergency exit tries to remove the scratch directory.
+const REMOVE_TRIES: u32 = 20;
+const REMOVE_RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
