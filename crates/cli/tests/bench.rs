@@ -134,17 +134,24 @@ fn quick_engine_suite_writes_report_json_and_charts() {
     );
 }
 
+/// One run of the create suite (minutes) checks both: anchors given by path that cannot run,
+/// and the volume's rows on the PostgreSQL the bench starts and stops itself.
 #[test]
-fn anchors_given_by_path_that_cannot_run_are_skipped_with_a_note() {
+fn quick_create_skips_anchors_that_cannot_run_and_measures_the_volume_on_postgres() {
     let out = TempDir::new("bench-anchors");
-    let status = Command::new(lanefs())
+    let child = Command::new(lanefs())
         .args(["bench", "--quick", "create", "--no-print"])
         .args(["--anchor", "passthrough_hp=/nonexistent/passthrough_hp"])
         .args(["--anchor", "juicefs=/nonexistent/juicefs"])
         .arg("--out")
         .arg(out.path())
-        .status()
+        .spawn()
         .expect("running lanefs bench");
+    let pid = child.id();
+    let status = child
+        .wait_with_output()
+        .expect("waiting for lanefs bench")
+        .status;
     assert!(status.success(), "lanefs bench failed: {status}");
     let json: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.path().join("results.json")).expect("results.json"),
@@ -187,6 +194,83 @@ fn anchors_given_by_path_that_cannot_run_are_skipped_with_a_note() {
         .find(|r| r["role"] == "lanefs" && r["status"]["state"] == "ok")
         .expect("a lanefs row");
     assert_eq!(lanefs["server_cpu"]["ops"], 1000.0, "{lanefs}");
+
+    // The volume on PostgreSQL: its rows measured, or skipped with a note where PostgreSQL is
+    // not installed.
+    let on_postgres = |r: &&serde_json::Value| {
+        r["system"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("lanefs volume on PostgreSQL"))
+    };
+    if skipped
+        .iter()
+        .any(|s| s.contains("PostgreSQL is not installed"))
+    {
+        eprintln!("skipped: the PostgreSQL rows (PostgreSQL is not installed)");
+        assert!(!rows.iter().any(|r| on_postgres(&r)), "{rows:?}");
+        return;
+    }
+    let pg_rows: Vec<_> = rows.iter().filter(on_postgres).collect();
+    for r in &pg_rows {
+        assert_eq!(r["status"]["state"], "ok", "{r}");
+        assert_eq!(r["system_config"]["metadata"], "PostgreSQL", "{r}");
+        assert!(r["summary"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // Synchronous commits over both transports, and --async-commit (io_uring rows are
+    // skipped with a note where the kernel has io_uring off).
+    for (transport, async_commit) in [
+        ("/dev/fuse", false),
+        ("io_uring", false),
+        ("io_uring", true),
+    ] {
+        let measured = pg_rows.iter().any(|r| {
+            r["workload"] == "1000 x echo foobarbaz > $i"
+                && r["system_config"]["transport"] == transport
+                && r["system_config"]["async_commit"] == async_commit
+        });
+        let uring_off = transport == "io_uring"
+            && skipped
+                .iter()
+                .any(|s| s.starts_with("lanefs volume on PostgreSQL io_uring"));
+        assert!(
+            measured || uring_off,
+            "no create row on PostgreSQL over {transport} (async commit {async_commit}): {pg_rows:?}"
+        );
+    }
+    // Two mounts of one volume: one creating alone and both at once, with the ratio.
+    for by in ["1 mount", "2 mounts at once"] {
+        let workload = format!("creates in one directory by {by}, 300 files each");
+        let row = pg_rows
+            .iter()
+            .find(|r| r["workload"] == workload.as_str())
+            .unwrap_or_else(|| panic!("no row {workload}: {pg_rows:?}"));
+        assert_eq!(row["unit"]["name"], "creates/s", "{row}");
+        assert_eq!(row["system_config"]["mounts"], 2, "{row}");
+    }
+    let aims: Vec<&str> = suite["aims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(
+        aims.iter().any(
+            |a| a.contains("creates in one directory: 2 mounts at once (")
+                && a.contains("aim >= 1.5x")
+        ),
+        "no two-mount ratio: {aims:?}"
+    );
+    // The server the bench started is gone with its scratch directory.
+    let scratch = format!("lanefs-bench-{pid}");
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&scratch))
+        .collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    assert!(!std::env::temp_dir().join(&scratch).exists());
 }
 
 #[test]

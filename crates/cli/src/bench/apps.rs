@@ -12,14 +12,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::bench::model::Work;
+use crate::bench::postgres::{POSTGRES_USER, as_postgres, postgres_bin, user_ids};
 use crate::bench::systems::{Target, last_lines};
 use crate::bench::workloads::{Meter, run_limited};
 
 /// The directory, inside the target's, where an application works.
 pub const APP_DIR: &str = "app";
-/// The operating-system user PostgreSQL runs as (Debian's package makes it; PostgreSQL
-/// refuses to run as root).
-const POSTGRES_USER: &str = "postgres";
 
 /// One application workload.
 #[derive(Clone, Debug)]
@@ -51,7 +49,7 @@ pub enum App {
 const STEP_LIMIT: Duration = Duration::from_secs(3600);
 
 /// Runs `command` to its end (at most STEP_LIMIT); its stderr's last lines make the error.
-fn run(command: Command, what: &str) -> Result<String, String> {
+pub(super) fn run(command: Command, what: &str) -> Result<String, String> {
     let done = run_limited(command, STEP_LIMIT).map_err(|e| format!("{what}: {e}"))?;
     if !done.ok {
         return Err(format!(
@@ -339,32 +337,6 @@ fn parse_tps(out: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("no tps line in pgbench's output: {}", last_lines(out, 3)))
 }
 
-/// A program of PostgreSQL's installed version: in PATH, else Debian's versioned directory.
-fn postgres_bin(name: &str) -> Result<PathBuf, String> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|d| d.flatten().map(|e| e.path().join("bin")).collect())
-        .unwrap_or_default();
-    dirs.sort();
-    dirs.into_iter()
-        .rev()
-        .map(|d| d.join(name))
-        .find(|p| p.exists())
-        .ok_or_else(|| {
-            format!("{name} not found in /usr/lib/postgresql/*/bin (apt-get install postgresql)")
-        })
-}
-
-/// A user's uid and gid, from the password database.
-fn user_ids(name: &str) -> Result<(u32, u32), String> {
-    let passwd = std::fs::read_to_string("/etc/passwd").map_err(|e| format!("/etc/passwd: {e}"))?;
-    passwd
-        .lines()
-        .map(|l| l.split(':').collect::<Vec<_>>())
-        .find(|f| f.len() > 3 && f[0] == name)
-        .and_then(|f| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
-        .ok_or_else(|| format!("no user {name} (apt-get install postgresql makes it)"))
-}
-
 /// A PostgreSQL server of our own: its data directory on the target, its socket in a native
 /// scratch directory, no TCP; stopped (fast) when dropped.
 struct Postgres {
@@ -374,18 +346,6 @@ struct Postgres {
 }
 
 impl Postgres {
-    fn as_postgres(program: PathBuf) -> Command {
-        let mut c = Command::new("setpriv");
-        c.args([
-            &format!("--reuid={POSTGRES_USER}"),
-            &format!("--regid={POSTGRES_USER}"),
-            "--init-groups",
-            "--",
-        ])
-        .arg(program);
-        c
-    }
-
     fn start(work: &Path, scratch: &Path) -> Result<Postgres, String> {
         let (uid, gid) = user_ids(POSTGRES_USER)?;
         let data = work.join("pgdata");
@@ -397,7 +357,7 @@ impl Postgres {
         }
         std::os::unix::fs::chown(work, Some(uid), Some(gid))
             .map_err(|e| format!("chown {}: {e}", work.display()))?;
-        let mut init = Postgres::as_postgres(postgres_bin("initdb")?);
+        let mut init = as_postgres(postgres_bin("initdb")?);
         init.arg("-D")
             .arg(&data)
             .args(["-U", "postgres", "--auth=trust"]);
@@ -407,7 +367,7 @@ impl Postgres {
             socket_dir,
             running: false,
         };
-        let mut start = Postgres::as_postgres(postgres_bin("pg_ctl")?);
+        let mut start = as_postgres(postgres_bin("pg_ctl")?);
         start
             .arg("-D")
             .arg(&server.data)
@@ -428,7 +388,7 @@ impl Postgres {
     }
 
     fn pgbench(&self, args: &[&str]) -> Result<String, String> {
-        let mut c = Postgres::as_postgres(postgres_bin("pgbench")?);
+        let mut c = as_postgres(postgres_bin("pgbench")?);
         c.arg("-h")
             .arg(&self.socket_dir)
             .args(["-p", "5432", "-U", "postgres"])
@@ -443,7 +403,7 @@ impl Postgres {
     }
 
     fn pg_ctl_stop(&self) -> Result<(), String> {
-        let mut stop = Postgres::as_postgres(postgres_bin("pg_ctl")?);
+        let mut stop = as_postgres(postgres_bin("pg_ctl")?);
         stop.arg("-D")
             .arg(&self.data)
             .args(["-m", "fast", "-w", "stop"]);

@@ -15,6 +15,7 @@ mod cpu;
 mod fio;
 mod machine;
 mod model;
+mod postgres;
 mod report;
 mod runner;
 mod seek;

@@ -36,6 +36,10 @@ impl Unit {
         name: "TPS",
         higher_is_better: true,
     };
+    pub const CREATES: Unit = Unit {
+        name: "creates/s",
+        higher_is_better: true,
+    };
     pub const MICROS: Unit = Unit {
         name: "µs",
         higher_is_better: false,

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use crate::bench::anchors::{self, Anchors, External};
 use crate::bench::machine::Machine;
 use crate::bench::model::{self, Row, RunRecord, Status, SuiteResult};
+use crate::bench::postgres::{PgServer, Unavailable};
 use crate::bench::systems::{self, MountGuard, OpenError, ScratchDir, SystemSpec, Target};
 use crate::bench::workloads::Workload;
 use crate::bench::{BenchArgs, fio, seconds, signals};
@@ -96,6 +97,8 @@ pub struct Ctx {
     pub cache: PathBuf,
     /// Whether lanefs can pass a directory through (None: not tried yet).
     pub passthrough: Option<Result<(), String>>,
+    /// The PostgreSQL server the volume's rows on PostgreSQL share (None: not needed yet).
+    postgres: Option<Result<PgServer, Unavailable>>,
     pub tmpfs_label: String,
     pub disk_label: String,
     work: PathBuf,
@@ -167,6 +170,7 @@ impl Ctx {
             fio,
             cache,
             passthrough: None,
+            postgres: None,
             tmpfs_label,
             disk_label,
             work,
@@ -233,6 +237,32 @@ impl Ctx {
     pub fn work_path(&mut self, name: &str) -> PathBuf {
         let id = self.id();
         self.work.join(format!("{name}-{id}"))
+    }
+
+    /// The bench's PostgreSQL server, started on the first call.
+    pub fn postgres(&mut self) -> Result<&mut PgServer, Unavailable> {
+        if self.postgres.is_none() {
+            let started = self
+                .scratch_disk("postgres")
+                .map_err(Unavailable::Failed)
+                .and_then(PgServer::start);
+            if let Ok(server) = &started {
+                self.notes.push(format!(
+                    "PostgreSQL {} for the volume's rows on it: started by the bench, its \
+                     data directory on the {} (fsync on, so that a synchronous commit waits \
+                     for the disk as a database server's does), reached over loopback TCP; \
+                     the volume's blocks are on the bench's tmpfs as the SQLite volume's are",
+                    server.version(),
+                    self.disk_label
+                ));
+            }
+            self.postgres = Some(started);
+        }
+        match &mut self.postgres {
+            Some(Ok(server)) => Ok(server),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err(Unavailable::Failed("PostgreSQL was not started".into())),
+        }
     }
 
     /// The native tmpfs the bench mounted (or /dev/shm's directory standing in for it).
@@ -443,6 +473,8 @@ fn push_rows(
 impl Drop for Ctx {
     fn drop(&mut self) {
         self.pb.finish_and_clear();
+        // The server before the tmpfs its data directory is on (no mount uses it by now).
+        self.postgres.take();
         // Anything still mounted below the work dir (there should be nothing) goes first.
         let tmpfs = self.tmpfs_guard.as_ref().map(|g| g.mountpoint.clone());
         let mut stray: Vec<PathBuf> = systems::mounts_under(&self.work)

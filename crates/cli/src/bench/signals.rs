@@ -13,7 +13,8 @@ static SCRATCH: Mutex<Option<PathBuf>> = Mutex::new(None);
 
 struct Registered {
     id: u64,
-    mountpoint: PathBuf,
+    /// None: a server with no mount of its own (the bench's PostgreSQL).
+    mountpoint: Option<PathBuf>,
     pid: Option<u32>,
 }
 
@@ -67,6 +68,15 @@ pub fn interrupted() -> bool {
 
 /// Records a mount (and the process serving it) until `unregister`.
 pub fn register(mountpoint: PathBuf, pid: Option<u32>) -> u64 {
+    record(Some(mountpoint), pid)
+}
+
+/// Records a server process that mounts nothing (killed by an emergency exit).
+pub fn register_process(pid: u32) -> u64 {
+    record(None, Some(pid))
+}
+
+fn record(mountpoint: Option<PathBuf>, pid: Option<u32>) -> u64 {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     if let Ok(mut reg) = REGISTRY.lock() {
         reg.push(Registered {
@@ -89,7 +99,9 @@ pub fn unregister(id: u64) {
 fn emergency_cleanup() {
     if let Ok(reg) = REGISTRY.try_lock() {
         for r in reg.iter().rev() {
-            let _ = super::systems::lazy_unmount(&r.mountpoint);
+            if let Some(mountpoint) = &r.mountpoint {
+                let _ = super::systems::lazy_unmount(mountpoint);
+            }
             if let Some(pid) = r.pid {
                 // SAFETY: sending a signal has no memory effects.
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
@@ -99,6 +111,17 @@ fn emergency_cleanup() {
     if let Ok(Some(scratch)) = SCRATCH.try_lock().map(|s| s.clone())
         && !super::systems::has_mount_under(&scratch)
     {
-        let _ = std::fs::remove_dir_all(&scratch);
+        // A killed server's children (PostgreSQL's backends) may still write into it for a
+        // moment after their parent died: try again while the removal finds new entries.
+        for _ in 0..REMOVE_TRIES {
+            if std::fs::remove_dir_all(&scratch).is_ok() || !scratch.exists() {
+                break;
+            }
+            std::thread::sleep(REMOVE_RETRY_AFTER);
+        }
     }
 }
+
+/// How often, and how far apart, an emergency exit tries to remove the scratch directory.
+const REMOVE_TRIES: u32 = 20;
+const REMOVE_RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(100);

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use crate::bench::anchors::{self, Example, External};
 use crate::bench::cpu::ServerCpu;
 use crate::bench::model::Role;
+use crate::bench::postgres::Unavailable;
 use crate::bench::runner::Ctx;
 use crate::bench::signals;
 
@@ -90,6 +91,16 @@ pub enum SystemSpec {
         queues: usize,
         uring: bool,
     },
+    /// lanefs's volume on the bench's PostgreSQL (its metadata; blocks in a local directory
+    /// on the bench's tmpfs), over io_uring or `queues` cloned /dev/fuse fds, with
+    /// `--async-commit` or not, mounted `mounts` times (separate daemons, as separate machines
+    /// would mount it); skipped with a note where PostgreSQL is not installed.
+    LanefsVolumePg {
+        queues: usize,
+        uring: bool,
+        async_commit: bool,
+        mounts: usize,
+    },
     /// JuiceFS with SQLite metadata and a local directory (`--anchor juicefs=PATH`): skipped
     /// with a note: the bench has no step yet that formats and mounts a JuiceFS volume.
     JuiceFs,
@@ -133,6 +144,25 @@ impl SystemSpec {
                     format!("{queues}q")
                 }
             ),
+            SystemSpec::LanefsVolumePg {
+                queues,
+                uring,
+                async_commit,
+                mounts,
+            } => format!(
+                "lanefs volume on PostgreSQL {}{}{}",
+                if *uring {
+                    format!("io_uring d{}", lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH)
+                } else {
+                    format!("{queues}q")
+                },
+                if *async_commit { " async-commit" } else { "" },
+                if *mounts > 1 {
+                    format!(", {mounts} mounts")
+                } else {
+                    String::new()
+                }
+            ),
             SystemSpec::NativeTmpfs => ctx.tmpfs_label.clone(),
             SystemSpec::NativeDisk => ctx.disk_label.clone(),
             SystemSpec::Libfuse { example, mode } => {
@@ -161,7 +191,8 @@ impl SystemSpec {
             SystemSpec::LanefsNull { .. }
             | SystemSpec::LanefsPassthrough { .. }
             | SystemSpec::LanefsNullUring { .. }
-            | SystemSpec::LanefsVolume { .. } => Role::Lanefs,
+            | SystemSpec::LanefsVolume { .. }
+            | SystemSpec::LanefsVolumePg { .. } => Role::Lanefs,
             SystemSpec::NativeTmpfs | SystemSpec::NativeDisk => Role::Native,
             SystemSpec::Libfuse { .. }
             | SystemSpec::Qsd { .. }
@@ -198,6 +229,19 @@ impl SystemSpec {
                 "queue_depth": depth, "extra_args": ctx.lanefs_args, "transport": "io_uring"}),
             SystemSpec::LanefsVolume { queues, uring } => json!({"system": "lanefs",
                 "fs": "volume", "metadata": "SQLite", "data": "local directory",
+                "queues": if *uring { possible_cpus() } else { *queues },
+                "queue_depth": uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH),
+                "backing": ctx.tmpfs_label, "extra_args": ctx.lanefs_args,
+                "transport": if *uring { "io_uring" } else { "/dev/fuse" }}),
+            SystemSpec::LanefsVolumePg {
+                queues,
+                uring,
+                async_commit,
+                mounts,
+            } => json!({"system": "lanefs",
+                "fs": "volume", "metadata": "PostgreSQL", "data": "local directory",
+                "async_commit": async_commit, "mounts": mounts,
+                "postgres_data": ctx.disk_label,
                 "queues": if *uring { possible_cpus() } else { *queues },
                 "queue_depth": uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH),
                 "backing": ctx.tmpfs_label, "extra_args": ctx.lanefs_args,
@@ -241,6 +285,7 @@ impl SystemSpec {
                 Guard::Mount(m) => m.server_pid().map(|pid| ServerCpu { pid }),
                 Guard::Dir(_) => None,
             }),
+            other_mounts: Vec::new(),
             guards,
         };
         match self {
@@ -343,6 +388,47 @@ impl SystemSpec {
                     true,
                     vec![Guard::Dir(dir), Guard::Mount(guard)],
                 ))
+            }
+            SystemSpec::LanefsVolumePg {
+                queues,
+                uring,
+                async_commit,
+                mounts,
+            } => {
+                let depth = uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH);
+                let mut args = transport_args(*queues, depth)?;
+                if *async_commit {
+                    args.push("--async-commit".into());
+                }
+                let url = match ctx.postgres() {
+                    Ok(server) => server.createdb("vol").map_err(OpenError::Fail)?,
+                    Err(Unavailable::NotInstalled(why)) => return Err(OpenError::Skip(why)),
+                    Err(Unavailable::Failed(why)) => {
+                        return Err(OpenError::Fail(format!("PostgreSQL: {why}")));
+                    }
+                };
+                let dir = ctx.scratch_tmpfs("volume-pg").map_err(OpenError::Fail)?;
+                format_volume(ctx, Path::new(&url), &dir.0.join("data"))
+                    .map_err(OpenError::Fail)?;
+                let mut guards = vec![Guard::Dir(dir)];
+                let mut mountpoints = Vec::new();
+                for _ in 0..*mounts {
+                    let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
+                    let guard = mount_lanefs(ctx, &args, &url, &mp).map_err(OpenError::Fail)?;
+                    guards.push(Guard::Mount(guard));
+                    mountpoints.push(mp);
+                }
+                let mut mountpoints = mountpoints.into_iter();
+                let first = mountpoints
+                    .next()
+                    .ok_or_else(|| OpenError::Fail("no mounts asked for".into()))?;
+                let mut t = target(Place::Dir(first), true, guards);
+                t.other_mounts = mountpoints.collect();
+                if !t.other_mounts.is_empty() {
+                    // One daemon's CPU time would be half the story.
+                    t.server = None;
+                }
+                Ok(t)
             }
             SystemSpec::Libfuse { example, mode } => {
                 let binary = ctx.anchors.get(*example).map_err(OpenError::Skip)?;
@@ -514,8 +600,11 @@ pub struct Target {
     pub config: Value,
     pub place: Place,
     pub writable: bool,
-    /// The process serving the mount, whose CPU time each run reports (None: native).
+    /// The process serving the mount, whose CPU time each run reports (None: native, or
+    /// several daemons).
     pub server: Option<ServerCpu>,
+    /// Further mounts of the same volume by daemons of their own (`place` is on the first).
+    pub other_mounts: Vec<PathBuf>,
     /// Dropped last to first: the mount before the directory that backs it.
     guards: Vec<Guard>,
 }

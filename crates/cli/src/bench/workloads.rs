@@ -55,6 +55,13 @@ pub enum Kind {
     Create {
         files: u32,
     },
+    /// Creates in one directory of a volume from `mounts` of its mounts at once: one bash
+    /// per mount, each `echo foobarbaz > $DIR/m$K-$i` for i in 1..=files_each; the value is
+    /// the aggregate creates per second.
+    CreateShared {
+        files_each: u32,
+        mounts: usize,
+    },
     /// `tar xf` of an uncompressed tarball, then `rm -rf` of the tree.
     Untar {
         tar: PathBuf,
@@ -163,6 +170,7 @@ impl Workload {
             Kind::Fio(job) => job.writes(),
             Kind::Seek { .. }
             | Kind::Create { .. }
+            | Kind::CreateShared { .. }
             | Kind::Untar { .. }
             | Kind::Dd { .. }
             | Kind::App(_) => true,
@@ -177,8 +185,14 @@ impl Workload {
             (Kind::Fio(job), Place::File(_)) if !job.shared_file => {
                 Err("file-per-job needs a directory; this server has one file".into())
             }
-            (Kind::Create { .. } | Kind::Untar { .. } | Kind::App(_), Place::File(_)) => {
-                Err("it cannot create files".into())
+            (
+                Kind::Create { .. } | Kind::CreateShared { .. } | Kind::Untar { .. } | Kind::App(_),
+                Place::File(_),
+            ) => Err("it cannot create files".into()),
+            (Kind::CreateShared { mounts, .. }, Place::Dir(_))
+                if 1 + target.other_mounts.len() < *mounts =>
+            {
+                Err(format!("it needs {mounts} mounts of one volume"))
             }
             (Kind::App(app), Place::Dir(dir)) => apps::applicable(app, dir),
             _ => Ok(()),
@@ -214,6 +228,16 @@ impl Workload {
                     return Err("needs a directory".into());
                 };
                 run_create(target, &work_dir(dir, self.caller)?, *files, self.caller)?
+            }
+            Kind::CreateShared { files_each, mounts } => {
+                let Place::Dir(dir) = &target.place else {
+                    return Err("needs a directory".into());
+                };
+                let mountpoints: Vec<&Path> = std::iter::once(dir.as_path())
+                    .chain(target.other_mounts.iter().map(PathBuf::as_path))
+                    .take(*mounts)
+                    .collect();
+                run_create_shared(target, &mountpoints, *files_each)?
             }
             Kind::Untar { tar, entries } => {
                 let Place::Dir(dir) = &target.place else {
@@ -519,6 +543,90 @@ fn run_create(
         values: vec![secs],
         work: vec![Some(work)],
         raw: json!({"seconds": secs, "files": files, "files_per_s": f64::from(files) / secs}),
+    })
+}
+
+/// Seed 003's loop with a prefix per mount, so that mounts never pick the same name.
+const CREATE_SHARED_SCRIPT: &str = r#"for i in `seq 1 "$LANEFS_BENCH_FILES"`; do echo "foobarbaz" > "$LANEFS_BENCH_DIR/$LANEFS_BENCH_PREFIX$i"; done"#;
+
+/// How long the other mounts may take to see the directory the first one made.
+const SHARED_DIR_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
+
+/// One bash per mount creating `files_each` files in the same directory, all started
+/// together; the aggregate creates/s from the first start to the last exit.
+fn run_create_shared(
+    target: &Target,
+    mountpoints: &[&Path],
+    files_each: u32,
+) -> Result<RunOutput, String> {
+    let tree = |mp: &Path| mp.join("create-shared");
+    let first = tree(mountpoints[0]);
+    if first.exists() {
+        std::fs::remove_dir_all(&first)
+            .map_err(|e| format!("cleaning {}: {e}", first.display()))?;
+    }
+    std::fs::create_dir(&first).map_err(|e| format!("{}: {e}", first.display()))?;
+    for mp in &mountpoints[1..] {
+        let start = Instant::now();
+        while !tree(mp).is_dir() {
+            if start.elapsed() > SHARED_DIR_VISIBLE_WITHIN {
+                return Err(format!(
+                    "{} made on one mount was not seen on {} within {} s",
+                    first.display(),
+                    mp.display(),
+                    SHARED_DIR_VISIBLE_WITHIN.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let total = u64::from(files_each) * mountpoints.len() as u64;
+    let meter = Meter::start(target);
+    let start = Instant::now();
+    let outcomes: Vec<Result<Finished, String>> = std::thread::scope(|scope| {
+        let runs: Vec<_> = mountpoints
+            .iter()
+            .enumerate()
+            .map(|(k, mp)| {
+                let mut command = Command::new("bash");
+                command
+                    .args(["-c", CREATE_SHARED_SCRIPT])
+                    .current_dir(mp)
+                    .env("LANEFS_BENCH_DIR", tree(mp))
+                    .env("LANEFS_BENCH_PREFIX", format!("m{k}-"))
+                    .env("LANEFS_BENCH_FILES", files_each.to_string());
+                scope.spawn(move || run_limited(command, Duration::from_secs(1800)))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| Err("a create thread panicked".into()))
+            })
+            .collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let work = meter.work(total as f64);
+    for done in outcomes {
+        let done = done?;
+        if !done.ok {
+            return Err(format!(
+                "bash exited ({}): {}",
+                done.status,
+                last_lines(&done.stderr, 1)
+            ));
+        }
+    }
+    let count = std::fs::read_dir(&first).map(|d| d.count()).unwrap_or(0);
+    if count as u64 != total {
+        return Err(format!("{count} files instead of {total}"));
+    }
+    let _ = std::fs::remove_dir_all(&first);
+    Ok(RunOutput {
+        values: vec![total as f64 / secs],
+        work: vec![Some(work)],
+        raw: json!({"seconds": secs, "mounts": mountpoints.len(), "files_each": files_each,
+            "files_per_s": total as f64 / secs}),
     })
 }
 

@@ -107,6 +107,7 @@ pub fn aims(result: &mut SuiteResult) {
         lines.extend(volume_target_lines(
             result,
             &workload,
+            false,
             1024.0,
             ">= 1 GiB/s (1024 MiB/s)",
         ));

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::{
-    SuitePlan, aim_line, best_median, passthrough_hp, plans_for, uring_lines, volume_target_lines,
-    volumes, workloads_of,
+    SuitePlan, aim_line, best_median, is_on_postgres, passthrough_hp, plans_for, uring_lines,
+    volume_target_lines, volumes, volumes_on_postgres, workloads_of,
 };
 use crate::bench::Suite;
 use crate::bench::anchors::Example;
@@ -48,6 +48,7 @@ fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
         },
     ];
     systems.extend(volumes(ctx.settings.cores));
+    systems.extend(volumes_on_postgres(ctx.settings.cores));
     systems.extend(passthrough_hp(false));
     systems.push(SystemSpec::JuiceFs);
     systems
@@ -56,6 +57,13 @@ fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
 /// Issue 13's create aim for the volume: this many creates within this many seconds.
 const VOLUME_AIM_CREATES: u32 = 10_000;
 const VOLUME_AIM_CREATE_SECONDS: f64 = 2.0;
+/// Issue 14's for the volume on PostgreSQL: the same creates within this many seconds.
+const POSTGRES_AIM_CREATE_SECONDS: f64 = 5.0;
+/// Issue 14's aim for two mounts creating in one directory: at least this many times one
+/// mount's creates per second.
+const TWO_MOUNTS_AIM_SPEEDUP: f64 = 1.5;
+/// Files each mount creates in the shared-directory rows [quick: the second].
+const SHARED_CREATE_FILES_EACH: (u32, u32) = (5000, 300);
 
 pub fn plan_create(ctx: &Ctx) -> SuitePlan {
     let files: u32 = if ctx.settings.quick { 1000 } else { 10_000 };
@@ -65,8 +73,33 @@ pub fn plan_create(ctx: &Ctx) -> SuitePlan {
         "Seed 003: `for i in `seq 1 N`; do echo \"foobarbaz\" > $DIR/$i; done` in one bash \
          (real time).",
     );
-    let plans = plans_for(systems(ctx), &[create_workload(files)]);
+    let mut plans = plans_for(systems(ctx), &[create_workload(files)]);
+    let files_each = if ctx.settings.quick {
+        SHARED_CREATE_FILES_EACH.1
+    } else {
+        SHARED_CREATE_FILES_EACH.0
+    };
+    // One volume mounted twice: one mount creating alone, then both at once.
+    plans.extend(plans_for(
+        [SystemSpec::LanefsVolumePg {
+            queues: ctx.settings.cores,
+            // Cloned fds: there wherever the bench runs (io_uring may be off).
+            uring: false,
+            async_commit: false,
+            mounts: 2,
+        }],
+        &[
+            shared_create_workload(files_each, 1),
+            shared_create_workload(files_each, 2),
+        ],
+    ));
     result.skip("lanefs null: it cannot create files");
+    result.note(format!(
+        "Two mounts of one volume on PostgreSQL (two daemons): {files_each} files per mount \
+         in one directory, by one mount alone and by both at once (one bash each, names \
+         prefixed per mount), as aggregate creates/s; its server CPU is not shown (two \
+         daemons)."
+    ));
     result.note(
         "libfuse's passthrough examples, passthrough_hp and lanefs passthrough serve a \
          directory on the bench's tmpfs; passthrough_fh mirrors all of / and is used through \
@@ -90,6 +123,64 @@ pub fn create_workload(files: u32) -> Workload {
     }
 }
 
+/// Creates in one directory of one volume by `mounts` of its mounts at once.
+fn shared_create_workload(files_each: u32, mounts: usize) -> Workload {
+    let who = if mounts == 1 {
+        "1 mount".to_owned()
+    } else {
+        format!("{mounts} mounts at once")
+    };
+    Workload {
+        metrics: vec![Metric {
+            key: format!("{SHARED_CREATE_PREFIX}{who}, {files_each} files each"),
+            family: "create, mounts of one volume".into(),
+            unit: Unit::CREATES,
+        }],
+        numjobs: 1,
+        config: serde_json::json!({"tool": "bash", "files_each": files_each, "mounts": mounts}),
+        kind: Kind::CreateShared { files_each, mounts },
+        caller: Caller::Bench,
+    }
+}
+
+/// The start of the shared-directory rows' workload names.
+const SHARED_CREATE_PREFIX: &str = "creates in one directory by ";
+
+/// Issue 14's two-mount aim: per system, both mounts' aggregate rate against one mount's.
+fn two_mount_lines(result: &SuiteResult) -> Vec<String> {
+    let workloads = workloads_of(result);
+    let named = |by: &str| {
+        workloads
+            .iter()
+            .find(|(w, _)| w.starts_with(&format!("{SHARED_CREATE_PREFIX}{by}")))
+            .map(|(w, _)| w.clone())
+    };
+    let (Some(one), Some(two)) = (named("1 mount"), named("2 mounts")) else {
+        return Vec::new();
+    };
+    let mut systems: Vec<&str> = result
+        .rows
+        .iter()
+        .filter(|r| r.workload == two)
+        .map(|r| r.system.as_str())
+        .collect();
+    systems.dedup();
+    systems
+        .into_iter()
+        .filter_map(|system| {
+            let median = |w: &str| best_median(result, w, |r| r.system == system);
+            aim_line(
+                &format!("{system}: creates in one directory"),
+                &("2 mounts at once".to_owned(), median(&two)?.1),
+                &("1 mount".to_owned(), median(&one)?.1),
+                Unit::CREATES,
+                TWO_MOUNTS_AIM_SPEEDUP,
+                ">= 1.5x",
+            )
+        })
+        .collect()
+}
+
 /// Issue 3's aims for creates and untar: lanefs within 5x of native and at least 1.5x faster
 /// than libfuse's passthrough_ll; io_uring faster than cloned fds (issue 4). Issue 13's for
 /// the volume: 10,000 creates within 2 s, the untar within 10x native tmpfs.
@@ -100,15 +191,25 @@ pub fn aims(result: &mut SuiteResult) {
             lines.extend(volume_target_lines(
                 result,
                 &workload,
+                false,
                 VOLUME_AIM_CREATE_SECONDS,
                 "within 2 s (JuiceFS on SQLite: 13-24 s here)",
+            ));
+            lines.extend(volume_target_lines(
+                result,
+                &workload,
+                true,
+                POSTGRES_AIM_CREATE_SECONDS,
+                "within 5 s on PostgreSQL (JuiceFS on PostgreSQL: 5.4 s per 1,000 here)",
             ));
         }
         if workload.starts_with("untar ") {
             let native = best_median(result, &workload, |r| {
                 r.role == Role::Native && !r.system.starts_with("native disk")
             });
-            let volume = best_median(result, &workload, |r| r.system.starts_with("lanefs volume"));
+            let volume = best_median(result, &workload, |r| {
+                r.system.starts_with("lanefs volume") && !is_on_postgres(&r.system)
+            });
             if let (Some(volume), Some(native)) = (&volume, &native) {
                 lines.extend(aim_line(
                     &workload,
@@ -144,6 +245,7 @@ pub fn aims(result: &mut SuiteResult) {
         }
         lines.extend(uring_lines(result, &workload, unit, 1.0, ">= 1x"));
     }
+    lines.extend(two_mount_lines(result));
     result.aims = lines;
 }
 

@@ -194,11 +194,31 @@ fn volumes(cores: usize) -> [SystemSpec; 2] {
     })
 }
 
-/// Issue 13's aims for the volume, one line per volume row of `workload`: its median against
-/// a fixed bar `target` (in the workload's unit; a speed-up of at least 1 meets it).
+/// Whether a row's system is the volume on PostgreSQL (by its label).
+fn is_on_postgres(system: &str) -> bool {
+    system.starts_with("lanefs volume on PostgreSQL")
+}
+
+/// lanefs's volume on PostgreSQL (issue 14), one mount: over `cores` cloned /dev/fuse
+/// queues and io_uring, and over io_uring with `--async-commit`.
+fn volumes_on_postgres(cores: usize) -> [SystemSpec; 3] {
+    [(false, false), (true, false), (true, true)].map(|(uring, async_commit)| {
+        SystemSpec::LanefsVolumePg {
+            queues: cores,
+            uring,
+            async_commit,
+            mounts: 1,
+        }
+    })
+}
+
+/// Issue 13's aims for the volume (issue 14's on PostgreSQL), one line per volume row of
+/// `workload` on SQLite (on PostgreSQL): its median against a fixed bar `target` (in the
+/// workload's unit; a speed-up of at least 1 meets it).
 fn volume_target_lines(
     result: &SuiteResult,
     workload: &str,
+    on_postgres: bool,
     target: f64,
     aim: &str,
 ) -> Vec<String> {
@@ -208,6 +228,7 @@ fn volume_target_lines(
         .filter(|r| {
             r.workload == workload
                 && r.system.starts_with("lanefs volume")
+                && is_on_postgres(&r.system) == on_postgres
                 && r.status == Status::Ok
         })
         .filter_map(|r| {
