@@ -18,8 +18,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 lanefs_mounts() { awk '$3 == "fuse.lanefs" { print $2 }' /proc/mounts | sort; }
 # (Exited daemons may linger as zombies until init reaps them: those do not count.)
 live_daemons() { ps -eo stat=,pid=,args= | awk '$1 !~ /^Z/ && $3 ~ /(^|\/)lanefs$/ { print $2, $3, $4, $5, $6 }' | sort; }
+# The database and object servers the volume's tests and the bench start (PostgreSQL, MinIO)
+# must be gone too; a system cluster that was running before is not theirs.
+live_servers() { ps -eo stat=,pid=,comm= | awk '$1 !~ /^Z/ && ($3 == "postgres" || $3 == "minio") { print $2, $3 }' | sort; }
 mounts_before=$(lanefs_mounts)
 daemons_before=$(live_daemons | awk '{ print $1 }')
+servers_before=$(live_servers | awk '{ print $1 }')
 
 uring_switch=/sys/module/fuse/parameters/enable_uring
 if [ -w "$uring_switch" ]; then
@@ -49,10 +53,15 @@ rm -rf "$bench_out"
 # Nothing the tests started may outlive them.
 new_mounts=$(comm -13 <(echo "$mounts_before") <(lanefs_mounts) | grep . || true)
 new_daemons=$(live_daemons | awk -v before=" $(echo $daemons_before) " 'index(before, " " $1 " ") == 0' || true)
-if [ -n "$new_mounts" ] || [ -n "$new_daemons" ]; then
-  echo "tests left lanefs mounts or daemons behind:" >&2
+new_servers() { live_servers | awk -v before=" $(echo $servers_before) " 'index(before, " " $1 " ") == 0' || true; }
+# (A stopped PostgreSQL's backends exit a moment after its postmaster: give them 5 s.)
+for _ in $(seq 10); do [ -z "$(new_servers)" ] && break; sleep 0.5; done
+new_servers=$(new_servers)
+if [ -n "$new_mounts" ] || [ -n "$new_daemons" ] || [ -n "$new_servers" ]; then
+  echo "tests left lanefs mounts, daemons or servers behind:" >&2
   [ -z "$new_mounts" ] || echo "$new_mounts" >&2
   [ -z "$new_daemons" ] || echo "$new_daemons" >&2
+  [ -z "$new_servers" ] || echo "$new_servers" >&2
   exit 1
 fi
 echo "all tests passed"
