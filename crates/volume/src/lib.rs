@@ -1,6 +1,6 @@
-//! lanefs's volume: a file system whose metadata lives in a [`meta::MetaStore`] (SQLite now,
-//! PostgreSQL next) and whose file data lives as immutable blocks in an object store (a local
-//! directory now, S3 next). See ARCHITECTURE.md, "Volume".
+//! lanefs's volume: a file system whose metadata lives in a [`meta::MetaStore`] (SQLite for
+//! one mount, PostgreSQL for many) and whose file data lives as immutable blocks in an object
+//! store (a local directory or an S3 bucket). See ARCHITECTURE.md, "Volume".
 
 pub mod blocks;
 pub mod dump;

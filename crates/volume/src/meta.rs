@@ -1,6 +1,6 @@
 //! `MetaStore`: the metadata operations the volume's file system calls. Records in, records
-//! and errnos out; no SQL leaves the store, so PostgreSQL (issue 14) is a second
-//! implementation of this trait, not a change to the file system.
+//! and errnos out; no SQL leaves the store, so the file system is the same on SQLite and on
+//! PostgreSQL (both served by one implementation, `store::SqlStore`).
 //!
 //! Reads run on the caller's thread (`queue` picks a connection). Changes are handed to the
 //! store with a completion, [`Done`], which the store calls once, after the transaction that
