@@ -1462,6 +1462,38 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// A mount whose session the others ended (its daemon stopped for longer than the
+    /// expiry: a paused VM, a long stall) refuses every change once it runs again, since
+    /// what it would commit could refer to the blocks, orphans or locks the others freed
+    /// with its session; what it committed before stays, and the volume stays clean.
+    #[test]
+    fn a_mount_whose_session_was_ended_refuses_changes() {
+        let Some(volume) = Volume::format_on_postgres("fenced") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::write(a.path("before"), b"before").unwrap();
+        let signal = |sig: &str| run_ok(Command::new("kill").arg(sig).arg(a.pid.to_string()));
+        signal("-STOP");
+        wait_for_sessions(&volume, 1);
+        signal("-CONT");
+        // Its heartbeat (every 2 s) finds the session gone.
+        std::thread::sleep(Duration::from_secs(3));
+        let err = std::fs::File::create(a.path("after"))
+            .and_then(|mut f| {
+                f.write_all(&content(2, 200 * KIB))?;
+                f.sync_all()
+            })
+            .expect_err("a mount whose session had ended committed a change");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+        a.unmount();
+        assert_eq!(std::fs::read(b.path("before")).unwrap(), b"before");
+        assert!(!b.path("after").exists(), "the refused create is there");
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// PostgreSQL stopped (as a crash: immediate) and started again while files are written
     /// and fsynced: operations wait for it (or fail), every file whose fsync returned is
     /// there byte for byte, and writes go on by themselves once it is back.

@@ -600,7 +600,7 @@ impl FileState {
         let released = match meta::wait(|done| store.update_data(update, done)) {
             Ok(released) => released,
             Err(e) => {
-                self.discard(dp, &uploaded);
+                self.discard_unreferenced(dp, store, &uploaded);
                 return Err(e);
             }
         };
@@ -626,6 +626,31 @@ impl FileState {
             dp.forget_cached(*b);
         }
         Ok(released)
+    }
+
+    /// Blocks written for a change whose commit failed. The store answers EIO also when
+    /// the connection was lost at COMMIT, whose outcome is unknown (PostgreSQL may have
+    /// committed the rows that refer to them): only the blocks no row refers to are
+    /// discarded, and when that cannot be read, none (gc deletes them later).
+    fn discard_unreferenced(&self, dp: &DataPath, store: &dyn MetaStore, uploaded: &[u64]) {
+        let (Some(&lo), Some(&hi)) = (uploaded.iter().min(), uploaded.iter().max()) else {
+            return;
+        };
+        match store.blocks_between(lo, hi + 1) {
+            Ok(referenced) => {
+                let referenced: HashSet<u64> = referenced.into_iter().collect();
+                let unreferenced: Vec<u64> = uploaded
+                    .iter()
+                    .copied()
+                    .filter(|b| !referenced.contains(b))
+                    .collect();
+                self.discard(dp, &unreferenced);
+            }
+            Err(e) => tracing::warn!(
+                "volume: the blocks of inode {} whose commit failed are left for gc (errno {e} reading whether a row refers to them)",
+                self.ino
+            ),
+        }
     }
 
     /// Blocks written for a change that did not commit: nothing refers to them.

@@ -88,15 +88,21 @@ fn hold_sqlite(db: &Path) -> Result<Held<SqliteConn>, String> {
 fn hold_postgres(url: &str) -> Result<Held<PgConn>, String> {
     let target = PgTarget::parse(url)?;
     let mut conn = target.connect()?;
-    volume::migrate(&mut conn, "BYTEA", url)?;
-    let settings: Settings = volume::check_settings(&mut conn, url, "a PostgreSQL")?;
-    let live = volume::live_sessions(&mut conn, crate::now_ns());
+    if postgres::volume_tables(&mut conn)? == 0 {
+        return Err(format!(
+            "{url} is a PostgreSQL database but not a lanefs volume"
+        ));
+    }
+    // Live mounts first: the upgrade must not run under them.
+    let live = volume::live_sessions(&mut conn, crate::now_ns(), url)?;
     if live > 0 {
         return Err(format!(
             "{url} is mounted ({live} live sessions); unmount it everywhere first (a killed mount's session ends {} s after its last heartbeat)",
             postgres::SESSION_EXPIRY.as_secs()
         ));
     }
+    volume::migrate(&mut conn, "BYTEA", url)?;
+    let settings: Settings = volume::check_settings(&mut conn, url, "a PostgreSQL")?;
     let blocks = volume::open_blocks(Path::new(url), &settings)?;
     Ok(Held {
         conn,

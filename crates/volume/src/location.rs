@@ -55,6 +55,17 @@ impl DataLocation {
                 "--s3-endpoint {e}: give a URL starting with http:// or https://"
             ));
         }
+        // Credentials in the endpoint (http://KEY:SECRET@host) would be stored in the
+        // volume's settings and shown by `status`; not echoed here either.
+        if let Some(e) = endpoint
+            && e.split_once("://")
+                .is_some_and(|(_, rest)| rest.split('/').next().is_some_and(|a| a.contains('@')))
+        {
+            return Err(
+                "--s3-endpoint must not carry credentials (KEY:SECRET@ in the URL); give them in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or the credentials file"
+                    .to_string(),
+            );
+        }
         let location = S3Location {
             bucket: bucket.to_owned(),
             prefix: prefix.trim_matches('/').to_owned(),
@@ -266,6 +277,19 @@ mod tests {
         assert!(DataLocation::from_arg("/srv/data", Some("http://x"), None).is_err());
         assert!(DataLocation::from_arg("s3:///prefix", None, None).is_err());
         assert!(DataLocation::from_arg("s3://b/p", Some("ftp://x"), None).is_err());
+    }
+
+    #[test]
+    fn an_endpoint_with_credentials_is_refused_without_echoing_them() {
+        let e = DataLocation::from_arg("s3://b/p", Some("http://key:secret@127.0.0.1:9000"), None)
+            .unwrap_err();
+        assert!(
+            e.contains("AWS_ACCESS_KEY_ID") && !e.contains("key:secret"),
+            "{e}"
+        );
+        assert!(
+            DataLocation::from_arg("s3://b/p", Some("http://127.0.0.1:9000/x@y"), None).is_ok()
+        );
     }
 
     #[test]

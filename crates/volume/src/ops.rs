@@ -233,6 +233,14 @@ pub struct Writer<C> {
     pub log_changes: bool,
     /// The session's change-log count (the low bits of seq).
     changes_logged: u64,
+    /// The session's row was found gone (another mount ended it after its heartbeat
+    /// stopped, so it may have freed this session's orphans, locks and uncommitted blocks):
+    /// every later change is refused with EIO, since committing it could refer to what was
+    /// freed. The mount must be remounted.
+    pub fenced: bool,
+    /// Check the session's row before the next batch: set after a lost connection came
+    /// back, since the others may have ended this session meanwhile.
+    pub session_check: bool,
 }
 
 impl<C: Tx> Writer<C> {
@@ -244,7 +252,20 @@ impl<C: Tx> Writer<C> {
             end_ino: 0,
             log_changes: false,
             changes_logged: 0,
+            fenced: false,
+            session_check: false,
         }
+    }
+
+    /// Refuses every later change (see `fenced`), with one log line.
+    fn fence(&mut self) {
+        if !self.fenced {
+            tracing::error!(
+                "volume: session {} was ended by another mount (its heartbeat stopped for longer than the expiry); every change is refused from now on: unmount and mount again",
+                self.session
+            );
+        }
+        self.fenced = true;
     }
 
     /// Logs a change for the other mounts (a shared volume only): one row.
@@ -875,7 +896,30 @@ pub fn forget_blocks<C: Tx>(w: &mut Writer<C>, blocks: &[u64]) -> Result<(), Err
 /// Rewrites the session's heartbeat (also what a sync commits: see the stores).
 pub fn heartbeat<C: Tx>(w: &mut Writer<C>, now_ns: i64) -> Result<(), Errno> {
     let session = w.session;
-    w.tx().execute(HEARTBEAT_SQL, &args![now_ns, session])?;
+    if w.tx().execute(HEARTBEAT_SQL, &args![now_ns, session])? == 0 {
+        w.fence();
+        return Err(libc::EIO);
+    }
+    Ok(())
+}
+
+/// Whether the session's row is still there, read under a share lock so that another
+/// mount's expiry (which deletes it) cannot commit between this check and the end of the
+/// batch that made it (PostgreSQL; run only for shared volumes).
+pub fn check_session<C: Tx>(w: &mut Writer<C>) -> Result<(), Errno> {
+    let session = w.session;
+    let alive = w
+        .tx()
+        .query_opt(
+            "SELECT 1 FROM sessions WHERE id = ? FOR SHARE",
+            &args![session],
+        )?
+        .is_some();
+    if !alive {
+        w.fence();
+        return Err(libc::EIO);
+    }
+    w.session_check = false;
     Ok(())
 }
 

@@ -34,11 +34,26 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
 /// heartbeats), by a mount that has itself been beating for that long (see `store.rs`).
 pub const SESSION_EXPIRY: Duration = Duration::from_secs(15);
 /// How long a lost connection is tried again before the operations waiting on it get EIO.
-pub const RECONNECT_WAIT_MAX: Duration = Duration::from_secs(30);
+/// Shorter than `SESSION_EXPIRY`: a mount cut off from the database gives up (EIO) before
+/// the others can end its session, so it never commits after they did.
+pub const RECONNECT_WAIT_MAX: Duration = Duration::from_secs(10);
 /// The wait between two tries at reconnecting.
 pub const RECONNECT_BACKOFF: Duration = Duration::from_millis(250);
 /// One try at connecting gives up after this long.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection whose server stops answering is declared lost after this long without an
+/// acknowledgement of what we sent (TCP_USER_TIMEOUT), or after idle keepalive probes:
+/// without them a one-sided partition leaves a query blocked for TCP's ~15 minutes.
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+/// Server-side bounds on what one of our sessions can hold up for the others: a transaction
+/// left idle (its mount frozen or cut off in the middle of a batch) is ended after this
+/// long, letting go of the row locks it held (a create holds its parent directory's row
+/// until COMMIT), and a statement waiting for a row lock gives up after `LOCK_TIMEOUT` and
+/// its batch is run again (55P03 is a retry, as a deadlock is). Our transactions never sit
+/// idle: their statements run back to back.
+pub const SERVER_OPTIONS: &str =
+    "-c idle_in_transaction_session_timeout=10000 -c lock_timeout=5000";
 
 /// The MetaStore on a PostgreSQL database.
 pub type PgStore = SqlStore<PgConn>;
@@ -71,9 +86,10 @@ impl PgTarget {
     /// show in `ps`, /proc/mounts and the logs); it comes from PGPASSWORD or the password
     /// file (PGPASSFILE, else ~/.pgpass).
     pub fn parse(url: &str) -> Result<PgTarget, String> {
-        let mut config: Config = url
-            .parse()
-            .map_err(|e| format!("{url} is not a PostgreSQL URL ({e})"))?;
+        // The URL is not echoed: a malformed one may carry a password.
+        let mut config: Config = url.parse().map_err(|e| {
+            format!("the PostgreSQL URL is malformed ({e}); give postgres://user@host:port/db")
+        })?;
         if config.get_password().is_some() {
             return Err(
                 "a PostgreSQL URL must not carry a password (ps and /proc/mounts would show it); put it in PGPASSWORD or ~/.pgpass (PGPASSFILE) instead"
@@ -90,6 +106,10 @@ impl PgTarget {
             config.password(password);
         }
         config.connect_timeout(CONNECT_TIMEOUT);
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        config.keepalives(true);
+        config.keepalives_idle(KEEPALIVE_IDLE);
+        config.options(SERVER_OPTIONS);
         config.application_name("lanefs");
         Ok(PgTarget {
             url: url.to_string(),
@@ -233,6 +253,7 @@ fn error_of(e: &postgres::Error) -> DbError {
         DbError::Unique
     } else if *code == SqlState::T_R_SERIALIZATION_FAILURE
         || *code == SqlState::T_R_DEADLOCK_DETECTED
+        || *code == SqlState::LOCK_NOT_AVAILABLE
     {
         DbError::Retry(text)
     } else if *code == SqlState::DISK_FULL {
@@ -635,6 +656,14 @@ mod tests {
             numbered("UPDATE t SET a = ?, b = '?' WHERE c = ? AND d = ?"),
             "UPDATE t SET a = $1, b = '?' WHERE c = $2 AND d = $3"
         );
+    }
+
+    #[test]
+    fn a_malformed_url_is_not_echoed() {
+        let Err(e) = PgTarget::parse("postgres://me:secret@host:notaport/db") else {
+            panic!("a malformed URL was accepted");
+        };
+        assert!(!e.contains("secret"), "the refusal shows the password: {e}");
     }
 
     #[test]

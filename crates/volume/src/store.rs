@@ -363,6 +363,14 @@ fn run_batch<C: Conn>(w: &mut Writer<C>, batch: &mut [Box<dyn Job<C>>], sync: bo
             }
         };
     }
+    if w.fenced || (w.session_check && w.log_changes && ops::check_session(w).is_err()) {
+        if let Some(e) = w.conn.take_failure() {
+            w.conn.rollback();
+            return Run::Again(e);
+        }
+        w.conn.rollback();
+        return Run::Done(Err(libc::EIO));
+    }
     let took_range = match w.refill(batch.len() as u64) {
         Ok(took) => took,
         Err(e) => {
@@ -391,6 +399,11 @@ fn run_batch<C: Conn>(w: &mut Writer<C>, batch: &mut [Box<dyn Job<C>>], sync: bo
     let mut all_ok = true;
     for job in batch.iter_mut() {
         all_ok &= job.apply(w, savepoints);
+    }
+    if w.fenced {
+        // A heartbeat in this batch found the session gone: nothing of it may commit.
+        roll_back(w);
+        return Run::Done(Err(libc::EIO));
     }
     if let Some(e) = w.conn.take_failure() {
         roll_back(w);
@@ -445,6 +458,7 @@ fn commit_batch<C: Conn>(w: &mut Writer<C>, mut batch: Vec<Box<dyn Job<C>>>) {
                 if !w.conn.reconnect() {
                     break Err(libc::EIO);
                 }
+                w.session_check = true;
             }
             Run::Again(e) => {
                 if tries == 1 || tries % 5 == 0 {

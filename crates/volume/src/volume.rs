@@ -508,7 +508,7 @@ pub fn format_postgres(url: &str, data: DataLocation, force: bool) -> Result<Str
                 "{url} holds a lanefs volume already; add --force to replace it (everything in it is lost)"
             ));
         }
-        let live = live_sessions(&mut conn, now_ns());
+        let live = live_sessions(&mut conn, now_ns(), url)?;
         if live > 0 {
             return Err(format!(
                 "{url} is mounted ({live} live sessions); unmount it everywhere before replacing it"
@@ -529,16 +529,15 @@ pub fn format_postgres(url: &str, data: DataLocation, force: bool) -> Result<Str
 }
 
 /// Sessions of a shared volume whose heartbeat is recent (0 when there is no sessions table).
-pub fn live_sessions(tx: &mut dyn Tx, now: i64) -> u64 {
+/// A failure to read them is an error, never "none": a caller goes on to replace or repair.
+pub fn live_sessions(tx: &mut dyn Tx, now: i64, shown: &str) -> Result<u64, String> {
     let recent = now - postgres::SESSION_EXPIRY.as_nanos() as i64;
     tx.query_opt(
         "SELECT count(*) FROM sessions WHERE heartbeat_ns >= ?",
         &args![recent],
     )
-    .ok()
-    .flatten()
-    .and_then(|r| r.u64(0).ok())
-    .unwrap_or(0)
+    .and_then(|r| r.map_or(Ok(0), |r| r.u64(0)))
+    .map_err(|e| format!("{shown}: reading its sessions: {e}"))
 }
 
 /// Checks the volume, takes its lock, registers a session: the file system to serve, which
@@ -549,9 +548,19 @@ pub fn open_for_mount(
     options: VolumeOptions,
 ) -> Result<VolumeFs, String> {
     let db = &std::path::absolute(db).map_err(|e| format!("{}: {e}", db.display()))?;
+    // The lock first: `check` upgrades an older format, which must not happen under a
+    // mount that holds the volume (a missing or foreign file is named by `check`).
+    let lock = if db.exists() && looks_like_volume(db) {
+        Some(VolumeLock::take(db)?)
+    } else {
+        None
+    };
     let (conn, settings) = check(db, true)?;
     drop(conn);
-    let mut lock = VolumeLock::take(db)?;
+    let mut lock = match lock {
+        Some(lock) => lock,
+        None => VolumeLock::take(db)?,
+    };
     let blocks = open_blocks(db, &settings)?;
     lock.cover_data(&settings.data)?;
     let store = SqliteStore::open(db, &hostname(), &mountpoint.to_string_lossy(), now_ns())
