@@ -135,7 +135,7 @@ fn quick_engine_suite_writes_report_json_and_charts() {
 }
 
 /// One run of the create suite (minutes) checks both: anchors given by path that cannot run,
-/// and the volume's rows on the PostgreSQL the bench starts and stops itself.
+/// and the volume's rows on the PostgreSQL (and the MinIO) the bench starts and stops itself.
 #[test]
 fn quick_create_skips_anchors_that_cannot_run_and_measures_the_volume_on_postgres() {
     let out = TempDir::new("bench-anchors");
@@ -260,7 +260,40 @@ fn quick_create_skips_anchors_that_cannot_run_and_measures_the_volume_on_postgre
         ),
         "no two-mount ratio: {aims:?}"
     );
-    // The server the bench started is gone with its scratch directory.
+    // The volume on PostgreSQL + S3 (the MinIO the bench starts itself) over io_uring:
+    // measured, or skipped with a note where MinIO is not installed or io_uring is off.
+    let s3_system = "lanefs volume on PostgreSQL + S3 io_uring";
+    let s3_skip = skipped.iter().find(|s| s.starts_with(s3_system));
+    match s3_skip {
+        Some(why) => {
+            eprintln!("skipped: the PostgreSQL + S3 row ({why})");
+            assert!(
+                why.contains("MinIO is not installed") || why.contains("io_uring"),
+                "{why}"
+            );
+        }
+        None => {
+            let row = pg_rows
+                .iter()
+                .find(|r| {
+                    r["workload"] == "1000 x echo foobarbaz > $i"
+                        && r["system"]
+                            .as_str()
+                            .is_some_and(|s| s.starts_with(s3_system))
+                })
+                .unwrap_or_else(|| panic!("no create row on PostgreSQL + S3: {pg_rows:?}"));
+            assert_eq!(row["system_config"]["data"], "S3 (MinIO)", "{row}");
+            assert_eq!(row["system_config"]["transport"], "io_uring", "{row}");
+            let notes = json["notes"].as_array().unwrap();
+            assert!(
+                notes.iter().any(|n| n
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("MinIO") && n.contains("started by the bench"))),
+                "no note on the bench's MinIO: {notes:?}"
+            );
+        }
+    }
+    // The servers the bench started (PostgreSQL, MinIO) are gone with its scratch directory.
     let scratch = format!("lanefs-bench-{pid}");
     let left: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()

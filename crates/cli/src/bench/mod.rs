@@ -14,6 +14,7 @@ mod chart;
 mod cpu;
 mod fio;
 mod machine;
+mod minio;
 mod model;
 mod postgres;
 mod report;

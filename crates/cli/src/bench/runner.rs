@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::bench::anchors::{self, Anchors, External};
 use crate::bench::machine::Machine;
+use crate::bench::minio::S3Server;
 use crate::bench::model::{self, Row, RunRecord, Status, SuiteResult};
 use crate::bench::postgres::{PgServer, Unavailable};
 use crate::bench::systems::{self, MountGuard, OpenError, ScratchDir, SystemSpec, Target};
@@ -99,6 +100,8 @@ pub struct Ctx {
     pub passthrough: Option<Result<(), String>>,
     /// The PostgreSQL server the volume's rows on PostgreSQL share (None: not needed yet).
     postgres: Option<Result<PgServer, Unavailable>>,
+    /// The MinIO server the volume's rows on S3 share (None: not needed yet).
+    s3: Option<Result<S3Server, Unavailable>>,
     pub tmpfs_label: String,
     pub disk_label: String,
     work: PathBuf,
@@ -171,6 +174,7 @@ impl Ctx {
             cache,
             passthrough: None,
             postgres: None,
+            s3: None,
             tmpfs_label,
             disk_label,
             work,
@@ -262,6 +266,31 @@ impl Ctx {
             Some(Ok(server)) => Ok(server),
             Some(Err(why)) => Err(why.clone()),
             None => Err(Unavailable::Failed("PostgreSQL was not started".into())),
+        }
+    }
+
+    /// The bench's MinIO server, started on the first call.
+    pub fn s3(&mut self) -> Result<&mut S3Server, Unavailable> {
+        if self.s3.is_none() {
+            let started = self
+                .scratch_disk("minio")
+                .map_err(Unavailable::Failed)
+                .and_then(S3Server::start);
+            if let Ok(server) = &started {
+                self.notes.push(format!(
+                    "MinIO {} for the volume's rows on S3: started by the bench, its data \
+                     on the {} (one bucket, a prefix per volume), reached over loopback HTTP; \
+                     its CPU time is not in the rows' server CPU",
+                    server.version(),
+                    self.disk_label
+                ));
+            }
+            self.s3 = Some(started);
+        }
+        match &mut self.s3 {
+            Some(Ok(server)) => Ok(server),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err(Unavailable::Failed("MinIO was not started".into())),
         }
     }
 
@@ -473,8 +502,9 @@ fn push_rows(
 impl Drop for Ctx {
     fn drop(&mut self) {
         self.pb.finish_and_clear();
-        // The server before the tmpfs its data directory is on (no mount uses it by now).
+        // The servers before the tmpfs (no mount uses them by now).
         self.postgres.take();
+        self.s3.take();
         // Anything still mounted below the work dir (there should be nothing) goes first.
         let tmpfs = self.tmpfs_guard.as_ref().map(|g| g.mountpoint.clone());
         let mut stray: Vec<PathBuf> = systems::mounts_under(&self.work)

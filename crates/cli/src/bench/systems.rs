@@ -1,6 +1,7 @@
 //! The systems a bench measures, mounted behind guards: every mount is unmounted (lazily if
 //! busy) and every server stopped when its guard drops, on success, error, panic or Ctrl-C.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -92,14 +93,16 @@ pub enum SystemSpec {
         uring: bool,
     },
     /// lanefs's volume on the bench's PostgreSQL (its metadata; blocks in a local directory
-    /// on the bench's tmpfs), over io_uring or `queues` cloned /dev/fuse fds, with
-    /// `--async-commit` or not, mounted `mounts` times (separate daemons, as separate machines
-    /// would mount it); skipped with a note where PostgreSQL is not installed.
+    /// on the bench's tmpfs, or with `s3` in a prefix of the bench's MinIO bucket), over
+    /// io_uring or `queues` cloned /dev/fuse fds, with `--async-commit` or not, mounted
+    /// `mounts` times (separate daemons, as separate machines would mount it); skipped with a
+    /// note where PostgreSQL (or MinIO) is not installed.
     LanefsVolumePg {
         queues: usize,
         uring: bool,
         async_commit: bool,
         mounts: usize,
+        s3: bool,
     },
     /// JuiceFS with SQLite metadata and a local directory (`--anchor juicefs=PATH`): skipped
     /// with a note: the bench has no step yet that formats and mounts a JuiceFS volume.
@@ -149,8 +152,10 @@ impl SystemSpec {
                 uring,
                 async_commit,
                 mounts,
+                s3,
             } => format!(
-                "lanefs volume on PostgreSQL {}{}{}",
+                "lanefs volume on PostgreSQL {}{}{}{}",
+                if *s3 { "+ S3 " } else { "" },
                 if *uring {
                     format!("io_uring d{}", lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH)
                 } else {
@@ -238,10 +243,13 @@ impl SystemSpec {
                 uring,
                 async_commit,
                 mounts,
+                s3,
             } => json!({"system": "lanefs",
-                "fs": "volume", "metadata": "PostgreSQL", "data": "local directory",
+                "fs": "volume", "metadata": "PostgreSQL",
+                "data": if *s3 { "S3 (MinIO)" } else { "local directory" },
                 "async_commit": async_commit, "mounts": mounts,
                 "postgres_data": ctx.disk_label,
+                "s3_data": s3.then_some(&ctx.disk_label),
                 "queues": if *uring { possible_cpus() } else { *queues },
                 "queue_depth": uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH),
                 "backing": ctx.tmpfs_label, "extra_args": ctx.lanefs_args,
@@ -318,7 +326,7 @@ impl SystemSpec {
                 if let Some(size) = size {
                     args.extend(["--size".to_owned(), (*size).to_owned()]);
                 }
-                let guard = mount_lanefs(ctx, &args, "null:", &mp).map_err(OpenError::Fail)?;
+                let guard = mount_lanefs(ctx, &args, "null:", &mp, &[]).map_err(OpenError::Fail)?;
                 Ok(target(
                     Place::File(mp.join("data")),
                     true,
@@ -328,7 +336,7 @@ impl SystemSpec {
             SystemSpec::LanefsNullUring { depth } => {
                 let args = transport_args(0, Some(*depth))?;
                 let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
-                let guard = mount_lanefs(ctx, &args, "null:", &mp).map_err(OpenError::Fail)?;
+                let guard = mount_lanefs(ctx, &args, "null:", &mp, &[]).map_err(OpenError::Fail)?;
                 Ok(target(
                     Place::File(mp.join("data")),
                     true,
@@ -354,7 +362,7 @@ impl SystemSpec {
                     args.push("--no-passthrough".into());
                 }
                 let source = src.0.display().to_string();
-                match mount_lanefs(ctx, &args, &source, &mp) {
+                match mount_lanefs(ctx, &args, &source, &mp, &[]) {
                     Ok(guard) => {
                         ctx.passthrough = Some(Ok(()));
                         Ok(target(
@@ -379,9 +387,10 @@ impl SystemSpec {
                 let args = transport_args(*queues, depth)?;
                 let dir = ctx.scratch_tmpfs("volume").map_err(OpenError::Fail)?;
                 let db = dir.0.join("vol.db");
-                format_volume(ctx, &db, &dir.0.join("data")).map_err(OpenError::Fail)?;
+                format_volume(ctx, &db, dir.0.join("data").as_os_str(), &[], &[])
+                    .map_err(OpenError::Fail)?;
                 let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
-                let guard = mount_lanefs(ctx, &args, &db.display().to_string(), &mp)
+                let guard = mount_lanefs(ctx, &args, &db.display().to_string(), &mp, &[])
                     .map_err(OpenError::Fail)?;
                 Ok(target(
                     Place::Dir(mp),
@@ -394,27 +403,50 @@ impl SystemSpec {
                 uring,
                 async_commit,
                 mounts,
+                s3,
             } => {
                 let depth = uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH);
                 let mut args = transport_args(*queues, depth)?;
                 if *async_commit {
                     args.push("--async-commit".into());
                 }
-                let url = match ctx.postgres() {
-                    Ok(server) => server.createdb("vol").map_err(OpenError::Fail)?,
-                    Err(Unavailable::NotInstalled(why)) => return Err(OpenError::Skip(why)),
-                    Err(Unavailable::Failed(why)) => {
-                        return Err(OpenError::Fail(format!("PostgreSQL: {why}")));
-                    }
+                let unavailable = |server: &str, why| match why {
+                    Unavailable::NotInstalled(why) => OpenError::Skip(why),
+                    Unavailable::Failed(why) => OpenError::Fail(format!("{server}: {why}")),
                 };
+                // The bucket's prefix, its endpoint and the credentials, on S3.
+                let s3_access = if *s3 {
+                    let server = ctx.s3().map_err(|why| unavailable("MinIO", why))?;
+                    Some((
+                        server.new_prefix("vol"),
+                        server.endpoint(),
+                        server.credentials(),
+                    ))
+                } else {
+                    None
+                };
+                let url = ctx
+                    .postgres()
+                    .map_err(|why| unavailable("PostgreSQL", why))?
+                    .createdb("vol")
+                    .map_err(OpenError::Fail)?;
                 let dir = ctx.scratch_tmpfs("volume-pg").map_err(OpenError::Fail)?;
-                format_volume(ctx, Path::new(&url), &dir.0.join("data"))
+                let (data, format_args, env): (OsString, _, &[(&str, &str)]) = match &s3_access {
+                    Some((prefix, endpoint, credentials)) => (
+                        prefix.into(),
+                        vec!["--s3-endpoint".to_owned(), endpoint.clone()],
+                        &credentials[..],
+                    ),
+                    None => (dir.0.join("data").into_os_string(), Vec::new(), &[][..]),
+                };
+                format_volume(ctx, Path::new(&url), &data, &format_args, env)
                     .map_err(OpenError::Fail)?;
                 let mut guards = vec![Guard::Dir(dir)];
                 let mut mountpoints = Vec::new();
                 for _ in 0..*mounts {
                     let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
-                    let guard = mount_lanefs(ctx, &args, &url, &mp).map_err(OpenError::Fail)?;
+                    let guard =
+                        mount_lanefs(ctx, &args, &url, &mp, env).map_err(OpenError::Fail)?;
                     guards.push(Guard::Mount(guard));
                     mountpoints.push(mp);
                 }
@@ -765,13 +797,22 @@ impl Drop for MountGuard {
 }
 
 /// `lanefs mount --daemon ARGS SOURCE MP` with this very binary.
-fn mount_lanefs(ctx: &Ctx, args: &[String], source: &str, mp: &Path) -> Result<MountGuard, String> {
+/// `lanefs mount --daemon` of `source` on `mp`, with `env` added to its environment (an S3
+/// volume's credentials).
+fn mount_lanefs(
+    ctx: &Ctx,
+    args: &[String],
+    source: &str,
+    mp: &Path,
+    env: &[(&str, &str)],
+) -> Result<MountGuard, String> {
     let out = Command::new(&ctx.exe)
         .args(["mount", "--daemon"])
         .args(args)
         .args(&ctx.lanefs_args)
         .arg(source)
         .arg(mp)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("running {}: {e}", ctx.exe.display()))?;
@@ -793,13 +834,22 @@ fn mount_lanefs(ctx: &Ctx, args: &[String], source: &str, mp: &Path) -> Result<M
     }
 }
 
-/// `lanefs format VOLUME --data DATA` with this very binary.
-fn format_volume(ctx: &Ctx, volume: &Path, data: &Path) -> Result<(), String> {
+/// `lanefs format VOLUME --data DATA ARGS…` with this very binary, with `env` added to its
+/// environment (an S3 volume's credentials).
+fn format_volume(
+    ctx: &Ctx,
+    volume: &Path,
+    data: &OsStr,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> Result<(), String> {
     let out = Command::new(&ctx.exe)
         .arg("format")
         .arg(volume)
         .arg("--data")
         .arg(data)
+        .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("running {}: {e}", ctx.exe.display()))?;

@@ -87,6 +87,7 @@ pub fn plan_create(ctx: &Ctx) -> SuitePlan {
             uring: false,
             async_commit: false,
             mounts: 2,
+            s3: false,
         }],
         &[
             shared_create_workload(files_each, 1),

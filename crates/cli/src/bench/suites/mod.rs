@@ -200,15 +200,21 @@ fn is_on_postgres(system: &str) -> bool {
 }
 
 /// lanefs's volume on PostgreSQL (issue 14), one mount: over `cores` cloned /dev/fuse
-/// queues and io_uring, and over io_uring with `--async-commit`.
-fn volumes_on_postgres(cores: usize) -> [SystemSpec; 3] {
-    [(false, false), (true, false), (true, true)].map(|(uring, async_commit)| {
-        SystemSpec::LanefsVolumePg {
-            queues: cores,
-            uring,
-            async_commit,
-            mounts: 1,
-        }
+/// queues and io_uring, over io_uring with `--async-commit`, and over io_uring with its
+/// blocks on S3 (the shared configuration: metadata and data both off the machine).
+fn volumes_on_postgres(cores: usize) -> [SystemSpec; 4] {
+    [
+        (false, false, false),
+        (true, false, false),
+        (true, true, false),
+        (true, false, true),
+    ]
+    .map(|(uring, async_commit, s3)| SystemSpec::LanefsVolumePg {
+        queues: cores,
+        uring,
+        async_commit,
+        mounts: 1,
+        s3,
     })
 }
 
