@@ -14,23 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::volume::Volume;
-use common::{TempDir, is_mounted, process_alive, run_ok, wait_until};
+use common::{TempDir, content, diff_r, is_mounted, process_alive, run_ok, wait_until};
 
 const KIB: usize = 1024;
 const MIB: usize = 1 << 20;
-
-/// Deterministic bytes for file `i`.
-fn content(i: usize, len: usize) -> Vec<u8> {
-    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// A file's size in the generated trees: mostly small (inline on the volume), some above
 /// 64 KiB (blocks), a few above 1 MiB (several chunks), one empty.
@@ -58,24 +45,6 @@ fn make_tree(root: &Path, files: usize) {
     std::os::unix::fs::symlink("d1/s1/f1.c", root.join("link-to-f1")).unwrap();
     std::fs::hard_link(root.join(rel(2)), root.join("hard-f2")).unwrap();
     std::fs::create_dir_all(root.join("empty/dir")).unwrap();
-}
-
-fn diff_r(a: &Path, b: &Path) {
-    let out = Command::new("diff")
-        .arg("-r")
-        .arg("--no-dereference")
-        .arg(a)
-        .arg(b)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "diff -r {} {}:\n{}{}",
-        a.display(),
-        b.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Block objects in a volume's data directory.

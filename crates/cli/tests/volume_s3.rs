@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::minio::{Minio, S3Volume, SECRET_KEY};
-use common::{TempDir, process_alive, run_ok, wait_until};
+use common::{TempDir, content, diff_r, process_alive, run_ok, wait_until};
 
 const KIB: usize = 1024;
 const MIB: usize = 1 << 20;
@@ -31,19 +31,6 @@ fn minio(tag: &str) -> Option<Minio> {
             None
         }
     }
-}
-
-/// Deterministic bytes for file `i`.
-fn content(i: usize, len: usize) -> Vec<u8> {
-    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Sizes in the tree: mostly small (inline: no object), every 11th above 64 KiB (one
@@ -68,24 +55,6 @@ fn blocks_of_tree(files: usize) -> usize {
             _ => 0,
         })
         .sum()
-}
-
-fn diff_r(a: &Path, b: &Path) {
-    let out = Command::new("diff")
-        .arg("-r")
-        .arg("--no-dereference")
-        .arg(a)
-        .arg(b)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "diff -r {} {}:\n{}{}",
-        a.display(),
-        b.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]

@@ -8,6 +8,39 @@ pub mod postgres;
 pub mod subject;
 pub mod volume;
 
+/// Asserts that `diff -r --no-dereference` finds the two trees equal.
+pub fn diff_r(a: &std::path::Path, b: &std::path::Path) {
+    let out = std::process::Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg(a)
+        .arg(b)
+        .output()
+        .expect("running diff");
+    assert!(
+        out.status.success(),
+        "diff -r {} {}:\n{}{}",
+        a.display(),
+        b.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Deterministic bytes for file `i` (xorshift from a seed of `i`): what a test writes and
+/// later compares with what it reads back.
+pub fn content(i: usize, len: usize) -> Vec<u8> {
+    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
