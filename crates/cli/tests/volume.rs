@@ -1531,7 +1531,8 @@ mod on_postgres {
             assert!(got == content(*i, size_of(*i)), "fsynced file {i} differs");
         }
         m.unmount();
-        volume.assert_clean();
+        // A write that failed while PostgreSQL was away may have left its blocks to gc.
+        volume.assert_clean_after_gc();
     }
 
     /// Inode numbers past 2^32 (a long-lived shared volume's) go through every statement:

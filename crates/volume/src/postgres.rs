@@ -33,10 +33,11 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
 /// A session whose heartbeat is older than this is ended by the others (seven missed
 /// heartbeats), by a mount that has itself been beating for that long (see `store.rs`).
 pub const SESSION_EXPIRY: Duration = Duration::from_secs(15);
-/// How long a lost connection is tried again before the operations waiting on it get EIO.
-/// Shorter than `SESSION_EXPIRY`: a mount cut off from the database gives up (EIO) before
-/// the others can end its session, so it never commits after they did.
-pub const RECONNECT_WAIT_MAX: Duration = Duration::from_secs(10);
+/// How long a lost connection is tried again before the operations waiting on it get EIO:
+/// long enough for a restart with crash recovery on a loaded machine. It may outlast
+/// `SESSION_EXPIRY`: the first batch after a reconnect checks that the session still exists
+/// (`ops::check_session`), so a mount the others ended meanwhile commits nothing.
+pub const RECONNECT_WAIT_MAX: Duration = Duration::from_secs(30);
 /// The wait between two tries at reconnecting.
 pub const RECONNECT_BACKOFF: Duration = Duration::from_millis(250);
 /// One try at connecting gives up after this long.

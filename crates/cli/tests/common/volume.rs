@@ -101,4 +101,30 @@ impl Volume {
         let (ok, out) = self.fsck(false);
         assert!(ok && out.contains("clean"), "fsck is not clean:\n{out}");
     }
+
+    /// Asserts that fsck finds nothing but blocks no file refers to, which a flush whose
+    /// commit failed leaves to gc when it cannot read whether its rows committed (the
+    /// database was still away), and that it finds nothing once gc ran.
+    pub fn assert_clean_after_gc(&self) {
+        let (ok, out) = self.fsck(false);
+        if !ok {
+            let problems: Vec<&str> = out.lines().filter(|l| l.starts_with("block ")).collect();
+            assert!(
+                !problems.is_empty()
+                    && problems.iter().all(|l| l.ends_with("no file refers to it")),
+                "fsck found more than blocks left by failed flushes:\n{out}"
+            );
+            let gc = Command::new(lanefs())
+                .arg("gc")
+                .arg(&self.db)
+                .output()
+                .expect("running lanefs gc");
+            assert!(
+                gc.status.success(),
+                "{}",
+                String::from_utf8_lossy(&gc.stderr)
+            );
+        }
+        self.assert_clean();
+    }
 }
