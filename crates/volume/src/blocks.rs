@@ -7,6 +7,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -270,17 +271,29 @@ impl ObjectBlockStore {
 impl BlockStore for ObjectBlockStore {
     fn put(&self, blocks: Vec<(u64, Bytes)>) -> io::Result<()> {
         let store = &self.store;
+        let failed = AtomicBool::new(false);
+        let failed = &failed;
         self.runtime.block_on(async {
             let mut puts = futures::stream::iter(blocks.into_iter().map(|(id, data)| async move {
-                store.put(&key(id), PutPayload::from(data)).await
+                if failed.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                store.put(&key(id), PutPayload::from(data)).await.map(drop)
             }))
             .buffer_unordered(PUTS_IN_FLIGHT);
-            // The first failure ends the put (the others in flight are dropped, cancelled):
-            // the flush fails as a whole and discards what was written.
+            // After the first failure no new put starts, and those in flight are awaited,
+            // not dropped: a dropped put may still land after the flush has discarded its
+            // block (the local store writes in a blocking task that runs on when its future
+            // is dropped; an S3 request may already be at the server), leaving a block that
+            // nothing refers to on a disk that may be the full one.
+            let mut first_error = None;
             while let Some(result) = puts.next().await {
-                result.map_err(|e| self.error(e))?;
+                if let Err(e) = result {
+                    failed.store(true, Ordering::Relaxed);
+                    first_error.get_or_insert(e);
+                }
             }
-            Ok(())
+            first_error.map_or(Ok(()), |e| Err(self.error(e)))
         })
     }
 
