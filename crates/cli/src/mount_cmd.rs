@@ -124,6 +124,12 @@ pub struct MountArgs {
     /// the disk (as SQLite volumes do); fsync, fsyncdir and syncfs still wait for the disk.
     #[arg(long)]
     pub async_commit: bool,
+    /// Volume: wait for the commit of every create, mkdir, unlink and rmdir before answering
+    /// it (for A/B runs). By default a volume one mount holds answers those it can before
+    /// they commit; fsync and close report a commit that then failed. `-o sync` and
+    /// `-o dirsync` imply it.
+    #[arg(long)]
+    pub no_async_dirops: bool,
     /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -313,6 +319,8 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
             parallel_writes: !args.no_parallel_writes,
             atime: atime_of(options::mount_flags(args)),
             flush_on_close: !args.no_flush_on_close,
+            async_dirops: !args.no_async_dirops
+                && options::mount_flags(args) & (libc::MS_SYNCHRONOUS | libc::MS_DIRSYNC) == 0,
             ..VolumeOptions::default()
         };
         if let Some(secs) = args.attr_timeout {

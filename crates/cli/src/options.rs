@@ -162,6 +162,7 @@ pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
             "no_killpriv_v2" => args.no_killpriv_v2 = true,
             "no_file_handles" => args.no_file_handles = true,
             "no_flush_on_close" | "noflush" => args.no_flush_on_close = true,
+            "no_async_dirops" => args.no_async_dirops = true,
             "allow_other" => args.allow_other = true,
             "default_permissions" => args.default_permissions = true,
             "fsname" => args.fsname = Some(need("NAME")?.to_owned()),
@@ -290,6 +291,16 @@ mod tests {
         }
         let w = Wrapper::parse_from(["t", "--no-flush-on-close", "/srv", "/mnt"]);
         assert!(w.args.no_flush_on_close);
+    }
+
+    #[test]
+    fn no_async_dirops_as_flag_and_option() {
+        let mut w = Wrapper::parse_from(["t", "/srv", "/mnt"]);
+        assert!(!w.args.no_async_dirops);
+        apply(&mut w.args, &["rw,no_async_dirops".into()]).unwrap();
+        assert!(w.args.no_async_dirops);
+        let w = Wrapper::parse_from(["t", "--no-async-dirops", "/srv", "/mnt"]);
+        assert!(w.args.no_async_dirops);
     }
 
     #[test]

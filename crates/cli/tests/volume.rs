@@ -847,6 +847,18 @@ fn gc_deletes_blocks_no_file_refers_to() {
 
 #[test]
 fn a_full_metadata_disk_gives_enospc_and_the_volume_goes_on_after() {
+    full_metadata_disk(false);
+}
+
+/// With creates answered before their commit, the commit that finds the disk full reports
+/// at the file's fsync: every file whose fsync succeeded is there after, and the volume goes
+/// on once there is room.
+#[test]
+fn a_full_metadata_disk_fails_the_fsync_of_an_early_answered_create() {
+    full_metadata_disk(true);
+}
+
+fn full_metadata_disk(async_dirops: bool) {
     let tmpfs = common::Tmpfs::new("1M");
     let dir = TempDir::new("vol-dbfull");
     let db = tmpfs.path.join("vol.db");
@@ -858,18 +870,38 @@ fn a_full_metadata_disk_gives_enospc_and_the_volume_goes_on_after() {
         data.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let m = common::Mount::start(db.to_str().unwrap(), &[]);
+    let args: &[&str] = if async_dirops {
+        &[]
+    } else {
+        &["--no-async-dirops"]
+    };
+    let m = common::Mount::start(db.to_str().unwrap(), args);
     // Long names fill the metadata quickly.
     let name = |i: usize| format!("{i:06}-{}", "n".repeat(200));
     let mut made = 0;
     let err = loop {
-        match std::fs::File::create(m.path(&name(made))) {
-            Ok(_) => made += 1,
+        let made_one = std::fs::File::create(m.path(&name(made))).and_then(|f| {
+            if async_dirops {
+                f.sync_all()?;
+            }
+            Ok(())
+        });
+        match made_one {
+            Ok(()) => made += 1,
             Err(e) => break e,
         }
         assert!(made < 100_000, "the metadata never filled 1 MiB");
     };
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let early = m.counter("async_dirops");
+    if async_dirops {
+        assert!(
+            early >= made as u64,
+            "{early} creates answered early of {made}"
+        );
+    } else {
+        assert_eq!(early, 0);
+    }
     run_ok(
         Command::new("mount")
             .args(["-o", "remount,size=64M"])
@@ -887,6 +919,170 @@ fn a_full_metadata_disk_gives_enospc_and_the_volume_goes_on_after() {
         String::from_utf8_lossy(&out.stdout),
         stderr(&out)
     );
+}
+
+/// A change answered before its commit whose commit then fails (a trigger planted in the
+/// database refuses one name) is never silent: the file's fsync and close fail, so does the
+/// directory's fsync for an unlink, the log names it, `lanefs stats` counts it, and the name
+/// is as the database has it (the create's gone, the unlinked file back).
+#[test]
+fn an_early_answered_change_that_fails_at_commit_fails_fsync_and_close() {
+    use std::os::fd::IntoRawFd;
+    let volume = Volume::format("early-fail");
+    let log = volume.dir.path().join("daemon.log");
+    let m = volume.mount(&["--log", log.to_str().unwrap()]);
+    std::fs::write(m.path("kept"), b"kept").unwrap();
+    std::fs::File::open(m.path("kept"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_doomed BEFORE INSERT ON entries WHEN NEW.name = CAST('doomed' AS BLOB)
+             BEGIN SELECT RAISE(ABORT, 'injected by the test'); END;
+         CREATE TRIGGER refuse_unlink BEFORE DELETE ON entries WHEN OLD.name = CAST('kept' AS BLOB)
+             BEGIN SELECT RAISE(ABORT, 'injected by the test'); END;",
+    )
+    .unwrap();
+    let before = m.counter("async_dirops");
+    // Answered at once (nothing was wrong with it as far as the mount could tell)...
+    let mut doomed = std::fs::File::create(m.path("doomed")).unwrap();
+    assert_eq!(m.counter("async_dirops"), before + 1, "not answered early");
+    doomed.write_all(b"lost").unwrap();
+    // ...and refused at the commit: fsync and close say so.
+    let err = doomed.sync_all().unwrap_err();
+    assert!(err.raw_os_error().is_some(), "{err}");
+    let fd = doomed.into_raw_fd();
+    // SAFETY: fd came from into_raw_fd above and is closed once, here.
+    let closed = unsafe { libc::close(fd) };
+    assert_eq!(closed, -1, "close of a file whose create failed succeeded");
+    assert_eq!(m.counter("async_dirop_errors"), 1);
+    let gone = wait_until(Duration::from_secs(5), || !m.path("doomed").exists());
+    assert!(gone, "the failed create's name is still there");
+    // An unlink answered early and refused at the commit: the directory's fsync fails once,
+    // and the file is back with its bytes.
+    std::fs::remove_file(m.path("kept")).unwrap();
+    let root = std::fs::File::open(&m.mountpoint).unwrap();
+    assert!(root.sync_all().is_err(), "fsync of the directory succeeded");
+    root.sync_all().unwrap();
+    drop(root);
+    assert_eq!(m.counter("async_dirop_errors"), 2);
+    let back = wait_until(Duration::from_secs(5), || m.path("kept").exists());
+    assert!(back, "the file whose unlink failed is not back");
+    assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"kept");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("\"doomed\""), "{logged}");
+    assert!(logged.contains("\"kept\""), "{logged}");
+    db.execute_batch("DROP TRIGGER refuse_doomed; DROP TRIGGER refuse_unlink;")
+        .unwrap();
+    drop(db);
+    // The volume goes on: the same names work now.
+    std::fs::write(m.path("doomed"), b"now").unwrap();
+    std::fs::remove_file(m.path("kept")).unwrap();
+    m.unmount();
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    assert_eq!(std::fs::read(m.path("doomed")).unwrap(), b"now");
+    assert!(!m.path("kept").exists());
+    m.unmount();
+}
+
+/// A new small file's bytes are committed after its close returns; a commit that then
+/// fails (a trigger refuses those bytes) is counted, logged, and returned by the file's next
+/// fsync, once.
+#[test]
+fn a_new_files_bytes_that_fail_at_commit_after_close_fail_the_next_fsync() {
+    let volume = Volume::format("early-data-fail");
+    let log = volume.dir.path().join("daemon.log");
+    let m = volume.mount(&["--log", log.to_str().unwrap()]);
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_bytes BEFORE UPDATE OF inline_data ON inodes
+             WHEN NEW.inline_data = CAST('refused' AS BLOB)
+             BEGIN SELECT RAISE(ABORT, 'injected by the test'); END;",
+    )
+    .unwrap();
+    let before = m.counter("async_dirops");
+    std::fs::write(m.path("f"), b"refused").unwrap();
+    std::fs::write(m.path("g"), b"accepted").unwrap();
+    // Both creates and both files' bytes were answered before their commits.
+    assert_eq!(m.counter("async_dirops"), before + 4);
+    let f = std::fs::File::open(m.path("f")).unwrap();
+    assert!(
+        f.sync_all().is_err(),
+        "fsync after a failed commit succeeded"
+    );
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(m.counter("async_dirop_errors"), 1);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("committed after its close returned"),
+        "{logged}"
+    );
+    assert_eq!(std::fs::read(m.path("g")).unwrap(), b"accepted");
+    db.execute_batch("DROP TRIGGER refuse_bytes").unwrap();
+    drop(db);
+    m.unmount();
+    volume.assert_clean();
+}
+
+/// Trees made and removed with changes answered before their commit: each step sees the
+/// last one's result at once (link counts, listings, names reused), and the database has
+/// it all after a remount; `--no-async-dirops` answers none early.
+#[test]
+fn trees_made_and_removed_with_early_answers_read_back_exactly() {
+    let volume = Volume::format("early-trees");
+    let m = volume.mount(&[]);
+    let before = m.counter("async_dirops");
+    std::fs::create_dir_all(m.path("a/b/c/d")).unwrap();
+    assert_eq!(std::fs::metadata(m.path("a/b")).unwrap().nlink(), 3);
+    for i in 0..200 {
+        std::fs::write(m.path(&format!("a/b/f{i}")), format!("{i}")).unwrap();
+    }
+    std::os::unix::fs::symlink("f7", m.path("a/b/link")).unwrap();
+    assert_eq!(
+        std::fs::read_link(m.path("a/b/link")).unwrap(),
+        Path::new("f7")
+    );
+    assert_eq!(std::fs::read_dir(m.path("a/b")).unwrap().count(), 202);
+    for i in (0..200).step_by(2) {
+        std::fs::remove_file(m.path(&format!("a/b/f{i}"))).unwrap();
+        // The name is free again at once, for a new inode.
+        std::fs::write(m.path(&format!("a/b/f{i}")), b"again").unwrap();
+    }
+    std::fs::remove_dir(m.path("a/b/c/d")).unwrap();
+    assert_eq!(std::fs::metadata(m.path("a/b/c")).unwrap().nlink(), 2);
+    assert_eq!(
+        std::fs::remove_dir(m.path("a/b"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    std::fs::rename(m.path("a/b"), m.path("moved")).unwrap();
+    std::fs::create_dir(m.path("a/b")).unwrap();
+    let early = m.counter("async_dirops") - before;
+    assert!(early >= 400, "only {early} changes answered early");
+    m.unmount();
+    volume.assert_clean();
+    let m = volume.mount(&["--no-async-dirops"]);
+    for i in 0..200 {
+        let want = if i % 2 == 0 {
+            "again".to_string()
+        } else {
+            i.to_string()
+        };
+        assert_eq!(
+            std::fs::read_to_string(m.path(&format!("moved/f{i}"))).unwrap(),
+            want
+        );
+    }
+    assert!(m.path("moved/c").is_dir() && !m.path("moved/c/d").exists());
+    assert!(m.path("a/b").is_dir());
+    std::fs::remove_dir_all(m.path("moved")).unwrap();
+    assert_eq!(m.counter("async_dirops"), 0);
+    m.unmount();
+    volume.assert_clean();
 }
 
 #[test]

@@ -284,6 +284,9 @@ pub struct FileState {
     /// one, so while it holds, the GETXATTR the kernel sends before the first write to a
     /// new file (a new FUSE inode is never S_NOSEC) needs no read of the store.
     pub capability_absent: AtomicBool,
+    /// Created by this mount's create (its state never read from the store): its closes
+    /// may commit its bytes without waiting (see `VolumeFs::flush_at_close`).
+    pub created_here: AtomicBool,
     /// The load from the store, done by the first open.
     loaded: OnceLock<Result<(), Errno>>,
     /// Chunk index → buffer of written, unflushed bytes (past its end: zeros). The mutex
@@ -296,7 +299,38 @@ pub struct FileState {
     /// What the store holds. Written only under the gate held exclusive (after a commit);
     /// read by reads and lseek. Leaf lock, never held across I/O.
     committed: RwLock<Committed>,
+    /// The commit of the file's bytes last queued without waiting (`flush_early`).
+    early: Arc<EarlyCommit>,
 }
+
+/// A small file's bytes queued for commit without waiting for it (`FileState::flush_early`).
+/// The bytes stay dirty in memory (they are what reads see until the file's state goes), so
+/// a flush with no write since has nothing to do, and one after a failed commit commits them
+/// again.
+struct EarlyCommit {
+    /// `FileState::writes` when it was queued; `NO_EARLY_COMMIT`: none (or forgotten: a
+    /// truncate, a hole punched, or a commit of the usual kind since).
+    writes: AtomicU64,
+    /// Its commit failed (set by its completion on the committer).
+    failed: AtomicBool,
+}
+
+const NO_EARLY_COMMIT: u64 = u64::MAX;
+
+impl EarlyCommit {
+    /// Whether a commit queued early covers the file's bytes as of `writes`.
+    fn covers(&self, writes: u64) -> bool {
+        self.writes.load(Ordering::Acquire) == writes && !self.failed.load(Ordering::Acquire)
+    }
+
+    fn forget(&self) {
+        self.writes.store(NO_EARLY_COMMIT, Ordering::Release);
+    }
+}
+
+/// Queues a file's data change for commit without waiting; the callback runs with the
+/// errno if the commit fails.
+pub type QueueEarly<'a> = &'a dyn Fn(DataUpdate, Box<dyn FnOnce(Errno) + Send>);
 
 fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|e| e.into_inner())
@@ -321,11 +355,16 @@ impl FileState {
             orphaned: AtomicBool::new(false),
             held_for_other_mount: AtomicBool::new(false),
             capability_absent: AtomicBool::new(false),
+            created_here: AtomicBool::new(false),
             loaded: OnceLock::new(),
             dirty: Mutex::new(BTreeMap::new()),
             dirty_bytes: AtomicU64::new(0),
             last_read_end: AtomicU64::new(0),
             committed: RwLock::new(Committed::default()),
+            early: Arc::new(EarlyCommit {
+                writes: AtomicU64::new(NO_EARLY_COMMIT),
+                failed: AtomicBool::new(false),
+            }),
         }
     }
 
@@ -518,6 +557,12 @@ impl FileState {
             let Some(mtime) = self.dirty_mtime() else {
                 return Ok(Vec::new());
             };
+            // Queued already, with nothing written since: the store commits it in order
+            // (an fsync's sync waits for it and reports its failure).
+            if self.early.covers(self.writes.load(Ordering::Relaxed)) {
+                return Ok(Vec::new());
+            }
+            self.early.forget();
             let dirty: Vec<(u64, ChunkBytes)> = lock(&self.dirty)
                 .iter()
                 .map(|(i, b)| (*i, lock(b).clone()))
@@ -628,6 +673,53 @@ impl FileState {
         Ok(released)
     }
 
+    /// Queues the commit of a small file's bytes (inline: no block to write) through `queue`
+    /// without waiting for it, for a close that need not wait (see `dirops`); false when the
+    /// file is not such a file (the caller flushes as usual). Its bytes stay dirty here: a
+    /// later flush with no write since does nothing, and commits them again if this commit
+    /// failed.
+    pub fn flush_early(&self, queue: QueueEarly<'_>) -> bool {
+        let _flushing = lock(&self.flushing);
+        let _gate = write_lock(&self.gate);
+        let Some(mtime) = self.dirty_mtime() else {
+            return true;
+        };
+        let writes = self.writes.load(Ordering::Relaxed);
+        if self.early.covers(writes) {
+            return true;
+        }
+        let size = self.size();
+        let content = {
+            let c = read_lock(&self.committed);
+            if !c.chunks.is_empty() || size > INLINE_MAX_BYTES {
+                return false;
+            }
+            let dirty = lock(&self.dirty);
+            let mut content = match dirty.get(&0) {
+                Some(buf) => lock(buf).to_vec(),
+                None => c.inline.as_ref().map(|b| b.to_vec()).unwrap_or_default(),
+            };
+            content.truncate(size as usize);
+            content
+        };
+        let update = DataUpdate {
+            ino: self.ino,
+            size,
+            mtime_ns: mtime,
+            ctime_ns: mtime,
+            inline: Some(content),
+            ..Default::default()
+        };
+        self.early.failed.store(false, Ordering::Release);
+        self.early.writes.store(writes, Ordering::Release);
+        let early = self.early.clone();
+        queue(
+            update,
+            Box::new(move |_| early.failed.store(true, Ordering::Release)),
+        );
+        true
+    }
+
     /// Blocks written for a change whose commit failed. The store answers EIO also when
     /// the connection was lost at COMMIT, whose outcome is unknown (PostgreSQL may have
     /// committed the rows that refer to them): only the blocks no row refers to are
@@ -668,6 +760,7 @@ impl FileState {
     fn zero_range(&self, dp: &DataPath, start: u64, end: u64, now_ns: i64) -> Result<(), Errno> {
         let _flushing = lock(&self.flushing);
         let _gate = write_lock(&self.gate);
+        self.early.forget();
         let end = end.min(self.size());
         if start >= end {
             return Ok(());
@@ -756,6 +849,7 @@ impl FileState {
     ) -> Result<Vec<u64>, Errno> {
         let _flushing = lock(&self.flushing);
         let _gate = write_lock(&self.gate);
+        self.early.forget();
         let rem = size % CHUNK_BYTES;
         let keep = size.div_ceil(CHUNK_BYTES);
         {
@@ -933,6 +1027,7 @@ mod tests {
             let rec: InodeRec = wait(|done| {
                 self.store.create(
                     NewNode {
+                        ino: None,
                         parent: ROOT_INO,
                         name: name.as_bytes().to_vec(),
                         mode: libc::S_IFREG | 0o644,
@@ -1210,6 +1305,7 @@ mod tests {
                             wait(|done| {
                                 store.create(
                                     NewNode {
+                                        ino: None,
                                         parent: ROOT_INO,
                                         name: format!("t{t}-{i}").into_bytes(),
                                         mode: libc::S_IFREG | 0o600,
@@ -1241,6 +1337,7 @@ mod tests {
         let again = wait(|done| {
             f.store.create(
                 NewNode {
+                    ino: None,
                     parent: ROOT_INO,
                     name: b"t0-0".to_vec(),
                     mode: libc::S_IFREG | 0o600,

@@ -14,6 +14,7 @@ use std::time::Duration;
 use lanefs_fuse::abi::{self, fattr, fopen, init_flags};
 use lanefs_fuse::{DirBuffer, DirEntry, Filesystem, InitRequest, Reply, Request};
 
+use crate::dirops::{self, AsyncDirops};
 use crate::file::{DataPath, FileState};
 use crate::meta::*;
 use crate::now_ns;
@@ -73,6 +74,9 @@ pub struct VolumeOptions {
     /// mount sees the data at once either way (the file's state stays in the open table
     /// until its data is committed).
     pub flush_on_close: bool,
+    /// Answer creates, mkdirs, unlinks and rmdirs before they commit where the answer is
+    /// known (see `dirops`); only on a volume one mount holds. Off: `--no-async-dirops`.
+    pub async_dirops: bool,
 }
 
 impl Default for VolumeOptions {
@@ -86,6 +90,7 @@ impl Default for VolumeOptions {
             shared: false,
             heartbeat_interval: HEARTBEAT_INTERVAL,
             flush_on_close: true,
+            async_dirops: true,
         }
     }
 }
@@ -199,6 +204,33 @@ fn sweep_orphans(
     }
 }
 
+/// What the overlay of early-answered changes borrows from the file system (see `dirops`).
+fn dirops_hooks(
+    open: &Arc<OpenTable>,
+    reaper: &Sender<ReapMsg>,
+    session_fd: &Arc<std::sync::OnceLock<i32>>,
+) -> dirops::Hooks {
+    let (open, reaper, session_fd) = (open.clone(), reaper.clone(), session_fd.clone());
+    dirops::Hooks {
+        open_here: Box::new(move |ino| open.get(ino).is_some()),
+        reap: Box::new(move |blocks| send_reap(&reaper, blocks)),
+        forget_name: Box::new(move |parent, name| {
+            let Some(&fd) = session_fd.get() else {
+                return;
+            };
+            // Not on the committer's thread: the kernel takes the directory's lock to drop
+            // the entry, and a request of that directory may hold it while it waits for a
+            // commit on this very thread.
+            let _ = std::thread::Builder::new()
+                .name("lanefs-forget".into())
+                .spawn(move || {
+                    let _ = lanefs_fuse::notify::inval_entry(fd, parent, &name);
+                    let _ = lanefs_fuse::notify::inval_inode_attrs(fd, parent);
+                });
+        }),
+    }
+}
+
 enum ReapMsg {
     /// Blocks released by a commit: delete them from the block store.
     Blocks(Vec<u64>),
@@ -207,7 +239,10 @@ enum ReapMsg {
 }
 
 pub struct VolumeFs {
+    /// The metadata store as the file system sees it: `dirops` over the engine's store.
     store: Arc<dyn MetaStore>,
+    /// Changes answered before their commit, and their errors (see `dirops`).
+    dirops: Arc<AsyncDirops>,
     data: Arc<DataPath>,
     open: Arc<OpenTable>,
     dirs: DirHandles,
@@ -257,6 +292,8 @@ impl VolumeFs {
         options: VolumeOptions,
         lock: VolumeLock,
     ) -> VolumeFs {
+        let dirops = AsyncDirops::new(store, options.async_dirops && !options.shared);
+        let store: Arc<dyn MetaStore> = dirops.clone();
         let mut threads = Vec::new();
         let (reap_tx, reap_rx) = channel::<ReapMsg>();
         {
@@ -337,7 +374,9 @@ impl VolumeFs {
         let fileattrs = fileattr::FileAttrs::load(&*store);
         let (locks, lock_thread) = locks::Locks::new(&store, options.shared);
         threads.extend(lock_thread);
+        dirops.set_hooks(dirops_hooks(&open, &reap_tx, &session_fd));
         VolumeFs {
+            dirops,
             locks,
             atime: AtimeSwitch::new(options.atime),
             atime_due: atime::AtimeDue::new(),
@@ -444,6 +483,7 @@ impl VolumeFs {
         }
         self.fileattrs.may_add_to(parent)?;
         Ok(NewNode {
+            ino: None,
             parent,
             name: name.as_bytes().to_vec(),
             mode,
@@ -476,6 +516,33 @@ impl VolumeFs {
             entry_timeout: self.options.entry_timeout,
             attr_timeout: self.options.attr_timeout,
         }
+    }
+
+    /// The error of a change on `ino` that was answered before its commit and then failed
+    /// (see `dirops`), once.
+    fn early_answer_error(&self, ino: u64) -> Result<(), Errno> {
+        match self.dirops.take_error(ino) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// A close's flush: a file this mount created, still small, has its bytes queued behind
+    /// its create without waiting when directory operations are answered early (`echo x >
+    /// new` then waits for no commit; a failure is the next fsync's to report, see
+    /// `dirops`); any other, as usual.
+    fn flush_at_close(&self, state: &FileState) -> Result<(), Errno> {
+        // A file whose create failed at its commit has nowhere to put its bytes.
+        self.early_answer_error(state.ino)?;
+        if self.dirops.answers_early() && state.created_here.load(Ordering::Relaxed) {
+            let dirops = &self.dirops;
+            let queued =
+                state.flush_early(&|update, failed| dirops.update_data_early(update, failed));
+            if queued {
+                return Ok(());
+            }
+        }
+        self.flush_state(state)
     }
 
     fn flush_state(&self, state: &FileState) -> Result<(), Errno> {
@@ -555,6 +622,7 @@ impl VolumeFs {
         })?;
         // Inode numbers are never reused, so this state is the new inode's own.
         state.capability_absent.store(true, Ordering::SeqCst);
+        state.created_here.store(true, Ordering::Relaxed);
         self.created_without_privileges(rec);
         Ok(state)
     }
@@ -837,6 +905,11 @@ impl Filesystem for VolumeFs {
                 );
             }
         }
+        // Changes answered before their commit commit now, while the reaper still takes
+        // the blocks they release.
+        if let Err(e) = wait(|done| self.store.barrier(done)) {
+            tracing::error!("volume: committing at unmount: {}", errno_name(e));
+        }
         self.locks.stop();
         let _ = self.heartbeat_stop.send(());
         if self.options.shared {
@@ -855,10 +928,17 @@ impl Filesystem for VolumeFs {
     }
 
     fn counters(&self) -> Vec<(String, u64)> {
-        vec![(
+        let mut counters = vec![(
             "flush_errors".into(),
             self.flush_errors.load(Ordering::Relaxed),
-        )]
+        )];
+        counters.extend(
+            self.dirops
+                .counters()
+                .into_iter()
+                .map(|(name, n)| (name.to_string(), n)),
+        );
+        counters
     }
 
     fn lookup(&self, req: &Request, parent: u64, name: &OsStr, reply: Reply) {
@@ -1249,12 +1329,13 @@ impl Filesystem for VolumeFs {
         if self.locks.forget(ino, arg.lock_owner, LockKind::Posix) {
             self.release_locks(ino, Some((arg.lock_owner, LockKind::Posix)));
         }
-        match self.open.get(ino) {
-            Some(state) => match self.flush_state(&state) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
-            },
-            None => reply.ok(),
+        let flushed = match self.open.get(ino) {
+            Some(state) => self.flush_at_close(&state),
+            None => Ok(()),
+        };
+        match flushed.and_then(|()| self.early_answer_error(ino)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -1265,7 +1346,7 @@ impl Filesystem for VolumeFs {
         // open racing with this release either shares the state or reads what was stored).
         if !self.options.flush_on_close
             && let Some(state) = self.open.get(ino)
-            && let Err(e) = self.flush_state(&state)
+            && let Err(e) = self.flush_at_close(&state)
         {
             tracing::error!(
                 "volume: committing inode {} at close: {}",
@@ -1299,7 +1380,7 @@ impl Filesystem for VolumeFs {
                 .and_then(|()| wait(|done| self.store.sync(done))),
             None => wait(|done| self.store.sync(done)),
         };
-        match result {
+        match result.and_then(|()| self.early_answer_error(ino)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -1383,8 +1464,8 @@ impl Filesystem for VolumeFs {
         reply.ok()
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: u64, _arg: &abi::FsyncIn, reply: Reply) {
-        match wait(|done| self.store.sync(done)) {
+    fn fsyncdir(&self, _req: &Request, ino: u64, _arg: &abi::FsyncIn, reply: Reply) {
+        match wait(|done| self.store.sync(done)).and_then(|()| self.early_answer_error(ino)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -1736,6 +1817,7 @@ mod tests {
         let rec = wait(|done| {
             store.create(
                 NewNode {
+                    ino: None,
                     parent: ROOT_INO,
                     name: name.as_bytes().to_vec(),
                     mode: libc::S_IFREG | 0o644,

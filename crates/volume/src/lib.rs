@@ -3,6 +3,7 @@
 //! store (a local directory or an S3 bucket). See ARCHITECTURE.md, "Volume".
 
 pub mod blocks;
+pub mod dirops;
 pub mod dump;
 pub mod file;
 pub mod fs;

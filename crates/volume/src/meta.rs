@@ -49,6 +49,9 @@ impl InodeRec {
 /// A new inode and its name.
 #[derive(Debug, Clone)]
 pub struct NewNode {
+    /// The inode number, when the caller chose it from a range the store delegated to it
+    /// (`MetaStore::delegate_inodes`); None: the store picks one.
+    pub ino: Option<u64>,
     pub parent: u64,
     /// Empty for an O_TMPFILE (no name, link count 0, an orphan until linked).
     pub name: Vec<u8>,
@@ -249,6 +252,31 @@ pub trait MetaStore: Send + Sync + 'static {
     fn free_orphan(&self, ino: u64, done: Done<Vec<u64>>);
     /// Everything committed before is durable when `done` runs (fsyncdir, syncfs).
     fn sync(&self, done: Done<()>);
+
+    // Asynchronous directory operations (issue 15, see `dirops`): changes answered before
+    // they commit, and what they need from the store.
+    /// A create that nobody waits for (`node.ino` delegated): queued for the committer's own
+    /// thread, never committed on the caller's, so that it joins a batch.
+    fn create_in_background(&self, node: NewNode, done: Done<InodeRec>);
+    /// A remove that nobody waits for, queued as `create_in_background` is.
+    fn remove_in_background(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        dir: bool,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Removed>,
+    );
+    /// A data change (a small file's inline bytes) that nobody waits for, queued as
+    /// `create_in_background` is.
+    fn update_data_in_background(&self, update: DataUpdate, done: Done<Vec<u64>>);
+    /// Runs once every change queued before it has committed or failed (no sync).
+    fn barrier(&self, done: Done<()>);
+    /// A range of inode numbers [start, end) for the caller to hand out itself; crash
+    /// recovery drops the session's ranges, and the counter never goes back, so a number
+    /// is never used twice.
+    fn delegate_inodes(&self, done: Done<(u64, u64)>);
     /// The blocks were deleted from the block store: forget them.
     fn forget_blocks(&self, blocks: Vec<u64>, done: Done<()>);
     /// Blocks in [lo, hi) that chunks refer to (what a crashed session's writes left in use).

@@ -311,6 +311,13 @@ impl<C: Tx> Writer<C> {
         if self.end_ino - self.next_ino >= need {
             return Ok(false);
         }
+        (self.next_ino, self.end_ino) = self.take_range()?;
+        Ok(true)
+    }
+
+    /// A new range of `INODE_RANGE` inode numbers for this session, [start, end): the
+    /// counter moves past it and a row records whose it is (in the caller's transaction).
+    pub fn take_range(&mut self) -> Result<(u64, u64), DbError> {
         let session = self.session;
         let end = self
             .tx()
@@ -327,9 +334,7 @@ impl<C: Tx> Writer<C> {
             "INSERT INTO inode_ranges (start_ino, end_ino, session) VALUES (?, ?, ?)",
             &args![start, end, session],
         )?;
-        self.next_ino = start;
-        self.end_ino = end;
-        Ok(true)
+        Ok((start, end))
     }
 
     /// The batch's transaction was rolled back: the range it took (if any) went with it.
@@ -512,7 +517,10 @@ impl<C: Tx> Writer<C> {
 
 pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errno> {
     let dir = node.mode & libc::S_IFMT == libc::S_IFDIR;
-    let ino = w.alloc_ino()?;
+    let ino = match node.ino {
+        Some(delegated) => delegated,
+        None => w.alloc_ino()?,
+    };
     // No name: an O_TMPFILE, an orphan from birth (a later link names it).
     let unnamed = node.name.is_empty();
     let (parent_mode, parent_gid) = if unnamed {

@@ -245,6 +245,18 @@ impl<C: Conn> SqlStore<C> {
         op: impl FnMut(&mut Writer<C>) -> Result<T, Errno> + Send + 'static,
         done: Done<T>,
     ) {
+        self.queue(sync, true, op, done)
+    }
+
+    /// Queues a change; `inline`: the caller may commit it itself when nobody is committing
+    /// (it waits for the answer anyway), else only the writer thread does.
+    fn queue<T: Send + 'static>(
+        &self,
+        sync: bool,
+        inline: bool,
+        op: impl FnMut(&mut Writer<C>) -> Result<T, Errno> + Send + 'static,
+        done: Done<T>,
+    ) {
         let job = Box::new(Change {
             op,
             result: None,
@@ -263,6 +275,10 @@ impl<C: Conn> SqlStore<C> {
         // The caller commits one batch at most, so a queue's worker never stays away from
         // its queue for long however busy the other queues keep the committer: a full batch
         // may have left changes behind, which the writer thread then takes.
+        if !inline {
+            let _ = self.wake.send(());
+            return;
+        }
         let more = match self.committer.try_lock() {
             Ok(mut c) => c.drain(Some(1)),
             Err(TryLockError::Poisoned(p)) => p.into_inner().drain(Some(1)),
@@ -538,6 +554,39 @@ impl<C: Conn> MetaStore for SqlStore<C> {
 
     fn create(&self, node: NewNode, done: Done<InodeRec>) {
         self.submit(false, move |w| ops::create(w, &node), done)
+    }
+
+    fn create_in_background(&self, node: NewNode, done: Done<InodeRec>) {
+        self.queue(false, false, move |w| ops::create(w, &node), done)
+    }
+
+    fn remove_in_background(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        dir: bool,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Removed>,
+    ) {
+        self.queue(
+            false,
+            false,
+            move |w| ops::remove(w, parent, &name, dir, now_ns, &is_open),
+            done,
+        )
+    }
+
+    fn update_data_in_background(&self, update: DataUpdate, done: Done<Vec<u64>>) {
+        self.queue(false, false, move |w| ops::update_data(w, &update), done)
+    }
+
+    fn barrier(&self, done: Done<()>) {
+        self.submit(false, |_| Ok(()), done)
+    }
+
+    fn delegate_inodes(&self, done: Done<(u64, u64)>) {
+        self.submit(false, |w| Ok(w.take_range()?), done)
     }
 
     fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {

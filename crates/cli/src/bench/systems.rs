@@ -87,10 +87,12 @@ pub enum SystemSpec {
     },
     /// lanefs's volume on its embedded defaults (SQLite metadata, blocks in a local
     /// directory), both on the bench's tmpfs, over io_uring (one ring per CPU, the default
-    /// depth) or `queues` cloned /dev/fuse fds.
+    /// depth) or `queues` cloned /dev/fuse fds; with directory operations answered before
+    /// their commit (the default) or not (`--no-async-dirops`).
     LanefsVolume {
         queues: usize,
         uring: bool,
+        async_dirops: bool,
     },
     /// lanefs's volume on the bench's PostgreSQL (its metadata; blocks in a local directory
     /// on the bench's tmpfs, or with `s3` in a prefix of the bench's MinIO bucket), over
@@ -139,12 +141,21 @@ impl SystemSpec {
                 }
             ),
             SystemSpec::LanefsNullUring { depth } => format!("lanefs null io_uring d{depth}"),
-            SystemSpec::LanefsVolume { queues, uring } => format!(
-                "lanefs volume {}",
+            SystemSpec::LanefsVolume {
+                queues,
+                uring,
+                async_dirops,
+            } => format!(
+                "lanefs volume {}{}",
                 if *uring {
                     format!("io_uring d{}", lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH)
                 } else {
                     format!("{queues}q")
+                },
+                if *async_dirops {
+                    ""
+                } else {
+                    " no-async-dirops"
                 }
             ),
             SystemSpec::LanefsVolumePg {
@@ -232,8 +243,13 @@ impl SystemSpec {
             SystemSpec::LanefsNullUring { depth } => json!({"system": "lanefs", "fs": "null",
                 "queues": possible_cpus(),
                 "queue_depth": depth, "extra_args": ctx.lanefs_args, "transport": "io_uring"}),
-            SystemSpec::LanefsVolume { queues, uring } => json!({"system": "lanefs",
+            SystemSpec::LanefsVolume {
+                queues,
+                uring,
+                async_dirops,
+            } => json!({"system": "lanefs",
                 "fs": "volume", "metadata": "SQLite", "data": "local directory",
+                "async_dirops": async_dirops,
                 "queues": if *uring { possible_cpus() } else { *queues },
                 "queue_depth": uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH),
                 "backing": ctx.tmpfs_label, "extra_args": ctx.lanefs_args,
@@ -382,9 +398,16 @@ impl SystemSpec {
                     Err(e) => Err(OpenError::Fail(e)),
                 }
             }
-            SystemSpec::LanefsVolume { queues, uring } => {
+            SystemSpec::LanefsVolume {
+                queues,
+                uring,
+                async_dirops,
+            } => {
                 let depth = uring.then_some(lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH);
-                let args = transport_args(*queues, depth)?;
+                let mut args = transport_args(*queues, depth)?;
+                if !*async_dirops {
+                    args.push("--no-async-dirops".into());
+                }
                 let dir = ctx.scratch_tmpfs("volume").map_err(OpenError::Fail)?;
                 let db = dir.0.join("vol.db");
                 format_volume(ctx, &db, dir.0.join("data").as_os_str(), &[], &[])

@@ -48,6 +48,12 @@ fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
         },
     ];
     systems.extend(volumes(ctx.settings.cores));
+    // Issue 15's A/B: every directory operation waiting for its commit.
+    systems.push(SystemSpec::LanefsVolume {
+        queues: ctx.settings.cores,
+        uring: true,
+        async_dirops: false,
+    });
     systems.extend(volumes_on_postgres(ctx.settings.cores));
     systems.extend(passthrough_hp(false));
     systems.push(SystemSpec::JuiceFs);

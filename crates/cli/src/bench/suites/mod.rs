@@ -191,6 +191,7 @@ fn volumes(cores: usize) -> [SystemSpec; 2] {
     [false, true].map(|uring| SystemSpec::LanefsVolume {
         queues: cores,
         uring,
+        async_dirops: true,
     })
 }
 

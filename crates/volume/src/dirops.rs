@@ -1,0 +1,791 @@
+//! Asynchronous directory operations (seed 003, issue 15) on a volume that one mount holds
+//! (SQLite): create, mknod, mkdir and symlink with an inode number from a range the store
+//! delegated to this mount, and unlink and rmdir, are answered before they commit; the
+//! store's committer commits them in the background, in batches, in the order they were
+//! answered.
+//!
+//! `AsyncDirops` is a [`MetaStore`] over the real one. Its overlay holds what the answered,
+//! uncommitted changes did, and every read looks there first:
+//! - `names`: (directory, name) → the inode the name now holds, or none (removed);
+//! - `inodes`: the attributes an inode has after its pending changes (a new inode's own, a
+//!   directory's mtime, ctime and link count), and how many changes are pending on it.
+//!
+//! Why the answers are exact. The kernel holds a directory's lock exclusively across every
+//! change of its names (create, unlink, rename, link…), so the checks made here before
+//! answering (is the name free, is the directory empty) cannot race with another change of
+//! the same names: an answered change is in the overlay, a synchronous one has committed.
+//! The committer applies changes in the order they were queued (one queue, FIFO), so a
+//! change's checks at commit time see what the answer assumed, and a crash leaves a prefix
+//! of the answered changes: never a name without its inode, nor an inode in a directory
+//! that was not there. An overlay entry goes once its change committed (its completion runs
+//! after the commit), so a read that misses the overlay finds the change in the database.
+//! Reads that the overlay cannot answer (a listing, a link's target, xattrs, a file's
+//! chunks) of an inode with pending changes first wait for them (`barrier`).
+//!
+//! What is kept synchronous: anything whose answer the overlay cannot predict: unlink of a
+//! file with other names or open here (its link count and orphan state), rmdir of a
+//! directory that is not known empty, a create over a name the database holds, O_TMPFILE,
+//! rename, link, and every change of a shared volume (other mounts would need a lease on the
+//! directory first). Those take the store's normal path: they commit after every change
+//! answered before them, and answer after.
+//!
+//! Errors. A change that fails at commit (the disk filled, the database went away) was
+//! answered already: its inode and its directory are marked, and the next fsync or close of
+//! either (fsyncdir for the directory) returns the error; it is logged with the name and
+//! counted (`lanefs stats`: async_dirop_errors), and the kernel is told to forget the name.
+//! fsync and syncfs wait for every change answered before them (the store's sync is queued
+//! behind them), so what fsync acknowledged survives a crash.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use crate::meta::*;
+
+/// Shards of the overlay's two maps.
+const SHARDS: usize = 16;
+/// Reads of a name that raced with a commit, tried again before waiting for the committer.
+const RACED_READS_MAX: usize = 3;
+
+/// What the file system lends the overlay: whether an inode is open on this mount (without
+/// marking it, unlike `IsOpen`), where released blocks go, and how the kernel forgets a
+/// name whose change failed after it was answered. Set once, after the mount started.
+pub struct Hooks {
+    pub open_here: Box<dyn Fn(u64) -> bool + Send + Sync>,
+    pub reap: Box<dyn Fn(Vec<u64>) + Send + Sync>,
+    pub forget_name: Box<dyn Fn(u64, Vec<u8>) + Send + Sync>,
+}
+
+/// A name's state after its pending changes.
+struct PendingName {
+    /// The change that set it: only that change's completion removes the entry.
+    seq: u64,
+    /// The inode the name holds; None: removed.
+    ino: Option<u64>,
+}
+
+/// An inode's state after its pending changes.
+struct PendingInode {
+    rec: InodeRec,
+    /// Changes pending on it (as the new inode, or as the directory of a name).
+    ops: u32,
+    /// Created by a pending change (it is not in the database yet).
+    created: bool,
+    /// A synchronous change was queued on it meanwhile: `rec` may be behind the database's
+    /// future state, so reads wait for the committer instead of answering from it.
+    stale: bool,
+}
+
+struct Shards<K, V> {
+    /// Each mutex protects one shard's map; held for a map operation only, never two at
+    /// once, never across a store call. Leaf locks.
+    shards: Vec<Mutex<HashMap<K, V>>>,
+}
+
+impl<K, V> Shards<K, V> {
+    fn new() -> Self {
+        Shards {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    fn shard(&self, by: u64) -> MutexGuard<'_, HashMap<K, V>> {
+        self.shards[(by as usize) % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The error of a change answered early that failed at its commit.
+#[derive(Clone, Copy)]
+struct FailedChange {
+    errno: Errno,
+    sticky: bool,
+}
+
+/// The overlay and the store under it (see the module's comment).
+pub struct AsyncDirops {
+    /// For the completions of changes answered early (they run on the committer).
+    me: Weak<AsyncDirops>,
+    inner: Arc<dyn MetaStore>,
+    enabled: bool,
+    /// (directory, name) → the name's pending state; sharded by directory.
+    names: Shards<(u64, Vec<u8>), PendingName>,
+    /// ino → the inode's pending state; sharded by inode.
+    inodes: Shards<u64, PendingInode>,
+    /// Delegated inode numbers not handed out yet: [next, end). Held while a new range is
+    /// taken (a commit, once per `ops::INODE_RANGE` creates); a leaf otherwise.
+    delegated: Mutex<(u64, u64)>,
+    /// Numbers the changes of the overlay (`PendingName::seq`).
+    seq: AtomicU64,
+    /// Bumped after an `inodes` entry goes: a read that missed the overlay and raced with a
+    /// commit sees it move and reads again.
+    settled: AtomicU64,
+    /// Errnos of changes that failed after they were answered, by inode: the directory's
+    /// until an fsync or close reports it (`sticky` false), a new inode's for good (it never
+    /// came to be, so every fsync and close of it fails). A leaf lock.
+    errors: Mutex<HashMap<u64, FailedChange>>,
+    /// Entries in `errors`: fsync and close skip the lock while it is 0.
+    errors_waiting: AtomicU64,
+    /// Changes answered before their commit, and those that then failed (`lanefs stats`).
+    answered_early: AtomicU64,
+    failed: AtomicU64,
+    hooks: OnceLock<Hooks>,
+}
+
+impl AsyncDirops {
+    /// `enabled`: answer eligible changes early; otherwise every call goes straight through.
+    pub fn new(inner: Arc<dyn MetaStore>, enabled: bool) -> Arc<AsyncDirops> {
+        Arc::new_cyclic(|me| AsyncDirops {
+            me: me.clone(),
+            inner,
+            enabled,
+            names: Shards::new(),
+            inodes: Shards::new(),
+            delegated: Mutex::new((0, 0)),
+            seq: AtomicU64::new(1),
+            settled: AtomicU64::new(0),
+            errors: Mutex::new(HashMap::new()),
+            errors_waiting: AtomicU64::new(0),
+            answered_early: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            hooks: OnceLock::new(),
+        })
+    }
+
+    /// Lends the file system's hooks; until then, every change is synchronous.
+    pub fn set_hooks(&self, hooks: Hooks) {
+        let _ = self.hooks.set(hooks);
+    }
+
+    /// Counters for `lanefs stats`.
+    pub fn counters(&self) -> [(&'static str, u64); 2] {
+        [
+            ("async_dirops", self.answered_early.load(Ordering::Relaxed)),
+            ("async_dirop_errors", self.failed.load(Ordering::Relaxed)),
+        ]
+    }
+
+    /// The error of a change on `ino` that failed after it was answered: fsync, fsyncdir
+    /// and close return it (a directory's once, a new inode's every time).
+    pub fn take_error(&self, ino: u64) -> Option<Errno> {
+        if self.errors_waiting.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        let failed = *errors.get(&ino)?;
+        if !failed.sticky {
+            errors.remove(&ino);
+        }
+        self.errors_waiting
+            .store(errors.len() as u64, Ordering::Release);
+        Some(failed.errno)
+    }
+
+    fn active(&self) -> Option<&Hooks> {
+        if self.enabled { self.hooks.get() } else { None }
+    }
+
+    /// Waits until every change queued so far has committed or failed.
+    fn settle(&self) {
+        let _ = wait(|done| self.inner.barrier(done));
+    }
+
+    /// Whether `ino` has changes pending; with its predicted attributes when they can be
+    /// trusted.
+    fn pending(&self, ino: u64) -> Option<Option<InodeRec>> {
+        let inodes = self.inodes.shard(ino);
+        inodes.get(&ino).map(|p| (!p.stale).then(|| p.rec.clone()))
+    }
+
+    /// Waits for the committer if `ino` has changes pending (before a read the overlay
+    /// cannot answer).
+    fn settle_if_pending(&self, ino: u64) {
+        if self.enabled && self.pending(ino).is_some() {
+            self.settle();
+        }
+    }
+
+    /// Marks an inode a synchronous change is about to change: its predicted attributes
+    /// are no longer to be answered from.
+    fn mark_stale(&self, ino: u64) {
+        if !self.enabled {
+            return;
+        }
+        if let Some(p) = self.inodes.shard(ino).get_mut(&ino) {
+            p.stale = true;
+        }
+    }
+
+    /// An inode's attributes: predicted, or (settled first when the prediction is stale)
+    /// the database's.
+    fn current(&self, queue: usize, ino: u64) -> Result<InodeRec, Errno> {
+        match self.pending(ino) {
+            Some(Some(rec)) => Ok(rec),
+            Some(None) => {
+                self.settle();
+                self.inner.getattr(queue, ino)
+            }
+            None => self.inner.getattr(queue, ino),
+        }
+    }
+
+    /// The next delegated inode number; None when no range could be taken.
+    fn next_ino(&self) -> Option<u64> {
+        let mut range = self.delegated.lock().unwrap_or_else(|e| e.into_inner());
+        if range.0 >= range.1 {
+            match wait(|done| self.inner.delegate_inodes(done)) {
+                Ok(taken) => *range = taken,
+                Err(e) => {
+                    tracing::warn!(
+                        "volume: taking inode numbers for early answers: errno {e}; creates wait for their commit meanwhile"
+                    );
+                    return None;
+                }
+            }
+        }
+        let ino = range.0;
+        range.0 += 1;
+        Some(ino)
+    }
+
+    /// What `name` in `parent` holds: Some(Some(rec)), Some(None) for no such name, None when
+    /// it could not be read.
+    fn resolve(&self, queue: usize, parent: u64, name: &[u8]) -> Option<Option<InodeRec>> {
+        let pending = self
+            .names
+            .shard(parent)
+            .get(&(parent, name.to_vec()))
+            .map(|p| p.ino);
+        match pending {
+            Some(None) => Some(None),
+            Some(Some(ino)) => self.current(queue, ino).ok().map(Some),
+            None => match self.inner.lookup(queue, parent, name) {
+                Ok(rec) => Some(Some(rec)),
+                Err(libc::ENOENT) => Some(None),
+                Err(_) => None,
+            },
+        }
+    }
+
+    /// Records a change answered early on its directory: the name's new state and the
+    /// directory's predicted attributes (`base`: the directory as it was read).
+    fn record(
+        &self,
+        parent: u64,
+        base: InodeRec,
+        name: &[u8],
+        ino: Option<u64>,
+        now_ns: i64,
+        nlink_delta: i64,
+    ) -> u64 {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut inodes = self.inodes.shard(parent);
+            let dir = inodes.entry(parent).or_insert(PendingInode {
+                rec: base,
+                ops: 0,
+                created: false,
+                stale: false,
+            });
+            dir.ops += 1;
+            dir.rec.mtime_ns = now_ns;
+            dir.rec.ctime_ns = now_ns;
+            dir.rec.nlink = (dir.rec.nlink as i64 + nlink_delta).max(0) as u32;
+        }
+        // The name last: a reader that finds it finds the inode's entry too.
+        self.names
+            .shard(parent)
+            .insert((parent, name.to_vec()), PendingName { seq, ino });
+        self.answered_early.fetch_add(1, Ordering::Relaxed);
+        seq
+    }
+
+    /// A change answered early committed (or failed): its entries go (the name first, so a
+    /// reader never finds a name whose inode entry is gone before the database has both).
+    fn settled_change(&self, parent: u64, name: &[u8], seq: u64, created: Option<u64>) {
+        {
+            let mut names = self.names.shard(parent);
+            let key = (parent, name.to_vec());
+            if names.get(&key).is_some_and(|p| p.seq == seq) {
+                names.remove(&key);
+            }
+        }
+        for ino in created.into_iter().chain([parent]) {
+            self.settle_inode(ino);
+        }
+    }
+
+    /// A change answered early failed at commit: marks its inode and directory for fsync and
+    /// close, counts and logs it, and has the kernel forget the name.
+    fn failed_change(&self, what: &str, parent: u64, name: &[u8], ino: Option<u64>, e: Errno) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            "volume: {what} of {:?} in directory inode {parent}, answered before its commit, failed at the commit: {}; fsync and close of the file and of the directory return the error",
+            String::from_utf8_lossy(name),
+            std::io::Error::from_raw_os_error(e)
+        );
+        self.note_error(parent, e, false);
+        if let Some(ino) = ino {
+            self.note_error(ino, e, true);
+        }
+        if let Some(hooks) = self.hooks.get() {
+            (hooks.forget_name)(parent, name.to_vec());
+        }
+    }
+
+    /// Whether changes are answered before their commit on this mount.
+    pub fn answers_early(&self) -> bool {
+        self.active().is_some()
+    }
+
+    /// Queues a small file's data change without waiting for it (a close of a file just
+    /// created, see `FileState::flush_early`): the inode counts as pending until it commits
+    /// (an open reads the store only after), its predicted attributes are no longer
+    /// answered, and a failure is logged, counted and reported by the file's next fsync.
+    pub fn update_data_early(&self, update: DataUpdate, failed: Box<dyn FnOnce(Errno) + Send>) {
+        let ino = update.ino;
+        {
+            let mut inodes = self.inodes.shard(ino);
+            let p = inodes.entry(ino).or_insert(PendingInode {
+                rec: InodeRec::default(),
+                ops: 0,
+                created: false,
+                stale: true,
+            });
+            p.ops += 1;
+            p.stale = true;
+        }
+        self.answered_early.fetch_add(1, Ordering::Relaxed);
+        let this = self.me.clone();
+        self.inner.update_data_in_background(
+            update,
+            Box::new(move |r| {
+                let Some(this) = this.upgrade() else { return };
+                match r {
+                    Ok(released) => {
+                        if let Some(hooks) = this.hooks.get() {
+                            (hooks.reap)(released);
+                        }
+                    }
+                    Err(e) => {
+                        failed(e);
+                        this.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(
+                            "volume: the data of inode {ino}, committed after its close returned, failed at the commit: {}; the file's next fsync returns the error",
+                            std::io::Error::from_raw_os_error(e)
+                        );
+                        this.note_error(ino, e, false);
+                    }
+                }
+                this.settle_inode(ino);
+            }),
+        );
+    }
+
+    /// One pending change of `ino` is over.
+    fn settle_inode(&self, ino: u64) {
+        {
+            let mut inodes = self.inodes.shard(ino);
+            if let Some(p) = inodes.get_mut(&ino) {
+                p.ops -= 1;
+                if p.ops == 0 {
+                    inodes.remove(&ino);
+                }
+            }
+        }
+        self.settled.fetch_add(1, Ordering::Release);
+    }
+
+    /// Keeps a failed change's errno for the fsync or close of `ino` that reports it.
+    fn note_error(&self, ino: u64, errno: Errno, sticky: bool) {
+        let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        // A new inode's failure outranks a later one of its data.
+        if errors.get(&ino).is_some_and(|f| f.sticky) {
+            return;
+        }
+        errors.insert(ino, FailedChange { errno, sticky });
+        self.errors_waiting
+            .store(errors.len() as u64, Ordering::Release);
+    }
+
+    /// The attributes a create would give the new inode (as `ops::create` computes them), if
+    /// it can be answered early: the parent is a directory, the name is free, and an inode
+    /// number is at hand.
+    fn early_create(&self, node: &NewNode) -> Option<(InodeRec, InodeRec)> {
+        let parent = self.current(0, node.parent).ok()?;
+        if !parent.is_dir() || parent.nlink == 0 {
+            return None;
+        }
+        if self.resolve(0, node.parent, &node.name)?.is_some() {
+            return None;
+        }
+        let ino = self.next_ino()?;
+        let dir = node.mode & libc::S_IFMT == libc::S_IFDIR;
+        let (mut mode, mut gid) = (node.mode, node.gid);
+        if parent.mode & libc::S_ISGID != 0 {
+            gid = parent.gid;
+            if dir {
+                mode |= libc::S_ISGID;
+            }
+        }
+        let rec = InodeRec {
+            ino,
+            mode,
+            uid: node.uid,
+            gid,
+            rdev: node.rdev,
+            nlink: if dir { 2 } else { 1 },
+            size: node.target.as_ref().map_or(0, |t| t.len() as u64),
+            atime_ns: node.now_ns,
+            mtime_ns: node.now_ns,
+            ctime_ns: node.now_ns,
+            parent: node.parent,
+        };
+        Some((parent, rec))
+    }
+
+    /// Whether the remove of `name` in `parent` can be answered early: the inode, and the
+    /// directory as read.
+    fn early_remove(
+        &self,
+        parent: u64,
+        name: &[u8],
+        dir: bool,
+        hooks: &Hooks,
+    ) -> Option<(InodeRec, InodeRec)> {
+        let base = self.current(0, parent).ok()?;
+        let target = self.resolve(0, parent, name)??;
+        if target.is_dir() != dir {
+            return None;
+        }
+        if dir {
+            // Empty: a directory created by a pending change with nothing pending in it
+            // (its only pending change is its own creation), or one with nothing pending
+            // whose stored listing is empty.
+            let inodes = self.inodes.shard(target.ino);
+            match inodes.get(&target.ino) {
+                Some(p) if !(p.created && p.ops == 1) => return None,
+                Some(_) => {}
+                None => {
+                    drop(inodes);
+                    if !self.inner.readdir(0, target.ino).ok()?.is_empty() {
+                        return None;
+                    }
+                }
+            }
+        } else if target.nlink != 1 || (hooks.open_here)(target.ino) {
+            return None;
+        }
+        Some((base, target))
+    }
+}
+
+impl MetaStore for AsyncDirops {
+    fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
+        if !self.enabled {
+            return self.inner.lookup(queue, parent, name);
+        }
+        let pending = self
+            .names
+            .shard(parent)
+            .get(&(parent, name.to_vec()))
+            .map(|p| p.ino);
+        match pending {
+            Some(None) => return Err(libc::ENOENT),
+            Some(Some(ino)) => return self.current(queue, ino),
+            None => {}
+        }
+        // Not pending: the database has the name's latest state, but the inode it names may
+        // have changes pending (a directory being filled), and a commit may settle them
+        // between the read and the look at the overlay.
+        for _ in 0..RACED_READS_MAX {
+            let settled = self.settled.load(Ordering::Acquire);
+            let rec = self.inner.lookup(queue, parent, name)?;
+            match self.pending(rec.ino) {
+                Some(Some(predicted)) => return Ok(predicted),
+                Some(None) => break,
+                None if self.settled.load(Ordering::Acquire) == settled => return Ok(rec),
+                None => {}
+            }
+        }
+        self.settle();
+        self.inner.lookup(queue, parent, name)
+    }
+
+    fn getattr(&self, queue: usize, ino: u64) -> Result<InodeRec, Errno> {
+        if !self.enabled {
+            return self.inner.getattr(queue, ino);
+        }
+        self.current(queue, ino)
+    }
+
+    fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
+        self.settle_if_pending(dir);
+        self.inner.readdir(queue, dir)
+    }
+
+    fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno> {
+        self.settle_if_pending(ino);
+        self.inner.readlink(queue, ino)
+    }
+
+    fn getxattr(&self, queue: usize, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        self.settle_if_pending(ino);
+        self.inner.getxattr(queue, ino, name)
+    }
+
+    fn listxattr(&self, queue: usize, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
+        self.settle_if_pending(ino);
+        self.inner.listxattr(queue, ino)
+    }
+
+    fn load_file(&self, queue: usize, ino: u64) -> Result<FileRec, Errno> {
+        self.settle_if_pending(ino);
+        self.inner.load_file(queue, ino)
+    }
+
+    fn usage(&self) -> Result<Usage, Errno> {
+        self.inner.usage()
+    }
+
+    fn create(&self, node: NewNode, done: Done<InodeRec>) {
+        if node.name.is_empty() || node.ino.is_some() || self.active().is_none() {
+            return self.inner.create(node, done);
+        }
+        let Some((parent, rec)) = self.early_create(&node) else {
+            return self.inner.create(node, done);
+        };
+        let ino = rec.ino;
+        self.inodes.shard(ino).insert(
+            ino,
+            PendingInode {
+                rec: rec.clone(),
+                ops: 1,
+                created: true,
+                stale: false,
+            },
+        );
+        let seq = self.record(
+            node.parent,
+            parent,
+            &node.name,
+            Some(ino),
+            node.now_ns,
+            rec.is_dir() as i64,
+        );
+        let node = NewNode {
+            ino: Some(ino),
+            ..node
+        };
+        let (dir, name) = (node.parent, node.name.clone());
+        let this = self.me.clone();
+        self.inner.create_in_background(
+            node,
+            Box::new(move |r| {
+                if let Some(this) = this.upgrade() {
+                    if let Err(e) = r {
+                        this.failed_change("a create", dir, &name, Some(ino), e);
+                    }
+                    this.settled_change(dir, &name, seq, Some(ino));
+                }
+            }),
+        );
+        // Answered only once queued: a change the kernel sends after this answer must
+        // queue behind it (the committer's order is the queue's).
+        done(Ok(rec));
+    }
+
+    fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
+        self.mark_stale(ino);
+        self.mark_stale(parent);
+        self.inner.link(ino, parent, name, now_ns, done)
+    }
+
+    fn remove(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        dir: bool,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Removed>,
+    ) {
+        let Some(hooks) = self.active() else {
+            return self.inner.remove(parent, name, dir, now_ns, is_open, done);
+        };
+        let Some((base, target)) = self.early_remove(parent, &name, dir, hooks) else {
+            return self.inner.remove(parent, name, dir, now_ns, is_open, done);
+        };
+        let seq = self.record(parent, base, &name, None, now_ns, -(dir as i64));
+        let this = self.me.clone();
+        let what = if dir { "an rmdir" } else { "an unlink" };
+        let key = name.clone();
+        self.inner.remove_in_background(
+            parent,
+            name,
+            dir,
+            now_ns,
+            is_open,
+            Box::new(move |r| {
+                if let Some(this) = this.upgrade() {
+                    match r {
+                        Ok(removed) => {
+                            if let Some(hooks) = this.hooks.get() {
+                                (hooks.reap)(removed.released);
+                            }
+                        }
+                        Err(e) => this.failed_change(what, parent, &key, None, e),
+                    }
+                    this.settled_change(parent, &key, seq, None);
+                }
+            }),
+        );
+        // Answered once queued, as a create is.
+        done(Ok(Removed {
+            ino: target.ino,
+            ..Default::default()
+        }));
+    }
+
+    fn rename(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        newparent: u64,
+        newname: Vec<u8>,
+        flags: u32,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Renamed>,
+    ) {
+        self.mark_stale(parent);
+        self.mark_stale(newparent);
+        self.inner.rename(
+            parent, name, newparent, newname, flags, now_ns, is_open, done,
+        )
+    }
+
+    fn setattr(&self, ino: u64, change: AttrChange, done: Done<InodeRec>) {
+        self.mark_stale(ino);
+        self.inner.setattr(ino, change, done)
+    }
+
+    fn update_data(&self, update: DataUpdate, done: Done<Vec<u64>>) {
+        self.mark_stale(update.ino);
+        self.inner.update_data(update, done)
+    }
+
+    fn setxattr(&self, ino: u64, name: Vec<u8>, value: Vec<u8>, flags: u32, done: Done<()>) {
+        self.mark_stale(ino);
+        self.inner.setxattr(ino, name, value, flags, done)
+    }
+
+    fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>) {
+        self.mark_stale(ino);
+        self.inner.removexattr(ino, name, done)
+    }
+
+    fn free_orphan(&self, ino: u64, done: Done<Vec<u64>>) {
+        self.inner.free_orphan(ino, done)
+    }
+
+    fn sync(&self, done: Done<()>) {
+        self.inner.sync(done)
+    }
+
+    fn create_in_background(&self, node: NewNode, done: Done<InodeRec>) {
+        self.inner.create_in_background(node, done)
+    }
+
+    fn remove_in_background(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        dir: bool,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Removed>,
+    ) {
+        self.inner
+            .remove_in_background(parent, name, dir, now_ns, is_open, done)
+    }
+
+    fn update_data_in_background(&self, update: DataUpdate, done: Done<Vec<u64>>) {
+        self.inner.update_data_in_background(update, done)
+    }
+
+    fn barrier(&self, done: Done<()>) {
+        self.inner.barrier(done)
+    }
+
+    fn delegate_inodes(&self, done: Done<(u64, u64)>) {
+        self.inner.delegate_inodes(done)
+    }
+
+    fn forget_blocks(&self, blocks: Vec<u64>, done: Done<()>) {
+        self.inner.forget_blocks(blocks, done)
+    }
+
+    fn blocks_between(&self, lo: u64, hi: u64) -> Result<Vec<u64>, Errno> {
+        self.inner.blocks_between(lo, hi)
+    }
+
+    fn crashed_sessions(&self) -> Vec<u64> {
+        self.inner.crashed_sessions()
+    }
+
+    fn pending_gc(&self) -> Result<Vec<u64>, Errno> {
+        self.inner.pending_gc()
+    }
+
+    fn heartbeat(&self, now_ns: i64, done: Done<Vec<u64>>) {
+        self.inner.heartbeat(now_ns, done)
+    }
+
+    fn close(&self) {
+        self.inner.close()
+    }
+
+    fn touch_atime(&self, ino: u64, atime_ns: i64, done: Done<()>) {
+        self.mark_stale(ino);
+        self.inner.touch_atime(ino, atime_ns, done)
+    }
+
+    fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno> {
+        self.inner.fileattr_flags()
+    }
+
+    fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>) {
+        self.mark_stale(ino);
+        self.inner.set_fileattr_flags(ino, flags, ctime_ns, done)
+    }
+
+    fn lock_conflict(&self, queue: usize, req: &LockReq) -> Result<Option<LockHolder>, Errno> {
+        self.inner.lock_conflict(queue, req)
+    }
+
+    fn set_lock(&self, req: LockReq, done: Done<Option<LockHolder>>) {
+        self.inner.set_lock(req, done)
+    }
+
+    fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>, done: Done<()>) {
+        self.inner.release_locks(ino, owner, done)
+    }
+
+    fn hold_orphan(&self, ino: u64, done: Done<bool>) {
+        self.inner.hold_orphan(ino, done)
+    }
+
+    fn release_hold(&self, ino: u64, done: Done<()>) {
+        self.inner.release_hold(ino, done)
+    }
+
+    fn sweep_orphans(&self, before_ns: i64, is_open: IsOpen, done: Done<Vec<u64>>) {
+        self.inner.sweep_orphans(before_ns, is_open, done)
+    }
+
+    fn changes_since(&self, cursors: &mut HashMap<u64, u64>) -> Result<Vec<ChangeRec>, Errno> {
+        self.inner.changes_since(cursors)
+    }
+}
