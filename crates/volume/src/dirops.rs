@@ -522,7 +522,23 @@ impl MetaStore for AsyncDirops {
 
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
         self.settle_if_pending(dir);
-        self.inner.readdir(queue, dir)
+        let mut items = self.inner.readdir(queue, dir)?;
+        if !self.enabled {
+            return Ok(items);
+        }
+        // A listing carries its entries' attributes (READDIRPLUS): a subdirectory being
+        // filled has its predicted ones, or the listing is read again once it settled.
+        for item in &mut items {
+            match self.pending(item.attr.ino) {
+                Some(Some(rec)) => item.attr = rec,
+                Some(None) => {
+                    self.settle();
+                    return self.inner.readdir(queue, dir);
+                }
+                None => {}
+            }
+        }
+        Ok(items)
     }
 
     fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno> {
