@@ -1027,6 +1027,70 @@ fn a_new_files_bytes_that_fail_at_commit_after_close_fail_the_next_fsync() {
     volume.assert_clean();
 }
 
+/// Threads making, renaming and removing trees of their own and sharing one directory, all
+/// with changes answered before their commit: every step sees its own result, and what is
+/// left is exactly what the threads left, in the overlay and in the database after a remount.
+#[test]
+fn trees_made_renamed_and_removed_by_many_threads_under_early_answers() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 12;
+    let volume = Volume::format("early-load");
+    let m = volume.mount(&[]);
+    std::fs::create_dir(m.path("shared")).unwrap();
+    let workers: Vec<_> = (0..THREADS)
+        .map(|k| {
+            let root = m.mountpoint.clone();
+            std::thread::spawn(move || {
+                for round in 0..ROUNDS {
+                    let tree = root.join(format!("t{k}"));
+                    std::fs::create_dir_all(tree.join("a/b/c")).unwrap();
+                    for i in 0..15 {
+                        std::fs::write(tree.join(format!("a/b/f{i}")), format!("{k}.{round}.{i}"))
+                            .unwrap();
+                    }
+                    assert_eq!(std::fs::read_dir(tree.join("a/b")).unwrap().count(), 16);
+                    let moved = root.join(format!("r{k}"));
+                    std::fs::rename(&tree, &moved).unwrap();
+                    assert_eq!(
+                        std::fs::read_to_string(moved.join("a/b/f3")).unwrap(),
+                        format!("{k}.{round}.3")
+                    );
+                    std::fs::remove_dir_all(&moved).unwrap();
+                    assert!(!moved.exists());
+                    // The shared directory: each round leaves one name per thread behind.
+                    let shared = root.join("shared");
+                    std::fs::write(shared.join(format!("{k}-{round}")), b"kept").unwrap();
+                    std::fs::write(shared.join(format!("{k}-gone")), b"x").unwrap();
+                    std::fs::remove_file(shared.join(format!("{k}-gone"))).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let listed = |root: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(root.join("shared"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut want: Vec<String> = (0..THREADS)
+        .flat_map(|k| (0..ROUNDS).map(move |r| format!("{k}-{r}")))
+        .collect();
+    want.sort();
+    assert_eq!(listed(&m.mountpoint), want);
+    assert_eq!(std::fs::read_dir(&m.mountpoint).unwrap().count(), 1);
+    assert!(m.counter("async_dirops") > (THREADS * ROUNDS * 20) as u64);
+    m.unmount();
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    assert_eq!(listed(&m.mountpoint), want);
+    m.unmount();
+}
+
 /// Trees made and removed with changes answered before their commit: each step sees the
 /// last one's result at once (link counts, listings, names reused), and the database has
 /// it all after a remount; `--no-async-dirops` answers none early.
