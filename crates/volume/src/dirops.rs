@@ -421,27 +421,7 @@ impl AsyncDirops {
             return None;
         }
         let ino = self.next_ino()?;
-        let dir = node.mode & libc::S_IFMT == libc::S_IFDIR;
-        let (mut mode, mut gid) = (node.mode, node.gid);
-        if parent.mode & libc::S_ISGID != 0 {
-            gid = parent.gid;
-            if dir {
-                mode |= libc::S_ISGID;
-            }
-        }
-        let rec = InodeRec {
-            ino,
-            mode,
-            uid: node.uid,
-            gid,
-            rdev: node.rdev,
-            nlink: if dir { 2 } else { 1 },
-            size: node.target.as_ref().map_or(0, |t| t.len() as u64),
-            atime_ns: node.now_ns,
-            mtime_ns: node.now_ns,
-            ctime_ns: node.now_ns,
-            parent: node.parent,
-        };
+        let rec = node.record(ino, parent.mode, parent.gid);
         Some((parent, rec))
     }
 

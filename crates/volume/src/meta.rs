@@ -67,6 +67,41 @@ pub struct NewNode {
     pub now_ns: i64,
 }
 
+impl NewNode {
+    /// The new inode's record, numbered `ino`, in a directory of `parent_mode` and
+    /// `parent_gid`: a set-group-ID directory hands down its group, and to directories the
+    /// bit. One rule for the store's create and for the answer given before it commits.
+    pub fn record(&self, ino: u64, parent_mode: u32, parent_gid: u32) -> InodeRec {
+        let dir = self.mode & libc::S_IFMT == libc::S_IFDIR;
+        let (mut mode, mut gid) = (self.mode, self.gid);
+        if parent_mode & libc::S_ISGID != 0 {
+            gid = parent_gid;
+            if dir {
+                mode |= libc::S_ISGID;
+            }
+        }
+        InodeRec {
+            ino,
+            mode,
+            uid: self.uid,
+            gid,
+            rdev: self.rdev,
+            nlink: if self.name.is_empty() {
+                0
+            } else if dir {
+                2
+            } else {
+                1
+            },
+            size: self.target.as_ref().map_or(0, |t| t.len() as u64),
+            atime_ns: self.now_ns,
+            mtime_ns: self.now_ns,
+            ctime_ns: self.now_ns,
+            parent: self.parent,
+        }
+    }
+}
+
 /// One chunk of a file: the block holding its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkRec {

@@ -540,33 +540,7 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
     if parent_mode & libc::S_IFMT != libc::S_IFDIR {
         return Err(libc::ENOTDIR);
     }
-    // A set-group-ID directory hands down its group, and to directories the bit.
-    let (mut mode, mut gid) = (node.mode, node.gid);
-    if parent_mode & libc::S_ISGID != 0 {
-        gid = parent_gid;
-        if dir {
-            mode |= libc::S_ISGID;
-        }
-    }
-    let attr = InodeRec {
-        ino,
-        mode,
-        uid: node.uid,
-        gid,
-        rdev: node.rdev,
-        nlink: if unnamed {
-            0
-        } else if dir {
-            2
-        } else {
-            1
-        },
-        size: node.target.as_ref().map_or(0, |t| t.len() as u64),
-        atime_ns: node.now_ns,
-        mtime_ns: node.now_ns,
-        ctime_ns: node.now_ns,
-        parent: node.parent,
-    };
+    let attr = node.record(ino, parent_mode, parent_gid);
     insert_inode(w.tx(), &attr, None)?;
     if !unnamed {
         w.log(
