@@ -125,9 +125,9 @@ pub struct MountArgs {
     #[arg(long)]
     pub async_commit: bool,
     /// Volume: wait for the commit of every create, mkdir, unlink and rmdir before answering
-    /// it (for A/B runs). By default a volume one mount holds answers those it can before
-    /// they commit; fsync and close report a commit that then failed. `-o sync` and
-    /// `-o dirsync` imply it.
+    /// it (for A/B runs). By default a volume answers those it can before they commit (on
+    /// PostgreSQL, in directories whose lease this mount holds); fsync and close report a
+    /// commit that then failed. `-o sync` and `-o dirsync` imply it.
     #[arg(long)]
     pub no_async_dirops: bool,
     /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...

@@ -1,8 +1,10 @@
-//! Asynchronous directory operations (seed 003, issue 15) on a volume that one mount holds
-//! (SQLite): create, mknod, mkdir and symlink with an inode number from a range the store
-//! delegated to this mount, and unlink and rmdir, are answered before they commit; the
-//! store's committer commits them in the background, in batches, in the order they were
-//! answered.
+//! Asynchronous directory operations (seed 003, issue 15): create, mknod, mkdir and symlink
+//! with an inode number from a range the store delegated to this mount, and unlink and rmdir,
+//! are answered before they commit; the store's committer commits them in the background, in
+//! batches, in the order they were answered. On a volume that one mount holds (SQLite) in
+//! every directory; on a shared one (PostgreSQL) in the directories whose lease this mount
+//! holds (see `leases`), and this mount recalls another's lease before it changes or lists
+//! that mount's leased directories, misses a name there, or opens a file made there.
 //!
 //! `AsyncDirops` is a [`MetaStore`] over the real one. Its overlay holds what the answered,
 //! uncommitted changes did, and every read looks there first:
@@ -14,6 +16,7 @@
 //! change of its names (create, unlink, rename, link…), so the checks made here before
 //! answering (is the name free, is the directory empty) cannot race with another change of
 //! the same names: an answered change is in the overlay, a synchronous one has committed.
+//! On a shared volume the directory's lease keeps other mounts' changes out of it meanwhile.
 //! The committer applies changes in the order they were queued (one queue, FIFO), so a
 //! change's checks at commit time see what the answer assumed, and a crash leaves a prefix
 //! of the answered changes: never a name without its inode, nor an inode in a directory
@@ -25,8 +28,8 @@
 //! What is kept synchronous: anything whose answer the overlay cannot predict: unlink of a
 //! file with other names or open here (its link count and orphan state), rmdir of a
 //! directory that is not known empty, a create over a name the database holds, O_TMPFILE,
-//! rename, link, and every change of a shared volume (other mounts would need a lease on the
-//! directory first). Those take the store's normal path: they commit after every change
+//! rename, link, and on a shared volume every change in a directory whose lease this mount
+//! does not hold. Those take the store's normal path: they commit after every change
 //! answered before them, and answer after.
 //!
 //! Errors. A change that fails at commit (the disk filled, the database went away) was
@@ -40,7 +43,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
+use crate::leases::{LEASE_COOLDOWN, LeaseUse, Leases, RECALL_POLL, RECALL_WAIT_MAX};
 use crate::meta::*;
+use crate::now_ns;
 
 /// Shards of the overlay's two maps.
 const SHARDS: usize = 16;
@@ -76,20 +81,20 @@ struct PendingInode {
     stale: bool,
 }
 
-struct Shards<K, V> {
+pub(crate) struct Shards<K, V> {
     /// Each mutex protects one shard's map; held for a map operation only, never two at
     /// once, never across a store call. Leaf locks.
-    shards: Vec<Mutex<HashMap<K, V>>>,
+    pub(crate) shards: Vec<Mutex<HashMap<K, V>>>,
 }
 
 impl<K, V> Shards<K, V> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Shards {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
         }
     }
 
-    fn shard(&self, by: u64) -> MutexGuard<'_, HashMap<K, V>> {
+    pub(crate) fn shard(&self, by: u64) -> MutexGuard<'_, HashMap<K, V>> {
         self.shards[(by as usize) % SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -131,11 +136,16 @@ pub struct AsyncDirops {
     answered_early: AtomicU64,
     failed: AtomicU64,
     hooks: OnceLock<Hooks>,
+    /// A shared volume's directory leases (see `leases`): the ones this mount holds, and
+    /// the others', which it recalls before changing or listing their directories (also
+    /// when it answers nothing early itself). None where one mount holds the volume.
+    leases: Option<Leases>,
 }
 
 impl AsyncDirops {
-    /// `enabled`: answer eligible changes early; otherwise every call goes straight through.
-    pub fn new(inner: Arc<dyn MetaStore>, enabled: bool) -> Arc<AsyncDirops> {
+    /// `enabled`: answer eligible changes early; otherwise every call goes straight through
+    /// (on a `shared` volume, after any other mount's lease on the directory is recalled).
+    pub fn new(inner: Arc<dyn MetaStore>, enabled: bool, shared: bool) -> Arc<AsyncDirops> {
         Arc::new_cyclic(|me| AsyncDirops {
             me: me.clone(),
             inner,
@@ -150,6 +160,7 @@ impl AsyncDirops {
             answered_early: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             hooks: OnceLock::new(),
+            leases: shared.then(Leases::default),
         })
     }
 
@@ -159,11 +170,15 @@ impl AsyncDirops {
     }
 
     /// Counters for `lanefs stats`.
-    pub fn counters(&self) -> [(&'static str, u64); 2] {
-        [
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut counters = vec![
             ("async_dirops", self.answered_early.load(Ordering::Relaxed)),
             ("async_dirop_errors", self.failed.load(Ordering::Relaxed)),
-        ]
+        ];
+        if let Some(leases) = &self.leases {
+            counters.extend(leases.counters());
+        }
+        counters
     }
 
     /// The error of a change on `ino` that failed after it was answered: fsync, fsyncdir
@@ -339,6 +354,188 @@ impl AsyncDirops {
         self.active().is_some()
     }
 
+    /// Whether the bytes of a small file this mount created in `dir` may commit after its
+    /// close returned: while changes are answered early, and on a shared volume while this
+    /// mount holds `dir`'s lease (held until the commit is queued): another mount's open of
+    /// the file recalls that lease first (`load_file`), so the bytes are committed before it
+    /// reads them (close-to-open).
+    pub fn lease_for_data_of(&self, dir: u64) -> Option<LeaseUse> {
+        self.active()?;
+        match &self.leases {
+            None => Some(LeaseUse::unneeded()),
+            Some(leases) => leases.use_held(dir, now_ns()),
+        }
+    }
+
+    /// Starts an early answer of a change in `dir`: under the lease this mount holds on it,
+    /// taking the lease first if nobody else holds it (a shared volume); None: answer after
+    /// the commit.
+    fn use_lease(&self, dir: u64) -> Option<LeaseUse> {
+        let Some(leases) = &self.leases else {
+            return Some(LeaseUse::unneeded());
+        };
+        let now = now_ns();
+        if let Some(lease) = leases.use_held(dir, now) {
+            return Some(lease);
+        }
+        if leases.refused_recently(dir, now) {
+            return None;
+        }
+        let take = LeaseChange::Take {
+            dir,
+            now_ns: now,
+            expires_ns: now + crate::ops::LEASE_TTL.as_nanos() as i64,
+        };
+        match wait(|done| self.inner.change_lease(take, done)) {
+            Ok(true) => Some(leases.taken(dir, now)),
+            Ok(false) => {
+                leases.refuse_for_now(dir, now);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "volume: taking the lease of directory inode {dir}: errno {e}; its changes wait for their commit meanwhile"
+                );
+                leases.refuse_for_now(dir, now);
+                None
+            }
+        }
+    }
+
+    /// Before a change or a listing of `dir` that does not go under this mount's own lease:
+    /// recalls another mount's live lease on it and waits until that mount has committed
+    /// what it answered there and let go, or the lease expired (a dead holder); whether
+    /// there was one. Nothing on a volume one mount holds.
+    fn clear_foreign_lease(&self, dir: u64) -> bool {
+        let Some(leases) = &self.leases else {
+            return false;
+        };
+        if leases.holds(dir, now_ns()) {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + RECALL_WAIT_MAX;
+        let mut recalled = None;
+        loop {
+            let holder = match self.inner.foreign_lease(0, dir, now_ns()) {
+                Ok(Some(holder)) => holder,
+                // Unreadable: the change goes on; the database still checks it.
+                Ok(None) | Err(_) => return recalled.is_some(),
+            };
+            if recalled != Some(holder) {
+                if recalled.is_none() {
+                    leases.count_wait();
+                }
+                recalled = Some(holder);
+                let recall = LeaseChange::Recall { dir, holder };
+                let _ = wait(|done| self.inner.change_lease(recall, done));
+            }
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    "volume: session {holder} kept its lease on directory inode {dir} past a recall and its expiry; going on"
+                );
+                return true;
+            }
+            std::thread::sleep(RECALL_POLL);
+        }
+    }
+
+    /// A lookup through the overlay (straight to the store when nothing is answered early
+    /// here).
+    fn lookup_here(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
+        if !self.enabled {
+            return self.inner.lookup(queue, parent, name);
+        }
+        let pending = self
+            .names
+            .shard(parent)
+            .get(&(parent, name.to_vec()))
+            .map(|p| p.ino);
+        match pending {
+            Some(None) => return Err(libc::ENOENT),
+            Some(Some(ino)) => return self.current(queue, ino),
+            None => {}
+        }
+        // Not pending: the database has the name's latest state, but the inode it names may
+        // have changes pending (a directory being filled), and a commit may settle them
+        // between the read and the look at the overlay.
+        for _ in 0..RACED_READS_MAX {
+            let settled = self.settled.load(Ordering::Acquire);
+            let rec = self.inner.lookup(queue, parent, name)?;
+            match self.pending(rec.ino) {
+                Some(Some(predicted)) => return Ok(predicted),
+                Some(None) => break,
+                None if self.settled.load(Ordering::Acquire) == settled => return Ok(rec),
+                None => {}
+            }
+        }
+        self.settle();
+        self.inner.lookup(queue, parent, name)
+    }
+
+    /// Lets go the leases other mounts recalled (after committing what was answered early
+    /// under them); run every `CHANGE_POLL_INTERVAL` by the heartbeat thread.
+    pub fn serve_recalls(&self) {
+        let Some(leases) = &self.leases else { return };
+        let recalled = match self.inner.recalled_leases() {
+            Ok(recalled) if !recalled.is_empty() => recalled,
+            _ => return,
+        };
+        leases.revoke(&recalled, false);
+        leases.count_let_go_at_recall(recalled.len());
+        let free_from_ns = Some(now_ns() + LEASE_COOLDOWN.as_nanos() as i64);
+        self.let_go(&recalled, free_from_ns);
+    }
+
+    /// Lets go the leases not used since the last heartbeat (so that their rows, and the
+    /// heartbeat's renewal, stay few).
+    pub fn let_go_idle(&self) {
+        let Some(leases) = &self.leases else { return };
+        let idle = leases.revoke(&[], true);
+        if !idle.is_empty() {
+            self.let_go(&idle, None);
+        }
+    }
+
+    /// A directory this mount just created (answered early): nobody else can know it
+    /// before its create commits, so it holds the lease at once; the lease's row is queued
+    /// right behind the create.
+    fn lease_new_directory(&self, dir: u64) {
+        let Some(leases) = &self.leases else { return };
+        let now = now_ns();
+        drop(leases.taken(dir, now));
+        let take = LeaseChange::Take {
+            dir,
+            now_ns: now,
+            expires_ns: now + crate::ops::LEASE_TTL.as_nanos() as i64,
+        };
+        let this = self.me.clone();
+        self.inner.change_lease(
+            take,
+            Box::new(move |taken| {
+                if !matches!(taken, Ok(true))
+                    && let Some(this) = this.upgrade()
+                    && let Some(leases) = &this.leases
+                {
+                    leases.lost(dir);
+                }
+            }),
+        );
+    }
+
+    /// Commits every change answered so far, then releases the leases of `dirs` (revoked
+    /// already) in the database.
+    fn let_go(&self, dirs: &[u64], free_from_ns: Option<i64>) {
+        self.settle();
+        for &dir in dirs {
+            let release = LeaseChange::Release { dir, free_from_ns };
+            if let Err(e) = wait(|done| self.inner.change_lease(release, done)) {
+                tracing::warn!(
+                    "volume: letting go the lease of directory inode {dir}: errno {e}; it expires by itself"
+                );
+            }
+        }
+    }
+
     /// Queues a small file's data change without waiting for it (a close of a file just
     /// created, see `FileState::flush_early`): the inode counts as pending until it commits
     /// (an open reads the store only after), its predicted attributes are no longer
@@ -440,6 +637,7 @@ impl AsyncDirops {
             return None;
         }
         if dir {
+            self.clear_foreign_lease(target.ino);
             // Empty: a directory created by a pending change with nothing pending in it
             // (its only pending change is its own creation), or one with nothing pending
             // whose stored listing is empty.
@@ -463,34 +661,13 @@ impl AsyncDirops {
 
 impl MetaStore for AsyncDirops {
     fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
-        if !self.enabled {
-            return self.inner.lookup(queue, parent, name);
+        let found = self.lookup_here(queue, parent, name);
+        // A name this volume lacks may be one that another mount made under its lease and
+        // has not committed: after the recall it has.
+        if found == Err(libc::ENOENT) && self.clear_foreign_lease(parent) {
+            return self.lookup_here(queue, parent, name);
         }
-        let pending = self
-            .names
-            .shard(parent)
-            .get(&(parent, name.to_vec()))
-            .map(|p| p.ino);
-        match pending {
-            Some(None) => return Err(libc::ENOENT),
-            Some(Some(ino)) => return self.current(queue, ino),
-            None => {}
-        }
-        // Not pending: the database has the name's latest state, but the inode it names may
-        // have changes pending (a directory being filled), and a commit may settle them
-        // between the read and the look at the overlay.
-        for _ in 0..RACED_READS_MAX {
-            let settled = self.settled.load(Ordering::Acquire);
-            let rec = self.inner.lookup(queue, parent, name)?;
-            match self.pending(rec.ino) {
-                Some(Some(predicted)) => return Ok(predicted),
-                Some(None) => break,
-                None if self.settled.load(Ordering::Acquire) == settled => return Ok(rec),
-                None => {}
-            }
-        }
-        self.settle();
-        self.inner.lookup(queue, parent, name)
+        found
     }
 
     fn getattr(&self, queue: usize, ino: u64) -> Result<InodeRec, Errno> {
@@ -501,6 +678,7 @@ impl MetaStore for AsyncDirops {
     }
 
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
+        self.clear_foreign_lease(dir);
         self.settle_if_pending(dir);
         let mut items = self.inner.readdir(queue, dir)?;
         if !self.enabled {
@@ -538,7 +716,13 @@ impl MetaStore for AsyncDirops {
 
     fn load_file(&self, queue: usize, ino: u64) -> Result<FileRec, Errno> {
         self.settle_if_pending(ino);
-        self.inner.load_file(queue, ino)
+        let file = self.inner.load_file(queue, ino)?;
+        // Another mount that made the file may not have committed its bytes yet: it has
+        // once it let go of the lease of the file's directory.
+        if self.clear_foreign_lease(file.attr.parent) {
+            return self.inner.load_file(queue, ino);
+        }
+        Ok(file)
     }
 
     fn usage(&self) -> Result<Usage, Errno> {
@@ -546,10 +730,15 @@ impl MetaStore for AsyncDirops {
     }
 
     fn create(&self, node: NewNode, done: Done<InodeRec>) {
-        if node.name.is_empty() || node.ino.is_some() || self.active().is_none() {
+        if node.name.is_empty() || node.ino.is_some() {
             return self.inner.create(node, done);
         }
-        let Some((parent, rec)) = self.early_create(&node) else {
+        let lease = self.active().and_then(|_| self.use_lease(node.parent));
+        let Some((parent, rec)) = lease.as_ref().and_then(|_| self.early_create(&node)) else {
+            if lease.is_none() {
+                self.clear_foreign_lease(node.parent);
+            }
+            drop(lease);
             return self.inner.create(node, done);
         };
         let ino = rec.ino;
@@ -587,12 +776,17 @@ impl MetaStore for AsyncDirops {
                 }
             }),
         );
+        if rec.is_dir() {
+            self.lease_new_directory(ino);
+        }
         // Answered only once queued: a change the kernel sends after this answer must
         // queue behind it (the committer's order is the queue's).
         done(Ok(rec));
+        drop(lease);
     }
 
     fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
+        self.clear_foreign_lease(parent);
         self.mark_stale(ino);
         self.mark_stale(parent);
         self.inner.link(ino, parent, name, now_ns, done)
@@ -607,10 +801,24 @@ impl MetaStore for AsyncDirops {
         is_open: IsOpen,
         done: Done<Removed>,
     ) {
-        let Some(hooks) = self.active() else {
-            return self.inner.remove(parent, name, dir, now_ns, is_open, done);
+        let hooks = self.active();
+        let lease = hooks.and_then(|_| self.use_lease(parent));
+        let early = match (hooks, &lease) {
+            (Some(hooks), Some(_)) => self.early_remove(parent, &name, dir, hooks),
+            _ => None,
         };
-        let Some((base, target)) = self.early_remove(parent, &name, dir, hooks) else {
+        let Some((base, target)) = early else {
+            if lease.is_none() {
+                self.clear_foreign_lease(parent);
+            }
+            drop(lease);
+            if dir && self.leases.is_some() {
+                // Another mount's lease on the directory to remove: what it answered there
+                // must be committed before the directory is found empty or not.
+                if let Ok(target) = self.inner.lookup(0, parent, &name) {
+                    self.clear_foreign_lease(target.ino);
+                }
+            }
             return self.inner.remove(parent, name, dir, now_ns, is_open, done);
         };
         let seq = self.record(parent, base, &name, None, now_ns, -(dir as i64));
@@ -642,6 +850,7 @@ impl MetaStore for AsyncDirops {
             ino: target.ino,
             ..Default::default()
         }));
+        drop(lease);
     }
 
     fn rename(
@@ -655,6 +864,18 @@ impl MetaStore for AsyncDirops {
         is_open: IsOpen,
         done: Done<Renamed>,
     ) {
+        if self.leases.is_some() {
+            self.clear_foreign_lease(parent);
+            if newparent != parent {
+                self.clear_foreign_lease(newparent);
+            }
+            // A directory renamed over must be empty, with nothing answered in it elsewhere.
+            if let Ok(over) = self.lookup(0, newparent, &newname)
+                && over.is_dir()
+            {
+                self.clear_foreign_lease(over.ino);
+            }
+        }
         self.mark_stale(parent);
         self.mark_stale(newparent);
         self.inner.rename(
@@ -735,8 +956,22 @@ impl MetaStore for AsyncDirops {
         self.inner.pending_gc()
     }
 
-    fn heartbeat(&self, now_ns: i64, done: Done<Vec<u64>>) {
-        self.inner.heartbeat(now_ns, done)
+    fn heartbeat(&self, now_ns: i64, done: Done<Beat>) {
+        if self.leases.is_none() {
+            return self.inner.heartbeat(now_ns, done);
+        }
+        let this = self.me.clone();
+        self.inner.heartbeat(
+            now_ns,
+            Box::new(move |beat| {
+                if let (Ok(beat), Some(this)) = (&beat, this.upgrade())
+                    && let Some(leases) = &this.leases
+                {
+                    leases.renewed(now_ns, &beat.leases);
+                }
+                done(beat)
+            }),
+        )
     }
 
     fn close(&self) {
@@ -783,5 +1018,17 @@ impl MetaStore for AsyncDirops {
 
     fn changes_since(&self, cursors: &mut HashMap<u64, u64>) -> Result<Vec<ChangeRec>, Errno> {
         self.inner.changes_since(cursors)
+    }
+
+    fn foreign_lease(&self, queue: usize, dir: u64, now_ns: i64) -> Result<Option<u64>, Errno> {
+        self.inner.foreign_lease(queue, dir, now_ns)
+    }
+
+    fn recalled_leases(&self) -> Result<Vec<u64>, Errno> {
+        self.inner.recalled_leases()
+    }
+
+    fn change_lease(&self, change: LeaseChange, done: Done<bool>) {
+        self.inner.change_lease(change, done)
     }
 }

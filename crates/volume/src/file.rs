@@ -284,9 +284,10 @@ pub struct FileState {
     /// one, so while it holds, the GETXATTR the kernel sends before the first write to a
     /// new file (a new FUSE inode is never S_NOSEC) needs no read of the store.
     pub capability_absent: AtomicBool,
-    /// Created by this mount's create (its state never read from the store): its closes
-    /// may commit its bytes without waiting (see `VolumeFs::flush_at_close`).
-    pub created_here: AtomicBool,
+    /// The directory this mount's create made it in (its state never read from the store;
+    /// 0: not made here): its closes may commit its bytes without waiting (see
+    /// `VolumeFs::flush_at_close`).
+    pub created_in: AtomicU64,
     /// The load from the store, done by the first open.
     loaded: OnceLock<Result<(), Errno>>,
     /// Chunk index → buffer of written, unflushed bytes (past its end: zeros). The mutex
@@ -355,7 +356,7 @@ impl FileState {
             orphaned: AtomicBool::new(false),
             held_for_other_mount: AtomicBool::new(false),
             capability_absent: AtomicBool::new(false),
-            created_here: AtomicBool::new(false),
+            created_in: AtomicU64::new(0),
             loaded: OnceLock::new(),
             dirty: Mutex::new(BTreeMap::new()),
             dirty_bytes: AtomicU64::new(0),

@@ -292,7 +292,7 @@ impl VolumeFs {
         options: VolumeOptions,
         lock: VolumeLock,
     ) -> VolumeFs {
-        let dirops = AsyncDirops::new(store, options.async_dirops && !options.shared);
+        let dirops = AsyncDirops::new(store, options.async_dirops, options.shared);
         let store: Arc<dyn MetaStore> = dirops.clone();
         let mut threads = Vec::new();
         let (reap_tx, reap_rx) = channel::<ReapMsg>();
@@ -326,12 +326,14 @@ impl VolumeFs {
         });
         {
             let store = store.clone();
+            let leases = dirops.clone();
             let data = data.clone();
             let shared = options.shared;
             let swept_open = open.clone();
             let reap_swept = reap_tx.clone();
             let interval = options.heartbeat_interval;
-            // A shared volume's thread also reads the other mounts' change log.
+            // A shared volume's thread also reads the other mounts' change log and serves
+            // their recalls of this mount's directory leases.
             let tick = if options.shared {
                 CHANGE_POLL_INTERVAL.min(interval)
             } else {
@@ -349,6 +351,7 @@ impl VolumeFs {
                     {
                         if let Some(follower) = &mut changes {
                             follower.poll(&*store);
+                            leases.serve_recalls();
                         }
                         if last_beat.elapsed() < interval {
                             continue;
@@ -356,12 +359,13 @@ impl VolumeFs {
                         last_beat = std::time::Instant::now();
                         // A shared volume's heartbeat ends sessions that stopped beating:
                         // their uncommitted blocks go as a crashed session's do at a mount.
-                        if let Ok(ended) = wait(|done| store.heartbeat(now_ns(), done))
-                            && !ended.is_empty()
+                        if let Ok(beat) = wait(|done| store.heartbeat(now_ns(), done))
+                            && !beat.ended.is_empty()
                         {
-                            recover_crashed_blocks(&*store, &data, ended);
+                            recover_crashed_blocks(&*store, &data, beat.ended);
                         }
                         if shared {
+                            leases.let_go_idle();
                             let before = now_ns() - ORPHAN_GRACE.as_nanos() as i64;
                             sweep_orphans(&*store, &swept_open, &reap_swept, before);
                         }
@@ -528,13 +532,17 @@ impl VolumeFs {
     }
 
     /// A close's flush: a file this mount created, still small, has its bytes queued behind
-    /// its create without waiting when directory operations are answered early (`echo x >
-    /// new` then waits for no commit; a failure is the next fsync's to report, see
-    /// `dirops`); any other, as usual.
+    /// its create without waiting when directory operations are answered early (on a shared
+    /// volume, while this mount holds the lease of the file's directory) (`echo x > new`
+    /// then waits for no commit; a failure is the next fsync's to report, see `dirops`);
+    /// any other, as usual.
     fn flush_at_close(&self, state: &FileState) -> Result<(), Errno> {
         // A file whose create failed at its commit has nowhere to put its bytes.
         self.early_answer_error(state.ino)?;
-        if self.dirops.answers_early() && state.created_here.load(Ordering::Relaxed) {
+        let dir = state.created_in.load(Ordering::Relaxed);
+        if dir != 0
+            && let Some(_lease) = self.dirops.lease_for_data_of(dir)
+        {
             let dirops = &self.dirops;
             let queued =
                 state.flush_early(&|update, failed| dirops.update_data_early(update, failed));
@@ -622,7 +630,7 @@ impl VolumeFs {
         })?;
         // Inode numbers are never reused, so this state is the new inode's own.
         state.capability_absent.store(true, Ordering::SeqCst);
-        state.created_here.store(true, Ordering::Relaxed);
+        state.created_in.store(rec.parent, Ordering::Relaxed);
         self.created_without_privileges(rec);
         Ok(state)
     }

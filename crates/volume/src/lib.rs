@@ -8,6 +8,7 @@ pub mod dump;
 pub mod file;
 pub mod fs;
 pub mod fsck;
+pub mod leases;
 pub mod location;
 pub mod meta;
 pub mod ops;

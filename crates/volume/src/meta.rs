@@ -197,6 +197,33 @@ pub struct ChangeRec {
     pub kind: i64,
 }
 
+/// What a heartbeat found.
+#[derive(Debug, Default)]
+pub struct Beat {
+    /// Sessions it ended (their heartbeat had stopped).
+    pub ended: Vec<u64>,
+    /// Directories whose lease this session holds, renewed by it (a shared volume).
+    pub leases: Vec<u64>,
+}
+
+/// A change of a directory lease (a shared volume's asynchronous directory operations, see
+/// `dirops` and the `leases` table).
+#[derive(Debug, Clone, Copy)]
+pub enum LeaseChange {
+    /// Takes (or renews) the lease on `dir` until `expires_ns`, unless another session holds
+    /// it, or it was let go and may not be taken again yet, at `now_ns`. Answers whether
+    /// this session holds it now.
+    Take {
+        dir: u64,
+        now_ns: i64,
+        expires_ns: i64,
+    },
+    /// Lets `dir` go; nobody takes it again before `free_from_ns` (None: at once).
+    Release { dir: u64, free_from_ns: Option<i64> },
+    /// Asks `holder`, which holds `dir`, to let it go.
+    Recall { dir: u64, holder: u64 },
+}
+
 /// flock(2) or POSIX record locks: separate on Linux, they never conflict with each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LockKind {
@@ -320,9 +347,10 @@ pub trait MetaStore: Send + Sync + 'static {
     fn crashed_sessions(&self) -> Vec<u64>;
     /// Blocks waiting for deletion (released by a commit, not yet deleted from the store).
     fn pending_gc(&self) -> Result<Vec<u64>, Errno>;
-    /// The session's heartbeat; on a shared volume it also ends sessions whose heartbeat
-    /// stopped, and answers which (their uncommitted blocks are the caller's to delete).
-    fn heartbeat(&self, now_ns: i64, done: Done<Vec<u64>>);
+    /// The session's heartbeat; on a shared volume it also renews the session's directory
+    /// leases (until `now_ns` + `ops::LEASE_TTL`) and ends sessions whose heartbeat stopped,
+    /// and answers which (their uncommitted blocks are the caller's to delete).
+    fn heartbeat(&self, now_ns: i64, done: Done<Beat>);
     /// Ends the session (unmount): removes its row and ranges; the committer stops after it.
     fn close(&self);
 
@@ -352,6 +380,15 @@ pub trait MetaStore: Send + Sync + 'static {
     /// Frees this session's orphans unlinked before `before_ns` that no mount holds and that
     /// are not open here; the blocks released.
     fn sweep_orphans(&self, before_ns: i64, is_open: IsOpen, done: Done<Vec<u64>>);
+
+    // Directory leases of a shared volume (issue 15); none where one mount holds the volume.
+    /// The session holding a live lease on `dir` other than this one, if any.
+    fn foreign_lease(&self, queue: usize, dir: u64, now_ns: i64) -> Result<Option<u64>, Errno>;
+    /// Directories whose lease this session holds and another mount recalled.
+    fn recalled_leases(&self) -> Result<Vec<u64>, Errno>;
+    /// Takes, lets go or recalls a lease; committed by the committer's own thread (never on
+    /// the caller's), in the order queued.
+    fn change_lease(&self, change: LeaseChange, done: Done<bool>);
 
     // A shared volume's change log (issue 14).
     /// What other sessions changed past `cursors` (session → last seq read; moved on by the

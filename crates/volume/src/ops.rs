@@ -50,6 +50,10 @@ const INSERT_INODE_SQL: &str = "INSERT INTO inodes (ino, mode, uid, gid, rdev, n
 const UPSERT_XATTR_SQL: &str = "INSERT INTO xattrs (ino, name, value) VALUES (?, ?, ?)
      ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value";
 const HEARTBEAT_SQL: &str = "UPDATE sessions SET heartbeat_ns = ? WHERE id = ?";
+/// How long a directory lease lasts past the heartbeat that renewed it: how long the other
+/// mounts wait for a holder that died (its changes answered early and not committed are
+/// lost with it, as an unacknowledged write is). Five heartbeats of a shared volume.
+pub const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The DT_ type of a mode, as entries.kind.
 pub fn kind_of(mode: u32) -> i64 {
@@ -1057,15 +1061,22 @@ pub fn expire_sessions<C: Tx>(
         &args![session, stale_before_ns],
     )?;
     w.tx().execute(
+        "DELETE FROM leases WHERE session <> 0 AND session NOT IN
+         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
+        &args![session, stale_before_ns],
+    )?;
+    w.tx().execute(
         "DELETE FROM sessions WHERE id <> ? AND heartbeat_ns < ?",
         &args![session, stale_before_ns],
     )?;
     Ok(dead)
 }
 
-/// Ends this session (unmount): its locks, ranges and row (inside the caller's transaction).
+/// Ends this session (unmount): its locks, leases, ranges and row (inside the caller's
+/// transaction).
 pub fn end_session(tx: &mut dyn Tx, session: u64) -> Result<(), DbError> {
     tx.execute("DELETE FROM locks WHERE session = ?", &args![session])?;
+    tx.execute("DELETE FROM leases WHERE session = ?", &args![session])?;
     tx.execute("DELETE FROM holds WHERE session = ?", &args![session])?;
     // Orphans another mount still holds go to one of those mounts, whose sweep frees them.
     tx.execute(
@@ -1079,6 +1090,82 @@ pub fn end_session(tx: &mut dyn Tx, session: u64) -> Result<(), DbError> {
     )?;
     tx.execute("DELETE FROM sessions WHERE id = ?", &args![session])?;
     Ok(())
+}
+
+// ---- Directory leases (a shared volume, see `dirops`) --------------------------------------
+
+/// The session other than `me` whose lease on `dir` is live at `now_ns`, if any.
+pub fn foreign_lease(
+    tx: &mut dyn Tx,
+    me: u64,
+    dir: u64,
+    now_ns: i64,
+) -> Result<Option<u64>, Errno> {
+    let row = tx.query_opt(
+        "SELECT session FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?",
+        &args![dir, me, now_ns],
+    )?;
+    Ok(row.map(|r| r.u64(0)).transpose()?)
+}
+
+/// Directories whose lease `me` holds and another mount recalled.
+pub fn recalled_leases(tx: &mut dyn Tx, me: u64) -> Result<Vec<u64>, Errno> {
+    blocks_of(tx.query(
+        "SELECT dir FROM leases WHERE session = ? AND recalled <> 0",
+        &args![me],
+    )?)
+}
+
+/// Takes, lets go or recalls a lease (see [`LeaseChange`]); whether the change took.
+pub fn change_lease<C: Tx>(w: &mut Writer<C>, change: LeaseChange) -> Result<bool, Errno> {
+    let me = w.session;
+    let changed = match change {
+        // A lease nobody holds, or an expired one, or one let go long enough ago, or our own.
+        LeaseChange::Take {
+            dir,
+            now_ns,
+            expires_ns,
+        } => w.tx().execute(
+            "INSERT INTO leases (dir, session, epoch, expires_ns, recalled) VALUES (?, ?, 1, ?, 0)
+             ON CONFLICT (dir) DO UPDATE SET session = excluded.session,
+                 epoch = leases.epoch + 1, expires_ns = excluded.expires_ns, recalled = 0
+             WHERE leases.session = excluded.session OR leases.expires_ns <= ?",
+            &args![dir, me, expires_ns, now_ns],
+        )?,
+        LeaseChange::Release {
+            dir,
+            free_from_ns: Some(free_from_ns),
+        } => w.tx().execute(
+            "UPDATE leases SET session = 0, recalled = 0, expires_ns = ? WHERE dir = ? AND session = ?",
+            &args![free_from_ns, dir, me],
+        )?,
+        LeaseChange::Release {
+            dir,
+            free_from_ns: None,
+        } => w.tx().execute(
+            "DELETE FROM leases WHERE dir = ? AND session = ?",
+            &args![dir, me],
+        )?,
+        LeaseChange::Recall { dir, holder } => w.tx().execute(
+            "UPDATE leases SET recalled = 1 WHERE dir = ? AND session = ?",
+            &args![dir, holder],
+        )?,
+    };
+    Ok(changed == 1)
+}
+
+/// Renews every lease of the session until `expires_ns` (with the heartbeat); the
+/// directories it holds.
+pub fn renew_leases<C: Tx>(w: &mut Writer<C>, expires_ns: i64) -> Result<Vec<u64>, Errno> {
+    let me = w.session;
+    w.tx().execute(
+        "UPDATE leases SET expires_ns = ? WHERE session = ?",
+        &args![expires_ns, me],
+    )?;
+    blocks_of(
+        w.tx()
+            .query("SELECT dir FROM leases WHERE session = ?", &args![me])?,
+    )
 }
 
 // ---- Locks (a shared volume) -------------------------------------------------------------

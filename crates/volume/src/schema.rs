@@ -6,7 +6,7 @@
 //! was made by a newer lanefs and is refused.
 
 /// The newest schema step this binary knows; also the volume's format version.
-pub const FORMAT_VERSION: i64 = 2;
+pub const FORMAT_VERSION: i64 = 3;
 
 /// Step 1: the whole first schema (see ARCHITECTURE.md, "Volume", for what each table is).
 const STEP_1: &str = "
@@ -60,8 +60,19 @@ CREATE TABLE holds (ino BIGINT NOT NULL, session BIGINT NOT NULL, PRIMARY KEY (i
 ALTER TABLE orphans ADD COLUMN since_ns BIGINT NOT NULL DEFAULT 0;
 ";
 
+/// Step 3: directory leases of a shared volume (issue 15). A row is one directory's lease:
+/// `session` holds it until `expires_ns` (renewed by its heartbeat); another mount that needs
+/// the directory sets `recalled`, and the holder commits what it answered early there and
+/// lets go. A row with `session` 0 is no lease: the directory was let go after a recall, and
+/// nobody takes it before `expires_ns` (so that two mounts working in one directory do not
+/// hand it back and forth on every change).
+const STEP_3: &str = "
+ALTER TABLE leases ADD COLUMN recalled BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX leases_by_session ON leases (session);
+";
+
 /// Every step, in order: `STEPS[i]` takes the schema from version `i` to `i + 1`.
-pub const STEPS: &[&str] = &[STEP_1, STEP_2];
+pub const STEPS: &[&str] = &[STEP_1, STEP_2, STEP_3];
 
 /// The step's text for an engine whose byte-string type is `bytes`.
 pub fn step_for(step: &str, bytes: &str) -> String {

@@ -687,7 +687,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.read(0, |c| ops::pending_gc(c))
     }
 
-    fn heartbeat(&self, now_ns: i64, done: Done<Vec<u64>>) {
+    fn heartbeat(&self, now_ns: i64, done: Done<Beat>) {
         // Other sessions are ended only by a mount that has itself been in contact with the
         // database for a whole expiry period: after an outage, every mount gets that long to
         // beat again before anyone judges it dead.
@@ -703,11 +703,13 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             false,
             move |w| {
                 ops::heartbeat(w, now_ns)?;
+                let mut beat = Beat::default();
                 if w.log_changes {
                     ops::trim_change_log(w, now_ns)?;
+                    beat.leases = ops::renew_leases(w, now_ns + ops::LEASE_TTL.as_nanos() as i64)?;
                 }
                 let Some(expiry) = expiry else {
-                    return Ok(Vec::new());
+                    return Ok(beat);
                 };
                 let ended = ops::expire_sessions(w, now_ns - expiry.as_nanos() as i64, now_ns)?;
                 if !ended.is_empty() {
@@ -716,7 +718,8 @@ impl<C: Conn> MetaStore for SqlStore<C> {
                         expiry.as_secs()
                     );
                 }
-                Ok(ended)
+                beat.ended = ended;
+                Ok(beat)
             },
             Box::new(move |result| {
                 if result.is_ok() {
@@ -785,6 +788,20 @@ impl<C: Conn> MetaStore for SqlStore<C> {
 
     fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>, done: Done<()>) {
         self.submit(false, move |w| ops::release_locks(w, ino, owner), done)
+    }
+
+    fn foreign_lease(&self, queue: usize, dir: u64, now_ns: i64) -> Result<Option<u64>, Errno> {
+        let session = self.session;
+        self.read(queue, |c| ops::foreign_lease(c, session, dir, now_ns))
+    }
+
+    fn recalled_leases(&self) -> Result<Vec<u64>, Errno> {
+        let session = self.session;
+        self.read(0, |c| ops::recalled_leases(c, session))
+    }
+
+    fn change_lease(&self, change: LeaseChange, done: Done<bool>) {
+        self.queue(false, false, move |w| ops::change_lease(w, change), done)
     }
 
     fn changes_since(

@@ -96,13 +96,15 @@ pub enum SystemSpec {
     },
     /// lanefs's volume on the bench's PostgreSQL (its metadata; blocks in a local directory
     /// on the bench's tmpfs, or with `s3` in a prefix of the bench's MinIO bucket), over
-    /// io_uring or `queues` cloned /dev/fuse fds, with `--async-commit` or not, mounted
-    /// `mounts` times (separate daemons, as separate machines would mount it); skipped with a
-    /// note where PostgreSQL (or MinIO) is not installed.
+    /// io_uring or `queues` cloned /dev/fuse fds, with `--async-commit` or not, directory
+    /// operations answered early under leases (the default) or not (`--no-async-dirops`),
+    /// mounted `mounts` times (separate daemons, as separate machines would mount it);
+    /// skipped with a note where PostgreSQL (or MinIO) is not installed.
     LanefsVolumePg {
         queues: usize,
         uring: bool,
         async_commit: bool,
+        async_dirops: bool,
         mounts: usize,
         s3: bool,
     },
@@ -162,10 +164,11 @@ impl SystemSpec {
                 queues,
                 uring,
                 async_commit,
+                async_dirops,
                 mounts,
                 s3,
             } => format!(
-                "lanefs volume on PostgreSQL {}{}{}{}",
+                "lanefs volume on PostgreSQL {}{}{}{}{}",
                 if *s3 { "+ S3 " } else { "" },
                 if *uring {
                     format!("io_uring d{}", lanefs_fuse::uring::DEFAULT_QUEUE_DEPTH)
@@ -173,6 +176,11 @@ impl SystemSpec {
                     format!("{queues}q")
                 },
                 if *async_commit { " async-commit" } else { "" },
+                if *async_dirops {
+                    ""
+                } else {
+                    " no-async-dirops"
+                },
                 if *mounts > 1 {
                     format!(", {mounts} mounts")
                 } else {
@@ -258,12 +266,13 @@ impl SystemSpec {
                 queues,
                 uring,
                 async_commit,
+                async_dirops,
                 mounts,
                 s3,
             } => json!({"system": "lanefs",
                 "fs": "volume", "metadata": "PostgreSQL",
                 "data": if *s3 { "S3 (MinIO)" } else { "local directory" },
-                "async_commit": async_commit, "mounts": mounts,
+                "async_commit": async_commit, "async_dirops": async_dirops, "mounts": mounts,
                 "postgres_data": ctx.disk_label,
                 "s3_data": s3.then_some(&ctx.disk_label),
                 "queues": if *uring { possible_cpus() } else { *queues },
@@ -425,6 +434,7 @@ impl SystemSpec {
                 queues,
                 uring,
                 async_commit,
+                async_dirops,
                 mounts,
                 s3,
             } => {
@@ -432,6 +442,9 @@ impl SystemSpec {
                 let mut args = transport_args(*queues, depth)?;
                 if *async_commit {
                     args.push("--async-commit".into());
+                }
+                if !*async_dirops {
+                    args.push("--no-async-dirops".into());
                 }
                 let unavailable = |server: &str, why| match why {
                     Unavailable::NotInstalled(why) => OpenError::Skip(why),

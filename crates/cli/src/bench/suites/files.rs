@@ -55,6 +55,14 @@ fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
         async_dirops: false,
     });
     systems.extend(volumes_on_postgres(ctx.settings.cores));
+    systems.push(SystemSpec::LanefsVolumePg {
+        queues: ctx.settings.cores,
+        uring: true,
+        async_commit: false,
+        async_dirops: false,
+        mounts: 1,
+        s3: false,
+    });
     systems.extend(passthrough_hp(false));
     systems.push(SystemSpec::JuiceFs);
     systems
@@ -92,6 +100,7 @@ pub fn plan_create(ctx: &Ctx) -> SuitePlan {
             // Cloned fds: there wherever the bench runs (io_uring may be off).
             uring: false,
             async_commit: false,
+            async_dirops: true,
             mounts: 2,
             s3: false,
         }],

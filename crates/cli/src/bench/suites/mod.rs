@@ -214,6 +214,7 @@ fn volumes_on_postgres(cores: usize) -> [SystemSpec; 4] {
         queues: cores,
         uring,
         async_commit,
+        async_dirops: true,
         mounts: 1,
         s3,
     })

@@ -1,0 +1,229 @@
+//! Directory leases of a shared volume (issue 15): what one mount knows of the leases it
+//! holds. A mount answers a change in a directory before its commit (see `dirops`) only
+//! while it holds the directory's lease: a row in `leases` naming its session, renewed by its
+//! heartbeat, which other mounts respect. Before another mount changes or lists that
+//! directory, it recalls the lease and waits (`AsyncDirops::clear_foreign_lease`); the holder
+//! sees the recall within `CHANGE_POLL_INTERVAL`, stops answering early there, commits what
+//! it answered, and lets go. A holder that died is waited for until its lease expires
+//! (`ops::LEASE_TTL` after its last heartbeat); what it answered and never committed is lost
+//! with it, as an unacknowledged write is, and never half: its commits were whole batches.
+//!
+//! The database stays the arbiter: every change committed under a lease runs the same checks
+//! as a synchronous one, so a lease lost in a way this mount could not see (its database
+//! stalled past the margin) turns a wrong early answer into an error that fsync and close
+//! report, never into a wrong volume.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::dirops::Shards;
+use crate::ops::LEASE_TTL;
+
+/// This mount stops answering early under a lease this long before the lease expires in
+/// the database (by this machine's clock), so that its last early answers are committed
+/// or refused while the lease still holds: covers a heartbeat that is late and clocks a
+/// little apart.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(3);
+/// After letting a directory go at another mount's recall, nobody takes it again for this
+/// long: two mounts working in one directory then mostly change it synchronously instead of
+/// handing the lease back and forth at every change.
+pub const LEASE_COOLDOWN: Duration = Duration::from_secs(2);
+/// After failing to take a lease (another mount holds it, or it cools down), this mount does
+/// not ask again for this long.
+pub const LEASE_RETRY: Duration = Duration::from_millis(500);
+/// How often a mount waiting for another's lease to go looks again.
+pub const RECALL_POLL: Duration = Duration::from_millis(10);
+/// The longest a mount waits for another's lease: its expiry, and a heartbeat more.
+pub const RECALL_WAIT_MAX: Duration = Duration::from_secs(LEASE_TTL.as_secs() + 3);
+
+/// A lease this mount holds.
+pub struct Held {
+    /// When it was taken (wall-clock ns).
+    since_ns: i64,
+    /// Until when (wall-clock ns) changes may be answered early under it: `LEASE_MARGIN`
+    /// before the expiry that the last commit renewing it wrote.
+    until_ns: AtomicI64,
+    /// Early answers in progress under it (from the check until their change is queued).
+    users: AtomicU32,
+    /// Being let go: no new early answer under it.
+    revoked: AtomicBool,
+    /// Used since the last heartbeat (a lease unused for a heartbeat is let go).
+    used: AtomicBool,
+}
+
+/// An early answer in progress under a lease (None: the volume needs none); the lease is
+/// not let go before it is dropped, i.e. before the answer's change is queued.
+pub struct LeaseUse(Option<Arc<Held>>);
+
+impl LeaseUse {
+    pub fn unneeded() -> LeaseUse {
+        LeaseUse(None)
+    }
+}
+
+impl Drop for LeaseUse {
+    fn drop(&mut self) {
+        if let Some(held) = &self.0 {
+            held.users.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The leases this mount holds, and what it refused to retry; counters for `lanefs stats`.
+pub struct Leases {
+    /// dir → the lease held on it. Shard locks are leaves, held for a map operation.
+    held: Shards<u64, Arc<Held>>,
+    /// dir → until when (ns) not to try to take it again.
+    refused: Shards<u64, i64>,
+    taken: AtomicU64,
+    let_go_at_recall: AtomicU64,
+    waited_for_others: AtomicU64,
+}
+
+impl Default for Leases {
+    fn default() -> Leases {
+        Leases {
+            held: Shards::new(),
+            refused: Shards::new(),
+            taken: AtomicU64::new(0),
+            let_go_at_recall: AtomicU64::new(0),
+            waited_for_others: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Leases {
+    pub fn counters(&self) -> [(&'static str, u64); 3] {
+        [
+            ("leases_taken", self.taken.load(Ordering::Relaxed)),
+            (
+                "leases_let_go_at_recall",
+                self.let_go_at_recall.load(Ordering::Relaxed),
+            ),
+            (
+                "waits_for_other_mounts_leases",
+                self.waited_for_others.load(Ordering::Relaxed),
+            ),
+        ]
+    }
+
+    /// Starts an early answer in `dir` under a lease held and valid at `now_ns`.
+    pub fn use_held(&self, dir: u64, now_ns: i64) -> Option<LeaseUse> {
+        let held = self.held.shard(dir).get(&dir).cloned()?;
+        held.users.fetch_add(1, Ordering::AcqRel);
+        // Checked after counting in: a revoke seen here waits for this use to end.
+        if held.revoked.load(Ordering::Acquire) || held.until_ns.load(Ordering::Acquire) <= now_ns {
+            held.users.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        held.used.store(true, Ordering::Relaxed);
+        Some(LeaseUse(Some(held)))
+    }
+
+    /// Whether this mount holds a valid lease on `dir` at `now_ns`.
+    pub fn holds(&self, dir: u64, now_ns: i64) -> bool {
+        self.use_held(dir, now_ns).is_some()
+    }
+
+    /// Whether taking `dir` was refused recently.
+    pub fn refused_recently(&self, dir: u64, now_ns: i64) -> bool {
+        let mut refused = self.refused.shard(dir);
+        match refused.get(&dir) {
+            Some(until) if *until > now_ns => true,
+            Some(_) => {
+                refused.remove(&dir);
+                false
+            }
+            None => false,
+        }
+    }
+
+    pub fn refuse_for_now(&self, dir: u64, now_ns: i64) {
+        self.refused
+            .shard(dir)
+            .insert(dir, now_ns + LEASE_RETRY.as_nanos() as i64);
+    }
+
+    /// Records a lease taken at `taken_ns` (its expiry `taken_ns + LEASE_TTL`), and starts
+    /// the early answer it was taken for.
+    pub fn taken(&self, dir: u64, taken_ns: i64) -> LeaseUse {
+        let held = Arc::new(Held {
+            since_ns: taken_ns,
+            until_ns: AtomicI64::new(valid_until(taken_ns)),
+            users: AtomicU32::new(1),
+            revoked: AtomicBool::new(false),
+            used: AtomicBool::new(true),
+        });
+        self.held.shard(dir).insert(dir, held.clone());
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        LeaseUse(Some(held))
+    }
+
+    /// Forgets `dir`'s lease (its take failed after it was recorded).
+    pub fn lost(&self, dir: u64) {
+        if let Some(held) = self.held.shard(dir).remove(&dir) {
+            held.revoked.store(true, Ordering::Release);
+        }
+    }
+
+    /// A heartbeat that started at `beat_ns` renewed `renewed` in the database: those stay
+    /// valid until `LEASE_MARGIN` before the new expiry; any other taken before the beat, or
+    /// one that had lapsed already (the database may have given it to another mount since),
+    /// is forgotten.
+    pub fn renewed(&self, beat_ns: i64, renewed: &[u64]) {
+        let renewed: std::collections::HashSet<u64> = renewed.iter().copied().collect();
+        for shard in &self.held.shards {
+            let mut held = shard.lock().unwrap_or_else(|e| e.into_inner());
+            held.retain(|dir, h| {
+                if h.since_ns >= beat_ns {
+                    return true;
+                }
+                let keep = renewed.contains(dir) && h.until_ns.load(Ordering::Acquire) > beat_ns;
+                if keep {
+                    h.until_ns.fetch_max(valid_until(beat_ns), Ordering::AcqRel);
+                } else {
+                    h.revoked.store(true, Ordering::Release);
+                }
+                keep
+            });
+        }
+    }
+
+    /// Revokes the leases on `dirs` (all unused since the last call, with `idle`) and waits
+    /// for the early answers in progress under them; the directories revoked.
+    pub fn revoke(&self, dirs: &[u64], idle: bool) -> Vec<u64> {
+        let mut revoked = Vec::new();
+        for shard in &self.held.shards {
+            let mut held = shard.lock().unwrap_or_else(|e| e.into_inner());
+            held.retain(|dir, h| {
+                let go = dirs.contains(dir) || (idle && !h.used.swap(false, Ordering::Relaxed));
+                if go {
+                    h.revoked.store(true, Ordering::Release);
+                    revoked.push((*dir, h.clone()));
+                }
+                !go
+            });
+        }
+        for (_, h) in &revoked {
+            // An answer between its check and the queueing of its change: microseconds.
+            while h.users.load(Ordering::Acquire) != 0 {
+                std::thread::yield_now();
+            }
+        }
+        revoked.into_iter().map(|(dir, _)| dir).collect()
+    }
+
+    pub fn count_let_go_at_recall(&self, n: usize) {
+        self.let_go_at_recall.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub fn count_wait(&self) {
+        self.waited_for_others.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Until when a lease whose expiry was written as `from_ns + LEASE_TTL` may be used.
+fn valid_until(from_ns: i64) -> i64 {
+    from_ns + (LEASE_TTL - LEASE_MARGIN).as_nanos() as i64
+}
