@@ -934,12 +934,32 @@ fn full_metadata_disk(async_dirops: bool) {
 /// is as the database has it (the create's gone, the unlinked file back).
 #[test]
 fn an_early_answered_change_that_fails_at_commit_fails_fsync_and_close() {
+    early_change_failing_at_commit(None);
+}
+
+/// The same in a directory this mount made, whose names it answers from its own listing:
+/// after the failures the listing is not trusted (the create's name gone, the file back).
+#[test]
+fn an_early_answered_change_that_fails_in_a_new_directory_leaves_its_names_right() {
+    early_change_failing_at_commit(Some("new"));
+}
+
+/// `dir`: where the changes happen (None: the root, made by format; a name: a directory the
+/// mount makes first).
+fn early_change_failing_at_commit(dir: Option<&str>) {
     use std::os::fd::IntoRawFd;
     let volume = Volume::format("early-fail");
     let log = volume.dir.path().join("daemon.log");
     let m = volume.mount(&["--log", log.to_str().unwrap()]);
-    std::fs::write(m.path("kept"), b"kept").unwrap();
-    std::fs::File::open(m.path("kept"))
+    let at = |name: &str| match dir {
+        Some(dir) => format!("{dir}/{name}"),
+        None => name.to_owned(),
+    };
+    if let Some(dir) = dir {
+        std::fs::create_dir(m.path(dir)).unwrap();
+    }
+    std::fs::write(m.path(&at("kept")), b"kept").unwrap();
+    std::fs::File::open(m.path(&at("kept")))
         .unwrap()
         .sync_all()
         .unwrap();
@@ -953,7 +973,7 @@ fn an_early_answered_change_that_fails_at_commit_fails_fsync_and_close() {
     .unwrap();
     let before = m.counter("async_dirops");
     // Answered at once (nothing was wrong with it as far as the mount could tell)...
-    let mut doomed = std::fs::File::create(m.path("doomed")).unwrap();
+    let mut doomed = std::fs::File::create(m.path(&at("doomed"))).unwrap();
     assert_eq!(m.counter("async_dirops"), before + 1, "not answered early");
     doomed.write_all(b"lost").unwrap();
     // ...and refused at the commit: fsync and close say so.
@@ -964,19 +984,19 @@ fn an_early_answered_change_that_fails_at_commit_fails_fsync_and_close() {
     let closed = unsafe { libc::close(fd) };
     assert_eq!(closed, -1, "close of a file whose create failed succeeded");
     assert_eq!(m.counter("async_dirop_errors"), 1);
-    let gone = wait_until(Duration::from_secs(5), || !m.path("doomed").exists());
+    let gone = wait_until(Duration::from_secs(5), || !m.path(&at("doomed")).exists());
     assert!(gone, "the failed create's name is still there");
     // An unlink answered early and refused at the commit: the directory's fsync fails once,
     // and the file is back with its bytes.
-    std::fs::remove_file(m.path("kept")).unwrap();
-    let root = std::fs::File::open(&m.mountpoint).unwrap();
+    std::fs::remove_file(m.path(&at("kept"))).unwrap();
+    let root = std::fs::File::open(m.path(dir.unwrap_or(""))).unwrap();
     assert!(root.sync_all().is_err(), "fsync of the directory succeeded");
     root.sync_all().unwrap();
     drop(root);
     assert_eq!(m.counter("async_dirop_errors"), 2);
-    let back = wait_until(Duration::from_secs(5), || m.path("kept").exists());
+    let back = wait_until(Duration::from_secs(5), || m.path(&at("kept")).exists());
     assert!(back, "the file whose unlink failed is not back");
-    assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"kept");
+    assert_eq!(std::fs::read(m.path(&at("kept"))).unwrap(), b"kept");
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(logged.contains("\"doomed\""), "{logged}");
     assert!(logged.contains("\"kept\""), "{logged}");
@@ -984,13 +1004,13 @@ fn an_early_answered_change_that_fails_at_commit_fails_fsync_and_close() {
         .unwrap();
     drop(db);
     // The volume goes on: the same names work now.
-    std::fs::write(m.path("doomed"), b"now").unwrap();
-    std::fs::remove_file(m.path("kept")).unwrap();
+    std::fs::write(m.path(&at("doomed")), b"now").unwrap();
+    std::fs::remove_file(m.path(&at("kept"))).unwrap();
     m.unmount();
     volume.assert_clean();
     let m = volume.mount(&[]);
-    assert_eq!(std::fs::read(m.path("doomed")).unwrap(), b"now");
-    assert!(!m.path("kept").exists());
+    assert_eq!(std::fs::read(m.path(&at("doomed"))).unwrap(), b"now");
+    assert!(!m.path(&at("kept")).exists());
     m.unmount();
 }
 

@@ -3,8 +3,8 @@
 //! are answered before they commit; the store's committer commits them in the background, in
 //! batches, in the order they were answered. On a volume that one mount holds (SQLite) in
 //! every directory; on a shared one (PostgreSQL) in the directories whose lease this mount
-//! holds (see `leases`), and this mount recalls another's lease before it changes or lists
-//! that mount's leased directories, misses a name there, or opens a file made there.
+//! holds (see `leases`), and this mount recalls another's lease before it changes, lists or
+//! looks up a name in that mount's leased directories, or opens a file made there.
 //!
 //! `AsyncDirops` is a [`MetaStore`] over the real one. Its overlay holds what the answered,
 //! uncommitted changes did, and every read looks there first:
@@ -40,10 +40,10 @@
 //! behind them), so what fsync acknowledged survives a crash.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-use crate::leases::{LEASE_COOLDOWN, LeaseUse, Leases, RECALL_POLL, RECALL_WAIT_MAX};
+use crate::leases::{Held, LEASE_COOLDOWN, LeaseUse, Leases, RECALL_POLL, RECALL_WAIT_MAX};
 use crate::meta::*;
 use crate::now_ns;
 
@@ -51,6 +51,10 @@ use crate::now_ns;
 const SHARDS: usize = 16;
 /// Reads of a name that raced with a commit, tried again before waiting for the committer.
 const RACED_READS_MAX: usize = 3;
+/// Names held in the listings of the directories this mount made (`Listing`), all
+/// together: past it a listing that would grow is dropped (its directory's names are read
+/// from the store again). About 64 MiB at most.
+const LISTED_NAMES_MAX: usize = 1 << 20;
 
 /// What the file system lends the overlay: whether an inode is open on this mount (without
 /// marking it, unlike `IsOpen`), where released blocks go, and how the kernel forgets a
@@ -101,6 +105,24 @@ impl<K, V> Shards<K, V> {
     }
 }
 
+/// The complete set of a directory's names, which this mount knows because it made the
+/// directory (answered early) and every change of its names since went through here, so
+/// that a lookup or the free-name check of a create there needs no read of the store. Any
+/// change of its names that takes the store's synchronous path, or fails at its commit,
+/// drops it; on a shared volume it is valid only under the lease it was made under.
+struct Listing {
+    names: HashMap<Vec<u8>, u64>,
+    under: Option<Arc<Held>>,
+}
+
+/// The next range of delegated inode numbers, asked for ahead of need.
+#[derive(Default)]
+struct SpareRange {
+    asked: bool,
+    /// [start, end), once its grab committed.
+    range: Option<(u64, u64)>,
+}
+
 /// The error of a change answered early that failed at its commit.
 #[derive(Clone, Copy)]
 struct FailedChange {
@@ -121,6 +143,11 @@ pub struct AsyncDirops {
     /// Delegated inode numbers not handed out yet: [next, end). Held while a new range is
     /// taken (a commit, once per `ops::INODE_RANGE` creates); a leaf otherwise.
     delegated: Mutex<(u64, u64)>,
+    /// The next range, asked for in the background once half of the current one is handed
+    /// out (a range grab queues behind every change answered so far, which under a steady
+    /// stream of creates takes as long as the committer's backlog). A leaf lock, taken
+    /// inside `delegated` or alone.
+    spare: Arc<Mutex<SpareRange>>,
     /// Numbers the changes of the overlay (`PendingName::seq`).
     seq: AtomicU64,
     /// Bumped after an `inodes` entry goes: a read that missed the overlay and raced with a
@@ -136,6 +163,10 @@ pub struct AsyncDirops {
     answered_early: AtomicU64,
     failed: AtomicU64,
     hooks: OnceLock<Hooks>,
+    /// dir → its complete listing (see `Listing`); sharded by directory.
+    listings: Shards<u64, Listing>,
+    /// Names in `listings`, all together (bounded by `LISTED_NAMES_MAX`).
+    listed_names: AtomicUsize,
     /// A shared volume's directory leases (see `leases`): the ones this mount holds, and
     /// the others', which it recalls before changing or listing their directories (also
     /// when it answers nothing early itself). None where one mount holds the volume.
@@ -153,6 +184,7 @@ impl AsyncDirops {
             names: Shards::new(),
             inodes: Shards::new(),
             delegated: Mutex::new((0, 0)),
+            spare: Arc::new(Mutex::new(SpareRange::default())),
             seq: AtomicU64::new(1),
             settled: AtomicU64::new(0),
             errors: Mutex::new(HashMap::new()),
@@ -160,6 +192,8 @@ impl AsyncDirops {
             answered_early: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             hooks: OnceLock::new(),
+            listings: Shards::new(),
+            listed_names: AtomicUsize::new(0),
             leases: shared.then(Leases::default),
         })
     }
@@ -249,19 +283,52 @@ impl AsyncDirops {
     fn next_ino(&self) -> Option<u64> {
         let mut range = self.delegated.lock().unwrap_or_else(|e| e.into_inner());
         if range.0 >= range.1 {
-            match wait(|done| self.inner.delegate_inodes(done)) {
-                Ok(taken) => *range = taken,
-                Err(e) => {
-                    tracing::warn!(
-                        "volume: taking inode numbers for early answers: errno {e}; creates wait for their commit meanwhile"
-                    );
-                    return None;
-                }
+            let spare = self
+                .spare
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .range
+                .take();
+            match spare {
+                Some(taken) => *range = taken,
+                None => match wait(|done| self.inner.delegate_inodes(done)) {
+                    Ok(taken) => *range = taken,
+                    Err(e) => {
+                        tracing::warn!(
+                            "volume: taking inode numbers for early answers: errno {e}; creates wait for their commit meanwhile"
+                        );
+                        return None;
+                    }
+                },
             }
+            self.spare.lock().unwrap_or_else(|e| e.into_inner()).asked = false;
         }
         let ino = range.0;
         range.0 += 1;
+        if range.1 - range.0 < crate::ops::INODE_RANGE / 2 {
+            self.ask_for_spare_range();
+        }
         Some(ino)
+    }
+
+    /// Asks for the next range in the background, once per range.
+    fn ask_for_spare_range(&self) {
+        {
+            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+            if spare.asked || spare.range.is_some() {
+                return;
+            }
+            spare.asked = true;
+        }
+        let spare = self.spare.clone();
+        self.inner.delegate_inodes(Box::new(move |taken| {
+            let mut spare = spare.lock().unwrap_or_else(|e| e.into_inner());
+            match taken {
+                Ok(taken) => spare.range = Some(taken),
+                // Asked again at the next create; the range itself is then taken waiting.
+                Err(_) => spare.asked = false,
+            }
+        }));
     }
 
     /// What `name` in `parent` holds: Some(Some(rec)), Some(None) for no such name, None when
@@ -272,7 +339,7 @@ impl AsyncDirops {
             .shard(parent)
             .get(&(parent, name.to_vec()))
             .map(|p| p.ino);
-        match pending {
+        match pending.or_else(|| self.listed(parent, name)) {
             Some(None) => Some(None),
             Some(Some(ino)) => self.current(queue, ino).ok().map(Some),
             None => match self.inner.lookup(queue, parent, name) {
@@ -308,6 +375,7 @@ impl AsyncDirops {
             dir.rec.ctime_ns = now_ns;
             dir.rec.nlink = (dir.rec.nlink as i64 + nlink_delta).max(0) as u32;
         }
+        self.list_change(parent, name, ino);
         // The name last: a reader that finds it finds the inode's entry too.
         self.names
             .shard(parent)
@@ -341,11 +409,93 @@ impl AsyncDirops {
             std::io::Error::from_raw_os_error(e)
         );
         self.note_error(parent, e, false);
+        self.forget_listing(parent);
         if let Some(ino) = ino {
             self.note_error(ino, e, true);
+            self.forget_listing(ino);
         }
         if let Some(hooks) = self.hooks.get() {
             (hooks.forget_name)(parent, name.to_vec());
+        }
+    }
+
+    /// What `name` in `dir` holds by this mount's listing of `dir`: Some(Some(ino)),
+    /// Some(None) for no such name; None without a valid listing (read the store).
+    fn listed(&self, dir: u64, name: &[u8]) -> Option<Option<u64>> {
+        let under = match &self.leases {
+            Some(leases) => Some(leases.valid_held(dir, now_ns())?),
+            None => None,
+        };
+        let mut listings = self.listings.shard(dir);
+        let listing = listings.get(&dir)?;
+        let same_lease = match (&under, &listing.under) {
+            (Some(now), Some(made)) => Arc::ptr_eq(now, made),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same_lease {
+            let gone = listings.remove(&dir);
+            drop(listings);
+            self.unlist(gone);
+            return None;
+        }
+        Some(listing.names.get(name).copied())
+    }
+
+    /// Starts the (empty) listing of a directory this mount just made.
+    fn list_new_directory(&self, dir: u64) {
+        if self.listed_names.load(Ordering::Relaxed) >= LISTED_NAMES_MAX {
+            return;
+        }
+        let under = match &self.leases {
+            Some(leases) => match leases.valid_held(dir, now_ns()) {
+                Some(held) => Some(held),
+                None => return,
+            },
+            None => None,
+        };
+        let listing = Listing {
+            names: HashMap::new(),
+            under,
+        };
+        self.listings.shard(dir).insert(dir, listing);
+    }
+
+    /// An early change of `name` in `dir` (now naming `ino`, or removed), in its listing.
+    fn list_change(&self, dir: u64, name: &[u8], ino: Option<u64>) {
+        let mut listings = self.listings.shard(dir);
+        let Some(listing) = listings.get_mut(&dir) else {
+            return;
+        };
+        match ino {
+            Some(_) if self.listed_names.load(Ordering::Relaxed) >= LISTED_NAMES_MAX => {
+                let gone = listings.remove(&dir);
+                drop(listings);
+                self.unlist(gone);
+            }
+            Some(ino) => {
+                if listing.names.insert(name.to_vec(), ino).is_none() {
+                    self.listed_names.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            None => {
+                if listing.names.remove(name).is_some() {
+                    self.listed_names.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Drops `dir`'s listing (a change of its names that this overlay does not follow).
+    fn forget_listing(&self, dir: u64) {
+        let gone = self.listings.shard(dir).remove(&dir);
+        self.unlist(gone);
+    }
+
+    fn unlist(&self, gone: Option<Listing>) {
+        if let Some(gone) = gone {
+            self.listed_names
+                .fetch_sub(gone.names.len(), Ordering::Relaxed);
         }
     }
 
@@ -450,7 +600,7 @@ impl AsyncDirops {
             .shard(parent)
             .get(&(parent, name.to_vec()))
             .map(|p| p.ino);
-        match pending {
+        match pending.or_else(|| self.listed(parent, name)) {
             Some(None) => return Err(libc::ENOENT),
             Some(Some(ino)) => return self.current(queue, ino),
             None => {}
@@ -662,9 +812,9 @@ impl AsyncDirops {
 impl MetaStore for AsyncDirops {
     fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
         let found = self.lookup_here(queue, parent, name);
-        // A name this volume lacks may be one that another mount made under its lease and
-        // has not committed: after the recall it has.
-        if found == Err(libc::ENOENT) && self.clear_foreign_lease(parent) {
+        // Another mount holding the directory's lease may have made the name (or its
+        // file's bytes, or removed it) without committing yet: after the recall it has.
+        if matches!(found, Ok(_) | Err(libc::ENOENT)) && self.clear_foreign_lease(parent) {
             return self.lookup_here(queue, parent, name);
         }
         found
@@ -739,6 +889,7 @@ impl MetaStore for AsyncDirops {
                 self.clear_foreign_lease(node.parent);
             }
             drop(lease);
+            self.forget_listing(node.parent);
             return self.inner.create(node, done);
         };
         let ino = rec.ino;
@@ -778,6 +929,7 @@ impl MetaStore for AsyncDirops {
         );
         if rec.is_dir() {
             self.lease_new_directory(ino);
+            self.list_new_directory(ino);
         }
         // Answered only once queued: a change the kernel sends after this answer must
         // queue behind it (the committer's order is the queue's).
@@ -787,6 +939,7 @@ impl MetaStore for AsyncDirops {
 
     fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
         self.clear_foreign_lease(parent);
+        self.forget_listing(parent);
         self.mark_stale(ino);
         self.mark_stale(parent);
         self.inner.link(ino, parent, name, now_ns, done)
@@ -819,9 +972,13 @@ impl MetaStore for AsyncDirops {
                     self.clear_foreign_lease(target.ino);
                 }
             }
+            self.forget_listing(parent);
             return self.inner.remove(parent, name, dir, now_ns, is_open, done);
         };
         let seq = self.record(parent, base, &name, None, now_ns, -(dir as i64));
+        if dir {
+            self.forget_listing(target.ino);
+        }
         let this = self.me.clone();
         let what = if dir { "an rmdir" } else { "an unlink" };
         let key = name.clone();
@@ -876,6 +1033,8 @@ impl MetaStore for AsyncDirops {
                 self.clear_foreign_lease(over.ino);
             }
         }
+        self.forget_listing(parent);
+        self.forget_listing(newparent);
         self.mark_stale(parent);
         self.mark_stale(newparent);
         self.inner.rename(

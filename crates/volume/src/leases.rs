@@ -121,6 +121,13 @@ impl Leases {
         Some(LeaseUse(Some(held)))
     }
 
+    /// The lease this mount holds on `dir`, if valid at `now_ns` (what a listing known under
+    /// it is tied to: a lease let go and taken again is another `Held`).
+    pub fn valid_held(&self, dir: u64, now_ns: i64) -> Option<Arc<Held>> {
+        let lease = self.use_held(dir, now_ns)?;
+        lease.0.clone()
+    }
+
     /// Whether this mount holds a valid lease on `dir` at `now_ns`.
     pub fn holds(&self, dir: u64, now_ns: i64) -> bool {
         self.use_held(dir, now_ns).is_some()

@@ -337,7 +337,7 @@ pub trait MetaStore: Send + Sync + 'static {
     fn barrier(&self, done: Done<()>);
     /// A range of inode numbers [start, end) for the caller to hand out itself; crash
     /// recovery drops the session's ranges, and the counter never goes back, so a number
-    /// is never used twice.
+    /// is never used twice. Committed by the committer's own thread.
     fn delegate_inodes(&self, done: Done<(u64, u64)>);
     /// The blocks were deleted from the block store: forget them.
     fn forget_blocks(&self, blocks: Vec<u64>, done: Done<()>);

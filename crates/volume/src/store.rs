@@ -586,7 +586,8 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn delegate_inodes(&self, done: Done<(u64, u64)>) {
-        self.submit(false, |w| Ok(w.take_range()?), done)
+        // The writer thread's: an early create asks for the next range without waiting.
+        self.queue(false, false, |w| Ok(w.take_range()?), done)
     }
 
     fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
