@@ -1801,7 +1801,8 @@ mod on_postgres {
         let started = std::time::Instant::now();
         std::fs::write(b.path("d/after"), b"after").unwrap();
         let waited = started.elapsed();
-        assert_eq!(b.counter("waits_for_other_mounts_leases"), 1);
+        // For d's lease, and the root's if a still held it (from its mkdir of d).
+        assert!(b.counter("waits_for_other_mounts_leases") >= 1);
         assert!(
             waited < Duration::from_secs(20),
             "waited {waited:?} for a dead mount's lease"
