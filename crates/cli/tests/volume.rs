@@ -1043,7 +1043,10 @@ fn a_new_files_bytes_that_fail_at_commit_after_close_are_reported_once() {
     let fsync_reported = f.sync_all().is_err();
     assert!(
         close_reported != fsync_reported,
-        "reported by close: {close_reported}, by fsync: {fsync_reported} (once, by one of them)"
+        "reported by close: {close_reported}, by fsync: {fsync_reported} (once, by one of \
+         them); errors counted {}; the daemon's log:\n{}",
+        m.counter("async_dirop_errors"),
+        std::fs::read_to_string(&log).unwrap_or_default()
     );
     f.sync_all().unwrap();
     drop(f);
