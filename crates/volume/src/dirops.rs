@@ -331,15 +331,22 @@ impl AsyncDirops {
         }));
     }
 
-    /// What `name` in `parent` holds: Some(Some(rec)), Some(None) for no such name, None when
-    /// it could not be read.
-    fn resolve(&self, queue: usize, parent: u64, name: &[u8]) -> Option<Option<InodeRec>> {
+    /// What `name` in `parent` holds by what this mount knows without the store: a pending
+    /// change of the name, else the directory's listing. Some(Some(ino)), Some(None) for no
+    /// such name; None: ask the store.
+    fn known_name(&self, parent: u64, name: &[u8]) -> Option<Option<u64>> {
         let pending = self
             .names
             .shard(parent)
             .get(&(parent, name.to_vec()))
             .map(|p| p.ino);
-        match pending.or_else(|| self.listed(parent, name)) {
+        pending.or_else(|| self.listed(parent, name))
+    }
+
+    /// What `name` in `parent` holds: Some(Some(rec)), Some(None) for no such name, None when
+    /// it could not be read.
+    fn resolve(&self, queue: usize, parent: u64, name: &[u8]) -> Option<Option<InodeRec>> {
+        match self.known_name(parent, name) {
             Some(None) => Some(None),
             Some(Some(ino)) => self.current(queue, ino).ok().map(Some),
             None => match self.inner.lookup(queue, parent, name) {
@@ -595,12 +602,7 @@ impl AsyncDirops {
         if !self.enabled {
             return self.inner.lookup(queue, parent, name);
         }
-        let pending = self
-            .names
-            .shard(parent)
-            .get(&(parent, name.to_vec()))
-            .map(|p| p.ino);
-        match pending.or_else(|| self.listed(parent, name)) {
+        match self.known_name(parent, name) {
             Some(None) => return Err(libc::ENOENT),
             Some(Some(ino)) => return self.current(queue, ino),
             None => {}
