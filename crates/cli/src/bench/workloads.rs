@@ -514,6 +514,11 @@ fn run_create(
         std::fs::remove_dir_all(&tree).map_err(|e| format!("cleaning {}: {e}", tree.display()))?;
     }
     std::fs::create_dir(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
+    // Untimed: a file system that answers removes before committing them (lanefs's volume)
+    // would otherwise still be committing the previous run's cleanup while this run is
+    // timed. The directory's fsync waits for everything answered before it; where a file
+    // system has no fsync for directories, nothing was pending anyway.
+    let _ = std::fs::File::open(&tree).and_then(|d| d.sync_all());
     if caller == Caller::Unprivileged {
         hand_over(&tree)?;
     }
