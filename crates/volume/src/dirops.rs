@@ -43,7 +43,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-use crate::leases::{Held, LEASE_COOLDOWN, LeaseUse, Leases, RECALL_POLL, RECALL_WAIT_MAX};
+use crate::leases::{
+    Held, LEASE_COOLDOWN, LeaseUse, Leases, RECALL_AGAIN, RECALL_POLL, RECALL_WAIT_MAX,
+};
 use crate::meta::*;
 use crate::now_ns;
 
@@ -572,17 +574,21 @@ impl AsyncDirops {
         }
         let deadline = std::time::Instant::now() + RECALL_WAIT_MAX;
         let mut recalled = None;
+        let mut recalled_at = std::time::Instant::now();
         loop {
             let holder = match self.inner.foreign_lease(0, dir, now_ns()) {
                 Ok(Some(holder)) => holder,
                 // Unreadable: the change goes on; the database still checks it.
                 Ok(None) | Err(_) => return recalled.is_some(),
             };
-            if recalled != Some(holder) {
+            // Asked again now and then: a recall the holder missed must not cost the whole
+            // expiry.
+            if recalled != Some(holder) || recalled_at.elapsed() >= RECALL_AGAIN {
                 if recalled.is_none() {
                     leases.count_wait();
                 }
                 recalled = Some(holder);
+                recalled_at = std::time::Instant::now();
                 let recall = LeaseChange::Recall { dir, holder };
                 let _ = wait(|done| self.inner.change_lease(recall, done));
             }

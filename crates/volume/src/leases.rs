@@ -34,6 +34,8 @@ pub const LEASE_COOLDOWN: Duration = Duration::from_secs(2);
 pub const LEASE_RETRY: Duration = Duration::from_millis(500);
 /// How often a mount waiting for another's lease to go looks again.
 pub const RECALL_POLL: Duration = Duration::from_millis(10);
+/// How often a mount waiting for another's lease sets the recall again.
+pub const RECALL_AGAIN: Duration = Duration::from_secs(1);
 /// The longest a mount waits for another's lease: its expiry, and a heartbeat more.
 pub const RECALL_WAIT_MAX: Duration = Duration::from_secs(LEASE_TTL.as_secs() + 3);
 

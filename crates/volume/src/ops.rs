@@ -1120,7 +1120,8 @@ pub fn recalled_leases(tx: &mut dyn Tx, me: u64) -> Result<Vec<u64>, Errno> {
 pub fn change_lease<C: Tx>(w: &mut Writer<C>, change: LeaseChange) -> Result<bool, Errno> {
     let me = w.session;
     let changed = match change {
-        // A lease nobody holds, or an expired one, or one let go long enough ago, or our own.
+        // A lease nobody holds, or an expired one, or one let go long enough ago, or our own
+        // (whose pending recall stays: the holder lets go at its next look).
         LeaseChange::Take {
             dir,
             now_ns,
@@ -1128,7 +1129,8 @@ pub fn change_lease<C: Tx>(w: &mut Writer<C>, change: LeaseChange) -> Result<boo
         } => w.tx().execute(
             "INSERT INTO leases (dir, session, epoch, expires_ns, recalled) VALUES (?, ?, 1, ?, 0)
              ON CONFLICT (dir) DO UPDATE SET session = excluded.session,
-                 epoch = leases.epoch + 1, expires_ns = excluded.expires_ns, recalled = 0
+                 epoch = leases.epoch + 1, expires_ns = excluded.expires_ns,
+                 recalled = CASE WHEN leases.session = excluded.session THEN leases.recalled ELSE 0 END
              WHERE leases.session = excluded.session OR leases.expires_ns <= ?",
             &args![dir, me, expires_ns, now_ns],
         )?,
