@@ -563,14 +563,17 @@ impl AsyncDirops {
 
     /// Before a change or a listing of `dir` that does not go under this mount's own lease:
     /// recalls another mount's live lease on it and waits until that mount has committed
-    /// what it answered there and let go, or the lease expired (a dead holder); whether
-    /// there was one. Nothing on a volume one mount holds.
-    fn clear_foreign_lease(&self, dir: u64) -> bool {
+    /// what it answered there and let go, or the lease expired (a dead holder, or one that
+    /// never looked at the recall: a recalled lease is not renewed); whether there was one.
+    /// A lease still live past `RECALL_WAIT_MAX` (the holder's clock far ahead of ours) is
+    /// EIO: going on could miss what the holder answered and has not committed. Nothing on
+    /// a volume one mount holds.
+    fn clear_foreign_lease(&self, dir: u64) -> Result<bool, Errno> {
         let Some(leases) = &self.leases else {
-            return false;
+            return Ok(false);
         };
         if leases.holds(dir, now_ns()) {
-            return false;
+            return Ok(false);
         }
         let deadline = std::time::Instant::now() + RECALL_WAIT_MAX;
         let mut recalled = None;
@@ -579,7 +582,7 @@ impl AsyncDirops {
             let holder = match self.inner.foreign_lease(0, dir, now_ns()) {
                 Ok(Some(holder)) => holder,
                 // Unreadable: the change goes on; the database still checks it.
-                Ok(None) | Err(_) => return recalled.is_some(),
+                Ok(None) | Err(_) => return Ok(recalled.is_some()),
             };
             // Asked again now and then: a recall the holder missed must not cost the whole
             // expiry.
@@ -593,10 +596,11 @@ impl AsyncDirops {
                 let _ = wait(|done| self.inner.change_lease(recall, done));
             }
             if std::time::Instant::now() >= deadline {
-                tracing::warn!(
-                    "volume: session {holder} kept its lease on directory inode {dir} past a recall and its expiry; going on"
+                tracing::error!(
+                    "volume: session {holder}'s lease on directory inode {dir} is still live {}s after its recall, past any expiry it can have (are the mounts' clocks apart?); the operation fails with EIO",
+                    RECALL_WAIT_MAX.as_secs()
                 );
-                return true;
+                return Err(libc::EIO);
             }
             std::thread::sleep(RECALL_POLL);
         }
@@ -654,30 +658,14 @@ impl AsyncDirops {
         }
     }
 
-    /// A directory this mount just created (answered early): nobody else can know it
-    /// before its create commits, so it holds the lease at once; the lease's row is queued
-    /// right behind the create.
-    fn lease_new_directory(&self, dir: u64) {
-        let Some(leases) = &self.leases else { return };
+    /// A directory this mount is creating (answered early): nobody else can know it before
+    /// its create commits, so it holds the lease at once; the lease's expiry, for the row
+    /// the create writes with the directory (None: a volume one mount holds needs none).
+    fn lease_new_directory(&self, dir: u64) -> Option<i64> {
+        let leases = self.leases.as_ref()?;
         let now = now_ns();
         drop(leases.taken(dir, now));
-        let take = LeaseChange::Take {
-            dir,
-            now_ns: now,
-            expires_ns: now + crate::ops::LEASE_TTL.as_nanos() as i64,
-        };
-        let this = self.me.clone();
-        self.inner.change_lease(
-            take,
-            Box::new(move |taken| {
-                if !matches!(taken, Ok(true))
-                    && let Some(this) = this.upgrade()
-                    && let Some(leases) = &this.leases
-                {
-                    leases.lost(dir);
-                }
-            }),
-        );
+        Some(now + crate::ops::LEASE_TTL.as_nanos() as i64)
     }
 
     /// Commits every change answered so far, then releases the leases of `dirs` (revoked
@@ -795,7 +783,8 @@ impl AsyncDirops {
             return None;
         }
         if dir {
-            self.clear_foreign_lease(target.ino);
+            // Another mount's lease it cannot clear: the synchronous path says so.
+            self.clear_foreign_lease(target.ino).ok()?;
             // Empty: a directory created by a pending change with nothing pending in it
             // (its only pending change is its own creation), or one with nothing pending
             // whose stored listing is empty.
@@ -822,7 +811,7 @@ impl MetaStore for AsyncDirops {
         let found = self.lookup_here(queue, parent, name);
         // Another mount holding the directory's lease may have made the name (or its
         // file's bytes, or removed it) without committing yet: after the recall it has.
-        if matches!(found, Ok(_) | Err(libc::ENOENT)) && self.clear_foreign_lease(parent) {
+        if matches!(found, Ok(_) | Err(libc::ENOENT)) && self.clear_foreign_lease(parent)? {
             return self.lookup_here(queue, parent, name);
         }
         found
@@ -836,7 +825,7 @@ impl MetaStore for AsyncDirops {
     }
 
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
-        self.clear_foreign_lease(dir);
+        self.clear_foreign_lease(dir)?;
         self.settle_if_pending(dir);
         let mut items = self.inner.readdir(queue, dir)?;
         if !self.enabled {
@@ -877,7 +866,7 @@ impl MetaStore for AsyncDirops {
         let file = self.inner.load_file(queue, ino)?;
         // Another mount that made the file may not have committed its bytes yet: it has
         // once it let go of the lease of the file's directory.
-        if self.clear_foreign_lease(file.attr.parent) {
+        if self.clear_foreign_lease(file.attr.parent)? {
             return self.inner.load_file(queue, ino);
         }
         Ok(file)
@@ -893,8 +882,10 @@ impl MetaStore for AsyncDirops {
         }
         let lease = self.active().and_then(|_| self.use_lease(node.parent));
         let Some((parent, rec)) = lease.as_ref().and_then(|_| self.early_create(&node)) else {
-            if lease.is_none() {
-                self.clear_foreign_lease(node.parent);
+            if lease.is_none()
+                && let Err(e) = self.clear_foreign_lease(node.parent)
+            {
+                return done(Err(e));
             }
             drop(lease);
             self.forget_listing(node.parent);
@@ -918,8 +909,14 @@ impl MetaStore for AsyncDirops {
             node.now_ns,
             rec.is_dir() as i64,
         );
+        let lease_expires_ns = if rec.is_dir() {
+            self.lease_new_directory(ino)
+        } else {
+            None
+        };
         let node = NewNode {
             ino: Some(ino),
+            lease_expires_ns,
             ..node
         };
         let (dir, name) = (node.parent, node.name.clone());
@@ -930,13 +927,15 @@ impl MetaStore for AsyncDirops {
                 if let Some(this) = this.upgrade() {
                     if let Err(e) = r {
                         this.failed_change("a create", dir, &name, Some(ino), e);
+                        if let (Some(leases), Some(_)) = (&this.leases, lease_expires_ns) {
+                            leases.lost(ino);
+                        }
                     }
                     this.settled_change(dir, &name, seq, Some(ino));
                 }
             }),
         );
         if rec.is_dir() {
-            self.lease_new_directory(ino);
             self.list_new_directory(ino);
         }
         // Answered only once queued: a change the kernel sends after this answer must
@@ -946,7 +945,9 @@ impl MetaStore for AsyncDirops {
     }
 
     fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
-        self.clear_foreign_lease(parent);
+        if let Err(e) = self.clear_foreign_lease(parent) {
+            return done(Err(e));
+        }
         self.forget_listing(parent);
         self.mark_stale(ino);
         self.mark_stale(parent);
@@ -969,16 +970,20 @@ impl MetaStore for AsyncDirops {
             _ => None,
         };
         let Some((base, target)) = early else {
-            if lease.is_none() {
-                self.clear_foreign_lease(parent);
+            if lease.is_none()
+                && let Err(e) = self.clear_foreign_lease(parent)
+            {
+                return done(Err(e));
             }
             drop(lease);
-            if dir && self.leases.is_some() {
+            if dir
+                && self.leases.is_some()
+                && let Ok(target) = self.inner.lookup(0, parent, &name)
                 // Another mount's lease on the directory to remove: what it answered there
                 // must be committed before the directory is found empty or not.
-                if let Ok(target) = self.inner.lookup(0, parent, &name) {
-                    self.clear_foreign_lease(target.ino);
-                }
+                && let Err(e) = self.clear_foreign_lease(target.ino)
+            {
+                return done(Err(e));
             }
             self.forget_listing(parent);
             return self.inner.remove(parent, name, dir, now_ns, is_open, done);
@@ -1030,15 +1035,22 @@ impl MetaStore for AsyncDirops {
         done: Done<Renamed>,
     ) {
         if self.leases.is_some() {
-            self.clear_foreign_lease(parent);
-            if newparent != parent {
-                self.clear_foreign_lease(newparent);
-            }
-            // A directory renamed over must be empty, with nothing answered in it elsewhere.
-            if let Ok(over) = self.lookup(0, newparent, &newname)
-                && over.is_dir()
-            {
-                self.clear_foreign_lease(over.ino);
+            let cleared = (|| {
+                self.clear_foreign_lease(parent)?;
+                if newparent != parent {
+                    self.clear_foreign_lease(newparent)?;
+                }
+                // A directory renamed over must be empty, with nothing answered in it
+                // elsewhere.
+                if let Ok(over) = self.lookup(0, newparent, &newname)
+                    && over.is_dir()
+                {
+                    self.clear_foreign_lease(over.ino)?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = cleared {
+                return done(Err(e));
             }
         }
         self.forget_listing(parent);

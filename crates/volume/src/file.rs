@@ -1037,6 +1037,7 @@ mod tests {
                         rdev: 0,
                         target: None,
                         now_ns: 1,
+                        lease_expires_ns: None,
                     },
                     done,
                 )
@@ -1315,6 +1316,7 @@ mod tests {
                                         rdev: 0,
                                         target: None,
                                         now_ns: 1,
+                                        lease_expires_ns: None,
                                     },
                                     done,
                                 )
@@ -1347,6 +1349,7 @@ mod tests {
                     rdev: 0,
                     target: None,
                     now_ns: 1,
+                    lease_expires_ns: None,
                 },
                 done,
             )

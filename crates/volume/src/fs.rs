@@ -496,6 +496,7 @@ impl VolumeFs {
             rdev,
             target,
             now_ns: now_ns(),
+            lease_expires_ns: None,
         })
     }
 
@@ -1834,6 +1835,7 @@ mod tests {
                     rdev: 0,
                     target: None,
                     now_ns: 1,
+                    lease_expires_ns: None,
                 },
                 done,
             )

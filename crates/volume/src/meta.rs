@@ -65,6 +65,11 @@ pub struct NewNode {
     /// A symlink's target.
     pub target: Option<Vec<u8>>,
     pub now_ns: i64,
+    /// A directory created early under its parent's lease on a shared volume holds its own
+    /// lease from birth: its row (this session, expiring at this wall-clock time) is
+    /// written in the create's own transaction, so no other mount can see the directory
+    /// before the lease exists.
+    pub lease_expires_ns: Option<i64>,
 }
 
 impl NewNode {

@@ -561,6 +561,12 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
             &args![ino, target],
         )?;
     }
+    if let Some(expires_ns) = node.lease_expires_ns
+        && dir
+    {
+        let me = w.session;
+        take_lease(w.tx(), me, ino, node.now_ns, expires_ns)?;
+    }
     Ok(attr)
 }
 
@@ -1120,20 +1126,11 @@ pub fn recalled_leases(tx: &mut dyn Tx, me: u64) -> Result<Vec<u64>, Errno> {
 pub fn change_lease<C: Tx>(w: &mut Writer<C>, change: LeaseChange) -> Result<bool, Errno> {
     let me = w.session;
     let changed = match change {
-        // A lease nobody holds, or an expired one, or one let go long enough ago, or our own
-        // (whose pending recall stays: the holder lets go at its next look).
         LeaseChange::Take {
             dir,
             now_ns,
             expires_ns,
-        } => w.tx().execute(
-            "INSERT INTO leases (dir, session, epoch, expires_ns, recalled) VALUES (?, ?, 1, ?, 0)
-             ON CONFLICT (dir) DO UPDATE SET session = excluded.session,
-                 epoch = leases.epoch + 1, expires_ns = excluded.expires_ns,
-                 recalled = CASE WHEN leases.session = excluded.session THEN leases.recalled ELSE 0 END
-             WHERE leases.session = excluded.session OR leases.expires_ns <= ?",
-            &args![dir, me, expires_ns, now_ns],
-        )?,
+        } => take_lease(w.tx(), me, dir, now_ns, expires_ns)?,
         LeaseChange::Release {
             dir,
             free_from_ns: Some(free_from_ns),
@@ -1156,18 +1153,42 @@ pub fn change_lease<C: Tx>(w: &mut Writer<C>, change: LeaseChange) -> Result<boo
     Ok(changed == 1)
 }
 
-/// Renews every lease of the session until `expires_ns` (with the heartbeat); the
-/// directories it holds.
+/// Takes `dir`'s lease for `me` until `expires_ns`, if nobody holds it, or its holder's
+/// lease expired, or its cooldown after a let-go passed, or `me` holds it already and no
+/// other mount recalled it (a recalled lease is never extended: neither by a take nor by
+/// the heartbeat, so it expires at most `LEASE_TTL` after the recall even when its holder
+/// never lets go); the rows taken (0 or 1).
+fn take_lease(
+    tx: &mut dyn Tx,
+    me: u64,
+    dir: u64,
+    now_ns: i64,
+    expires_ns: i64,
+) -> Result<u64, Errno> {
+    Ok(tx.execute(
+        "INSERT INTO leases (dir, session, epoch, expires_ns, recalled) VALUES (?, ?, 1, ?, 0)
+         ON CONFLICT (dir) DO UPDATE SET session = excluded.session,
+             epoch = leases.epoch + 1, expires_ns = excluded.expires_ns, recalled = 0
+         WHERE (leases.session = excluded.session AND leases.recalled = 0)
+             OR leases.expires_ns <= ?",
+        &args![dir, me, expires_ns, now_ns],
+    )?)
+}
+
+/// Renews the session's leases that no other mount recalled until `expires_ns` (with the
+/// heartbeat); the directories renewed. A recalled lease is left to expire: its holder
+/// lets go of it at its next look at the recalls, and if that never comes, the waiting
+/// mount still gets the directory within `LEASE_TTL`.
 pub fn renew_leases<C: Tx>(w: &mut Writer<C>, expires_ns: i64) -> Result<Vec<u64>, Errno> {
     let me = w.session;
     w.tx().execute(
-        "UPDATE leases SET expires_ns = ? WHERE session = ?",
+        "UPDATE leases SET expires_ns = ? WHERE session = ? AND recalled = 0",
         &args![expires_ns, me],
     )?;
-    blocks_of(
-        w.tx()
-            .query("SELECT dir FROM leases WHERE session = ?", &args![me])?,
-    )
+    blocks_of(w.tx().query(
+        "SELECT dir FROM leases WHERE session = ? AND recalled = 0",
+        &args![me],
+    )?)
 }
 
 // ---- Locks (a shared volume) -------------------------------------------------------------

@@ -392,6 +392,57 @@ mod tests {
         );
     }
 
+    /// A recalled lease is never extended: its holder's heartbeat leaves it out of the
+    /// renewal and the holder's own take is refused until the lease expired, so the mount
+    /// waiting for the directory gets it within `LEASE_TTL` even from a holder that never
+    /// looks at its recalls. Once expired, the holder may take it afresh (recall cleared).
+    #[test]
+    fn a_recalled_lease_is_neither_renewed_nor_taken_again_by_its_holder() {
+        use crate::meta::LeaseChange;
+        let f = Fixture::new("recall");
+        let steps = wait(|done| {
+            f.store.submit(
+                false,
+                |w| {
+                    let take = |now_ns: i64| LeaseChange::Take {
+                        dir: 9,
+                        now_ns,
+                        expires_ns: now_ns + 100,
+                    };
+                    let holder = w.session;
+                    Ok((
+                        ops::change_lease(w, take(100))?,
+                        ops::renew_leases(w, 300)?,
+                        ops::change_lease(w, LeaseChange::Recall { dir: 9, holder })?,
+                        ops::renew_leases(w, 400)?,
+                        ops::change_lease(w, take(200))?,
+                        ops::change_lease(w, take(301))?,
+                        ops::renew_leases(w, 500)?,
+                    ))
+                },
+                done,
+            )
+        });
+        let (taken, renewed, recalled, renewed_recalled, retaken_live, retaken_expired, after) =
+            steps.unwrap();
+        assert!(taken && recalled);
+        assert_eq!(renewed, vec![9]);
+        assert_eq!(
+            renewed_recalled,
+            Vec::<u64>::new(),
+            "a recalled lease was renewed"
+        );
+        assert!(
+            !retaken_live,
+            "the holder took its recalled lease again before it expired"
+        );
+        assert!(
+            retaken_expired,
+            "the expired lease could not be taken afresh"
+        );
+        assert_eq!(after, vec![9], "a fresh take kept the old recall");
+    }
+
     /// After a sync, no page of the WAL is only in the page cache: the commits before it are
     /// on the disk.
     #[test]
