@@ -392,6 +392,90 @@ mod tests {
         );
     }
 
+    /// Changes committed together whose middle one fails (after a statement that went
+    /// through, and with a statement the database refuses): the others commit and are
+    /// answered Ok, the failing ones get their own errno, and nothing of them is left. A
+    /// batch runs without savepoints first, so this is the run again with them.
+    #[test]
+    fn a_failing_change_in_a_batch_costs_that_change_alone() {
+        use std::sync::mpsc::Sender;
+        let f = Fixture::new("isolate");
+        let store = &f.store;
+        let (started_tx, started) = channel::<()>();
+        let (release, release_rx) = channel::<()>();
+        let (answers_tx, answers) = channel::<(u32, Result<(), Errno>)>();
+        let answer = |n: u32, tx: &Sender<(u32, Result<(), Errno>)>| -> Done<()> {
+            let tx = tx.clone();
+            Box::new(move |r| {
+                let _ = tx.send((n, r));
+            })
+        };
+        let set = |name: &'static str, fail: Option<Errno>| {
+            move |w: &mut Writer<SqliteConn>| -> Result<(), Errno> {
+                Tx::execute(
+                    &mut w.conn,
+                    "INSERT INTO settings (name, value) VALUES (?, 'x')",
+                    &crate::sql::args![name],
+                )?;
+                match fail {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            }
+        };
+        std::thread::scope(|scope| {
+            // Holds the committer while the others queue, so that they commit as one batch.
+            let holder = scope.spawn(move || {
+                let release_rx = std::sync::Mutex::new(release_rx);
+                wait(|done| {
+                    store.submit(
+                        false,
+                        move |_| {
+                            let _ = started_tx.send(());
+                            let rx = release_rx.lock().unwrap_or_else(|e| e.into_inner());
+                            let _ = rx.recv_timeout(Duration::from_secs(10));
+                            Ok(())
+                        },
+                        done,
+                    )
+                })
+            });
+            started.recv_timeout(Duration::from_secs(10)).unwrap();
+            store.submit(false, set("first", None), answer(1, &answers_tx));
+            store.submit(
+                false,
+                set("second", Some(libc::ENOENT)),
+                answer(2, &answers_tx),
+            );
+            // A unique violation: the statement itself fails (on PostgreSQL it aborts the
+            // transaction).
+            store.submit(false, set("first", None), answer(3, &answers_tx));
+            store.submit(false, set("fourth", None), answer(4, &answers_tx));
+            release.send(()).unwrap();
+            assert_eq!(holder.join().unwrap(), Ok(()));
+        });
+        let mut got: Vec<_> = (0..4)
+            .map(|_| answers.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        got.sort_by_key(|(n, _)| *n);
+        assert!(got[0].1.is_ok() && got[3].1.is_ok(), "{got:?}");
+        assert_eq!(got[1].1, Err(libc::ENOENT));
+        assert!(got[2].1.is_err(), "a duplicate row was accepted: {got:?}");
+        let names = store
+            .read(0, |c| {
+                let rows = c.query(
+                    "SELECT name FROM settings WHERE value = 'x' ORDER BY name",
+                    &[],
+                )?;
+                rows.iter()
+                    .map(|r| r.text(0))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(Errno::from)
+            })
+            .unwrap();
+        assert_eq!(names, ["first", "fourth"]);
+    }
+
     /// A recalled lease is never extended: its holder's heartbeat leaves it out of the
     /// renewal and the holder's own take is refused until the lease expired, so the mount
     /// waiting for the directory gets it within `LEASE_TTL` even from a holder that never

@@ -222,7 +222,7 @@ impl<C: Conn> SqlStore<C> {
 
     /// Runs a read on a read connection; once more after reconnecting if the connection was
     /// lost (a restarted server).
-    fn read<T>(
+    pub(crate) fn read<T>(
         &self,
         queue: usize,
         mut op: impl FnMut(&mut C) -> Result<T, Errno>,
@@ -367,9 +367,19 @@ enum Run {
     Done(Result<(), Errno>),
     /// The transaction was rolled back for a reason that running it again may cure.
     Again(DbError),
+    /// A change of a batch run without savepoints failed: the transaction was rolled back,
+    /// to be run again with each change in a savepoint of its own.
+    Isolate,
 }
 
-fn run_batch<C: Conn>(w: &mut Writer<C>, batch: &mut [Box<dyn Job<C>>], sync: bool) -> Run {
+/// Runs a batch in one transaction; `savepoints`: each change in a savepoint of its own, so
+/// that one failing leaves the others standing.
+fn run_batch<C: Conn>(
+    w: &mut Writer<C>,
+    batch: &mut [Box<dyn Job<C>>],
+    sync: bool,
+    savepoints: bool,
+) -> Run {
     if let Err(e) = w.conn.begin(sync) {
         return match e {
             DbError::Retry(_) | DbError::Lost(_) => Run::Again(e),
@@ -409,12 +419,21 @@ fn run_batch<C: Conn>(w: &mut Writer<C>, batch: &mut [Box<dyn Job<C>>], sync: bo
             w.forget_range();
         }
     };
-    // A savepoint per change costs two statements (on PostgreSQL two round trips), which a
-    // lone change (a create in a shell loop) does without.
-    let savepoints = batch.len() > 1;
     let mut all_ok = true;
+    // Not for a lone change: its failure to write them must fail it, not go unanswered.
+    w.defer_log(!savepoints && batch.len() > 1);
     for job in batch.iter_mut() {
         all_ok &= job.apply(w, savepoints);
+        if !all_ok && !savepoints {
+            // The transaction is of no use now (on PostgreSQL it is aborted).
+            break;
+        }
+    }
+    if all_ok && let Err(e) = w.write_deferred_log() {
+        // A failure to retry or reconnect is taken below; any other is one of the changes'
+        // rows, found by running them again one savepoint each.
+        tracing::debug!("volume: writing a batch's change log: {e}");
+        all_ok = false;
     }
     if w.fenced {
         // A heartbeat in this batch found the session gone: nothing of it may commit.
@@ -426,9 +445,12 @@ fn run_batch<C: Conn>(w: &mut Writer<C>, batch: &mut [Box<dyn Job<C>>], sync: bo
         return Run::Again(e);
     }
     if !savepoints && !all_ok {
+        roll_back(w);
+        if batch.len() > 1 {
+            return Run::Isolate;
+        }
         // The lone change failed (EEXIST, ENOENT…): nothing to commit; it is answered its
         // own errno.
-        roll_back(w);
         return Run::Done(Ok(()));
     }
     match w.conn.commit(sync) {
@@ -457,11 +479,20 @@ fn run_batch<C: Conn>(w: &mut Writer<C>, batch: &mut [Box<dyn Job<C>>], sync: bo
 
 fn commit_batch<C: Conn>(w: &mut Writer<C>, mut batch: Vec<Box<dyn Job<C>>>) {
     let sync = batch.iter().any(|j| j.sync());
+    // A savepoint per change costs two statements (on PostgreSQL two round trips, a fifth of
+    // a create's), and changes rarely fail once answered (early answers were checked against
+    // the mount's own state): a batch runs without them first, and only a batch in which a
+    // change failed runs again with them, so that the failure costs that change alone.
+    let mut savepoints = false;
     let mut tries = 0;
     let committed = loop {
         tries += 1;
-        match run_batch(w, &mut batch, sync) {
+        match run_batch(w, &mut batch, sync, savepoints) {
             Run::Done(result) => break result,
+            Run::Isolate => {
+                savepoints = true;
+                tries -= 1;
+            }
             Run::Again(e) if tries >= BATCH_TRIES_MAX => {
                 tracing::error!(
                     "volume: {} changes could not commit after {tries} tries ({e}); they are answered EIO",
