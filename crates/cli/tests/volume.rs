@@ -1063,6 +1063,82 @@ fn a_new_files_bytes_that_fail_at_commit_after_close_are_reported_once() {
     volume.assert_clean();
 }
 
+/// An attribute change of a file the mount made and has not committed yet (the chmod and
+/// utimes that tar and cp -a send after each create) is answered at once from the mount's
+/// own state: it does not wait for the commits queued before it. One that then fails at its
+/// commit is reported by the file's fsync, and the file has the volume's attributes again.
+#[test]
+fn an_attribute_change_of_an_uncommitted_file_is_answered_before_its_commit() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let volume = Volume::format("early-setattr");
+    let log = volume.dir.path().join("daemon.log");
+    let m = volume.mount(&["--log", log.to_str().unwrap()]);
+    // The first create takes the range of inode numbers the others use (a commit).
+    std::fs::write(m.path("warm"), b"w").unwrap();
+    std::fs::File::open(m.path("warm"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_mode BEFORE UPDATE OF mode ON inodes WHEN NEW.mode & 4095 = 384
+             BEGIN SELECT RAISE(ABORT, 'injected by the test'); END;",
+    )
+    .unwrap();
+    let set_times = |name: &str, secs: i64| {
+        let path = std::ffi::CString::new(m.path(name).as_os_str().as_bytes()).unwrap();
+        let times = [libc::timespec {
+            tv_sec: secs,
+            tv_nsec: 0,
+        }; 2];
+        // SAFETY: a NUL-terminated path and two timespecs, both alive for the call.
+        unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) }
+    };
+    // Nothing commits while the test holds the volume's write lock (the committer waits,
+    // retrying), so whatever is answered meanwhile was answered before its commit.
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let before = m.counter("async_dirops");
+    std::fs::write(m.path("kept"), b"kept").unwrap();
+    std::fs::set_permissions(m.path("kept"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(set_times("kept", 1_000_000_000), 0, "utimensat failed");
+    std::fs::write(m.path("doomed"), b"doomed").unwrap();
+    std::fs::set_permissions(m.path("doomed"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Two creates, their bytes, and three attribute changes.
+    assert_eq!(m.counter("async_dirops"), before + 7, "not answered early");
+    let kept = std::fs::symlink_metadata(m.path("kept")).unwrap();
+    assert_eq!(kept.mode() & 0o7777, 0o640);
+    assert_eq!(kept.mtime(), 1_000_000_000);
+    assert_eq!(kept.len(), 4);
+    db.execute_batch("COMMIT").unwrap();
+    let doomed = std::fs::File::open(m.path("doomed")).unwrap();
+    assert!(
+        doomed.sync_all().is_err(),
+        "the refused chmod went unreported"
+    );
+    doomed.sync_all().unwrap();
+    drop(doomed);
+    assert_eq!(m.counter("async_dirop_errors"), 1);
+    let back = wait_until(Duration::from_secs(5), || {
+        std::fs::symlink_metadata(m.path("doomed")).is_ok_and(|d| d.mode() & 0o7777 == 0o644)
+    });
+    assert!(back, "the refused mode is still shown");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("an attribute change of inode"), "{logged}");
+    db.execute_batch("DROP TRIGGER refuse_mode").unwrap();
+    drop(db);
+    m.unmount();
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    let kept = std::fs::symlink_metadata(m.path("kept")).unwrap();
+    assert_eq!(
+        (kept.mode() & 0o7777, kept.mtime(), kept.len()),
+        (0o640, 1_000_000_000, 4)
+    );
+    assert_eq!(std::fs::read(m.path("doomed")).unwrap(), b"doomed");
+    m.unmount();
+}
+
 /// Threads making, renaming and removing trees of their own and sharing one directory, all
 /// with changes answered before their commit: every step sees its own result, and what is
 /// left is exactly what the threads left, in the overlay and in the database after a remount.

@@ -64,7 +64,9 @@ const LISTED_NAMES_MAX: usize = 1 << 20;
 pub struct Hooks {
     pub open_here: Box<dyn Fn(u64) -> bool + Send + Sync>,
     pub reap: Box<dyn Fn(Vec<u64>) + Send + Sync>,
-    pub forget_name: Box<dyn Fn(u64, Vec<u8>) + Send + Sync>,
+    /// Has the kernel drop the name (when given) in directory `ino`, and `ino`'s attributes
+    /// (answered early by a change that then failed).
+    pub forget: Box<dyn Fn(u64, Option<Vec<u8>>) + Send + Sync>,
 }
 
 /// A name's state after its pending changes.
@@ -424,7 +426,7 @@ impl AsyncDirops {
             self.forget_listing(ino);
         }
         if let Some(hooks) = self.hooks.get() {
-            (hooks.forget_name)(parent, name.to_vec());
+            (hooks.forget)(parent, Some(name.to_vec()));
         }
     }
 
@@ -684,8 +686,9 @@ impl AsyncDirops {
 
     /// Queues a small file's data change without waiting for it (a close of a file just
     /// created, see `FileState::flush_early`): the inode counts as pending until it commits
-    /// (an open reads the store only after), its predicted attributes are no longer
-    /// answered, and a failure is logged, counted and reported by the file's next fsync.
+    /// (an open reads the store only after); its predicted attributes, where it has them,
+    /// take the new size and times, else none are answered until the commit; a failure is
+    /// logged, counted and reported by the file's next fsync.
     pub fn update_data_early(&self, update: DataUpdate, failed: Box<dyn FnOnce(Errno) + Send>) {
         let ino = update.ino;
         {
@@ -697,7 +700,9 @@ impl AsyncDirops {
                 stale: true,
             });
             p.ops += 1;
-            p.stale = true;
+            p.rec.size = update.size;
+            p.rec.mtime_ns = update.mtime_ns;
+            p.rec.ctime_ns = update.ctime_ns;
         }
         self.answered_early.fetch_add(1, Ordering::Relaxed);
         let this = self.me.clone();
@@ -766,6 +771,33 @@ impl AsyncDirops {
         let ino = self.next_ino()?;
         let rec = node.record(ino, parent.mode, parent.gid);
         Some((parent, rec))
+    }
+
+    /// The attributes a setattr gives an inode this mount created and has not committed
+    /// (its predicted attributes exact), if it can be answered early: under the lease of the
+    /// inode's directory (another mount learns of the inode only through that directory,
+    /// which recalls the lease first); the change counted pending on it.
+    fn early_setattr(&self, ino: u64, change: &AttrChange) -> Option<(InodeRec, LeaseUse)> {
+        let exact = |p: &PendingInode| p.created && !p.stale;
+        let parent = {
+            let inodes = self.inodes.shard(ino);
+            let p = inodes.get(&ino).filter(|p| exact(p))?;
+            p.rec.parent
+        };
+        let lease = self.lease_for_data_of(parent)?;
+        let mut inodes = self.inodes.shard(ino);
+        // The create may have settled meanwhile (the entry gone), or a synchronous change
+        // come: then the database's state is the one to change.
+        let p = inodes.get_mut(&ino).filter(|p| exact(p))?;
+        let rec = &mut p.rec;
+        rec.mode = change.mode.unwrap_or(rec.mode);
+        rec.uid = change.uid.unwrap_or(rec.uid);
+        rec.gid = change.gid.unwrap_or(rec.gid);
+        rec.atime_ns = change.atime_ns.unwrap_or(rec.atime_ns);
+        rec.mtime_ns = change.mtime_ns.unwrap_or(rec.mtime_ns);
+        rec.ctime_ns = change.ctime_ns;
+        p.ops += 1;
+        Some((p.rec.clone(), lease))
     }
 
     /// Whether the remove of `name` in `parent` can be answered early: the inode, and the
@@ -1063,8 +1095,39 @@ impl MetaStore for AsyncDirops {
     }
 
     fn setattr(&self, ino: u64, change: AttrChange, done: Done<InodeRec>) {
-        self.mark_stale(ino);
-        self.inner.setattr(ino, change, done)
+        let Some((rec, lease)) = self.early_setattr(ino, &change) else {
+            self.mark_stale(ino);
+            return self.inner.setattr(ino, change, done);
+        };
+        self.answered_early.fetch_add(1, Ordering::Relaxed);
+        let this = self.me.clone();
+        self.inner.setattr_in_background(
+            ino,
+            change,
+            Box::new(move |r| {
+                let Some(this) = this.upgrade() else { return };
+                if let Err(e) = r {
+                    this.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(
+                        "volume: an attribute change of inode {ino}, answered before its commit, failed at the commit: {}; the file's next fsync and close return the error",
+                        std::io::Error::from_raw_os_error(e)
+                    );
+                    this.note_error(ino, e, false);
+                    // The attributes answered are not the volume's: neither this mount's
+                    // prediction nor the kernel's cache is to be believed.
+                    this.mark_stale(ino);
+                    this.settle_inode(ino);
+                    if let Some(hooks) = this.hooks.get() {
+                        (hooks.forget)(ino, None);
+                    }
+                    return;
+                }
+                this.settle_inode(ino);
+            }),
+        );
+        // Answered once queued, as a create is.
+        done(Ok(rec));
+        drop(lease);
     }
 
     fn update_data(&self, update: DataUpdate, done: Done<Vec<u64>>) {
@@ -1109,6 +1172,10 @@ impl MetaStore for AsyncDirops {
 
     fn update_data_in_background(&self, update: DataUpdate, done: Done<Vec<u64>>) {
         self.inner.update_data_in_background(update, done)
+    }
+
+    fn setattr_in_background(&self, ino: u64, change: AttrChange, done: Done<InodeRec>) {
+        self.inner.setattr_in_background(ino, change, done)
     }
 
     fn barrier(&self, done: Done<()>) {

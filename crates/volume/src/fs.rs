@@ -214,7 +214,7 @@ fn dirops_hooks(
     dirops::Hooks {
         open_here: Box::new(move |ino| open.get(ino).is_some()),
         reap: Box::new(move |blocks| send_reap(&reaper, blocks)),
-        forget_name: Box::new(move |parent, name| {
+        forget: Box::new(move |ino, name| {
             let Some(&fd) = session_fd.get() else {
                 return;
             };
@@ -224,8 +224,10 @@ fn dirops_hooks(
             let _ = std::thread::Builder::new()
                 .name("lanefs-forget".into())
                 .spawn(move || {
-                    let _ = lanefs_fuse::notify::inval_entry(fd, parent, &name);
-                    let _ = lanefs_fuse::notify::inval_inode_attrs(fd, parent);
+                    if let Some(name) = name {
+                        let _ = lanefs_fuse::notify::inval_entry(fd, ino, &name);
+                    }
+                    let _ = lanefs_fuse::notify::inval_inode_attrs(fd, ino);
                 });
         }),
     }

@@ -338,6 +338,9 @@ pub trait MetaStore: Send + Sync + 'static {
     /// A data change (a small file's inline bytes) that nobody waits for, queued as
     /// `create_in_background` is.
     fn update_data_in_background(&self, update: DataUpdate, done: Done<Vec<u64>>);
+    /// An attribute change of an inode created here and not committed yet, that nobody
+    /// waits for, queued as `create_in_background` is.
+    fn setattr_in_background(&self, ino: u64, change: AttrChange, done: Done<InodeRec>);
     /// Runs once every change queued before it has committed or failed (no sync).
     fn barrier(&self, done: Done<()>);
     /// A range of inode numbers [start, end) for the caller to hand out itself; crash

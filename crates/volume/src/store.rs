@@ -612,6 +612,10 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.queue(false, false, move |w| ops::update_data(w, &update), done)
     }
 
+    fn setattr_in_background(&self, ino: u64, change: AttrChange, done: Done<InodeRec>) {
+        self.queue(false, false, move |w| ops::setattr(w, ino, &change), done)
+    }
+
     fn barrier(&self, done: Done<()>) {
         self.submit(false, |_| Ok(()), done)
     }
