@@ -251,6 +251,19 @@ impl AsyncDirops {
         inodes.get(&ino).map(|p| (!p.stale).then(|| p.rec.clone()))
     }
 
+    /// Whether `ino` was created by a pending change and has had only changes answered
+    /// early since (its predicted attributes exact): then it has no xattrs either (a
+    /// setxattr goes the synchronous way and marks it stale; nothing else gives a new inode
+    /// any), which chown's capability check and tar's and cp's xattr probes ask.
+    fn created_exactly(&self, ino: u64) -> bool {
+        self.enabled
+            && self
+                .inodes
+                .shard(ino)
+                .get(&ino)
+                .is_some_and(|p| p.created && !p.stale)
+    }
+
     /// Waits for the committer if `ino` has changes pending (before a read the overlay
     /// cannot answer).
     fn settle_if_pending(&self, ino: u64) {
@@ -779,11 +792,10 @@ impl AsyncDirops {
     /// which recalls the lease first); the change counted pending on it.
     fn early_setattr(&self, ino: u64, change: &AttrChange) -> Option<(InodeRec, LeaseUse)> {
         let exact = |p: &PendingInode| p.created && !p.stale;
-        let parent = {
-            let inodes = self.inodes.shard(ino);
-            let p = inodes.get(&ino).filter(|p| exact(p))?;
-            p.rec.parent
-        };
+        if !self.created_exactly(ino) {
+            return None;
+        }
+        let parent = self.inodes.shard(ino).get(&ino)?.rec.parent;
         let lease = self.lease_for_data_of(parent)?;
         let mut inodes = self.inodes.shard(ino);
         // The create may have settled meanwhile (the entry gone), or a synchronous change
@@ -884,11 +896,17 @@ impl MetaStore for AsyncDirops {
     }
 
     fn getxattr(&self, queue: usize, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        if self.created_exactly(ino) {
+            return Err(libc::ENODATA);
+        }
         self.settle_if_pending(ino);
         self.inner.getxattr(queue, ino, name)
     }
 
     fn listxattr(&self, queue: usize, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
+        if self.created_exactly(ino) {
+            return Ok(Vec::new());
+        }
         self.settle_if_pending(ino);
         self.inner.listxattr(queue, ino)
     }

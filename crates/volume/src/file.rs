@@ -286,7 +286,7 @@ pub struct FileState {
     pub capability_absent: AtomicBool,
     /// The directory this mount's create made it in (its state never read from the store;
     /// 0: not made here): its closes may commit its bytes without waiting (see
-    /// `VolumeFs::flush_at_close`).
+    /// `VolumeFs::flush_new_early`).
     pub created_in: AtomicU64,
     /// The load from the store, done by the first open.
     loaded: OnceLock<Result<(), Errno>>,

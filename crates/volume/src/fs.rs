@@ -534,12 +534,13 @@ impl VolumeFs {
         }
     }
 
-    /// A close's flush: a file this mount created, still small, has its bytes queued behind
-    /// its create without waiting when directory operations are answered early (on a shared
-    /// volume, while this mount holds the lease of the file's directory) (`echo x > new`
-    /// then waits for no commit; a failure is the next fsync's to report, see `dirops`);
-    /// any other, as usual.
-    fn flush_at_close(&self, state: &FileState) -> Result<(), Errno> {
+    /// A close's flush, or the one before an explicit mtime of an open file: a file this
+    /// mount created, still small, has its bytes queued behind its create without waiting
+    /// when directory operations are answered early (on a shared volume, while this mount
+    /// holds the lease of the file's directory) (`echo x > new` then waits for no commit, nor
+    /// does tar's futimens before its close; a failure is the next fsync's to report, see
+    /// `dirops`); any other, as usual.
+    fn flush_new_early(&self, state: &FileState) -> Result<(), Errno> {
         // A file whose create failed at its commit has nowhere to put its bytes.
         self.early_answer_error(state.ino)?;
         let dir = state.created_in.load(Ordering::Relaxed);
@@ -1062,8 +1063,9 @@ impl Filesystem for VolumeFs {
         if let Some(state) = self.open.get(ino)
             && change.mtime_ns.is_some()
         {
-            // An explicit mtime wins over the write's (flushed later with the data).
-            if let Err(e) = self.flush_state(&state) {
+            // An explicit mtime wins over the write's (flushed later with the data): the
+            // data is queued first.
+            if let Err(e) = self.flush_new_early(&state) {
                 return reply.error(e);
             }
         }
@@ -1341,7 +1343,7 @@ impl Filesystem for VolumeFs {
             self.release_locks(ino, Some((arg.lock_owner, LockKind::Posix)));
         }
         let flushed = match self.open.get(ino) {
-            Some(state) => self.flush_at_close(&state),
+            Some(state) => self.flush_new_early(&state),
             None => Ok(()),
         };
         match flushed.and_then(|()| self.early_answer_error(ino)) {
@@ -1357,7 +1359,7 @@ impl Filesystem for VolumeFs {
         // open racing with this release either shares the state or reads what was stored).
         if !self.options.flush_on_close
             && let Some(state) = self.open.get(ino)
-            && let Err(e) = self.flush_at_close(&state)
+            && let Err(e) = self.flush_new_early(&state)
         {
             tracing::error!(
                 "volume: committing inode {} at close: {}",
