@@ -1141,7 +1141,10 @@ fn an_attribute_change_of_an_uncommitted_file_is_answered_before_its_commit() {
     });
     assert!(back, "the refused mode is still shown");
     let logged = std::fs::read_to_string(&log).unwrap();
-    assert!(logged.contains("an attribute change of inode"), "{logged}");
+    assert!(
+        logged.contains(": an attribute change, answered before its commit"),
+        "{logged}"
+    );
     db.execute_batch("DROP TRIGGER refuse_mode").unwrap();
     drop(db);
     m.unmount();

@@ -731,17 +731,27 @@ impl AsyncDirops {
                     }
                     Err(e) => {
                         failed(e);
-                        this.failed.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(
-                            "volume: the data of inode {ino}, committed after its close returned, failed at the commit: {}; the file's next fsync returns the error",
-                            std::io::Error::from_raw_os_error(e)
+                        this.failed_inode_change(
+                            "its data, committed after its close returned",
+                            ino,
+                            e,
                         );
-                        this.note_error(ino, e, false);
                     }
                 }
                 this.settle_inode(ino);
             }),
         );
+    }
+
+    /// A change of `ino` answered before its commit failed there: counted, logged, and kept
+    /// for the file's next fsync or close to return.
+    fn failed_inode_change(&self, what: &str, ino: u64, e: Errno) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            "volume: inode {ino}: {what}, answered before its commit, failed at the commit: {}; the file's next fsync or close returns the error",
+            std::io::Error::from_raw_os_error(e)
+        );
+        self.note_error(ino, e, false);
     }
 
     /// One pending change of `ino` is over.
@@ -1125,12 +1135,7 @@ impl MetaStore for AsyncDirops {
             Box::new(move |r| {
                 let Some(this) = this.upgrade() else { return };
                 if let Err(e) = r {
-                    this.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(
-                        "volume: an attribute change of inode {ino}, answered before its commit, failed at the commit: {}; the file's next fsync and close return the error",
-                        std::io::Error::from_raw_os_error(e)
-                    );
-                    this.note_error(ino, e, false);
+                    this.failed_inode_change("an attribute change", ino, e);
                     // The attributes answered are not the volume's: neither this mount's
                     // prediction nor the kernel's cache is to be believed.
                     this.mark_stale(ino);
