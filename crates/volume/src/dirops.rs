@@ -82,8 +82,11 @@ struct PendingInode {
     rec: InodeRec,
     /// Changes pending on it (as the new inode, or as the directory of a name).
     ops: u32,
-    /// Created by a pending change (it is not in the database yet).
+    /// Created by this mount with an early answer: it had no xattrs then, and unless `stale`
+    /// its predicted attributes are exact (also once the create committed).
     created: bool,
+    /// Its create has not committed yet (one of `ops`).
+    creation_pending: bool,
     /// A synchronous change was queued on it meanwhile: `rec` may be behind the database's
     /// future state, so reads wait for the committer instead of answering from it.
     stale: bool,
@@ -392,6 +395,7 @@ impl AsyncDirops {
                 rec: base,
                 ops: 0,
                 created: false,
+                creation_pending: false,
                 stale: false,
             });
             dir.ops += 1;
@@ -417,6 +421,13 @@ impl AsyncDirops {
             if names.get(&key).is_some_and(|p| p.seq == seq) {
                 names.remove(&key);
             }
+        }
+        if let Some(ino) = created
+            && let Some(p) = self.inodes.shard(ino).get_mut(&ino)
+        {
+            // What is still pending on it is changes in it or of it, never its creation:
+            // an rmdir must not take it for empty (see `early_remove`).
+            p.creation_pending = false;
         }
         for ino in created.into_iter().chain([parent]) {
             self.settle_inode(ino);
@@ -710,6 +721,7 @@ impl AsyncDirops {
                 rec: InodeRec::default(),
                 ops: 0,
                 created: false,
+                creation_pending: false,
                 stale: true,
             });
             p.ops += 1;
@@ -844,7 +856,7 @@ impl AsyncDirops {
             // whose stored listing is empty.
             let inodes = self.inodes.shard(target.ino);
             match inodes.get(&target.ino) {
-                Some(p) if !(p.created && p.ops == 1) => return None,
+                Some(p) if !(p.creation_pending && p.ops == 1) => return None,
                 Some(_) => {}
                 None => {
                     drop(inodes);
@@ -958,6 +970,7 @@ impl MetaStore for AsyncDirops {
                 rec: rec.clone(),
                 ops: 1,
                 created: true,
+                creation_pending: true,
                 stale: false,
             },
         );
