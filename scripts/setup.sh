@@ -12,7 +12,7 @@ set -euo pipefail
 packages=(build-essential pkg-config curl ca-certificates git tar xz-utils
           fuse3 libfuse3-dev fio fonts-dejavu-core
           stress-ng attr acl util-linux make gcc linux-source
-          postgresql sqlite3)
+          postgresql sqlite3 faketime)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1994,6 +1994,99 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// Two mounts whose wall clocks are a minute apart (one runs under faketime, 60 s
+    /// ahead) share the volume as mounts on one clock do, since both time sessions and
+    /// leases by the database server's clock: the one ahead recalls the other's live
+    /// directory lease instead of taking it as expired (which would leave the other
+    /// answering from a listing that misses its names), and does not end the other's live
+    /// session as stale (which would fence it: every change EIO). `lanefs status` run with
+    /// the clock ahead calls no live session stopped.
+    #[test]
+    fn mounts_whose_clocks_are_a_minute_apart_keep_leases_and_sessions() {
+        let Some(volume) = Volume::format_on_postgres("skew") else {
+            return;
+        };
+        // libfaketime preloaded as is: the `faketime` wrapper would outlive the daemon and
+        // hold its output open. The monotonic clock stays true (timeouts keep their length).
+        const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+        const AHEAD: &[&str] = &[
+            "env",
+            "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+            "FAKETIME=+60s",
+            "FAKETIME_DONT_FAKE_MONOTONIC=1",
+        ];
+        assert!(
+            Path::new(FAKETIME_LIB).exists(),
+            "this test needs {FAKETIME_LIB} (Debian's faketime; scripts/setup.sh installs it)"
+        );
+        let server = volume.server();
+        let a = volume.mount(&[]);
+        let b = common::Mount::start_wrapped(AHEAD, volume.source(), &[]);
+        let b_mounted = std::time::Instant::now();
+        // b's wall clock is ahead: the mtime it gives a file shows it.
+        std::fs::write(b.path("probe"), b"b").unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let ahead = std::fs::metadata(a.path("probe")).unwrap().mtime() - now;
+        assert!(
+            ahead >= 50,
+            "faketime did not move b's clock ({ahead} s ahead)"
+        );
+
+        std::fs::create_dir(a.path("d")).unwrap();
+        for i in 0..20 {
+            std::fs::write(a.path(&format!("d/a-{i}")), b"a").unwrap();
+        }
+        assert!(a.counter("leases_taken") > 0);
+        std::fs::write(b.path("d/b-0"), b"b").unwrap();
+        assert!(
+            b.counter("waits_for_other_mounts_leases") > 0,
+            "b took a's live lease on d without recalling it"
+        );
+        let listed = |m: &common::Mount| {
+            let mut names: Vec<String> = std::fs::read_dir(m.path("d"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let mut expected: Vec<String> = (0..20).map(|i| format!("a-{i}")).collect();
+        expected.push("b-0".into());
+        expected.sort();
+        assert_eq!(listed(&a), expected, "a's listing of d");
+        assert_eq!(listed(&b), expected, "b's listing of d");
+
+        // Past the expiry as b judges it (b ends stale sessions once it has itself been
+        // beating for SESSION_EXPIRY = 15 s, every 2 s): a's session lives on.
+        let past_expiry = Duration::from_secs(22);
+        std::thread::sleep(past_expiry.saturating_sub(b_mounted.elapsed()));
+        assert_eq!(
+            server.psql("vol", "SELECT count(*) FROM sessions"),
+            "2",
+            "a session was ended while its mount was live"
+        );
+        for (m, name) in [(&a, "a-late"), (&b, "b-late")] {
+            let mut f = std::fs::File::create(m.path(name)).unwrap();
+            f.write_all(b"late").unwrap();
+            f.sync_all()
+                .unwrap_or_else(|e| panic!("fsync of {name} after the expiry: {e}"));
+        }
+        let status = run_ok(
+            Command::new(AHEAD[0])
+                .args(&AHEAD[1..])
+                .arg(common::lanefs())
+                .arg("status")
+                .arg(volume.source()),
+        );
+        assert!(!status.contains("heartbeat stopped"), "{status}");
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// PostgreSQL stopped (as a crash: immediate) and started again while files are written
     /// and fsynced: operations wait for it (or fail), every file whose fsync returned is
     /// there byte for byte, and writes go on by themselves once it is back.

@@ -47,7 +47,6 @@ use crate::leases::{
     Held, LEASE_COOLDOWN, LeaseUse, Leases, RECALL_AGAIN, RECALL_POLL, RECALL_WAIT_MAX,
 };
 use crate::meta::*;
-use crate::now_ns;
 
 /// Shards of the overlay's two maps.
 const SHARDS: usize = 16;
@@ -458,7 +457,7 @@ impl AsyncDirops {
     /// Some(None) for no such name; None without a valid listing (read the store).
     fn listed(&self, dir: u64, name: &[u8]) -> Option<Option<u64>> {
         let under = match &self.leases {
-            Some(leases) => Some(leases.valid_held(dir, now_ns())?),
+            Some(leases) => Some(leases.valid_held(dir, self.inner.volume_now_ns())?),
             None => None,
         };
         let mut listings = self.listings.shard(dir);
@@ -483,7 +482,7 @@ impl AsyncDirops {
             return;
         }
         let under = match &self.leases {
-            Some(leases) => match leases.valid_held(dir, now_ns()) {
+            Some(leases) => match leases.valid_held(dir, self.inner.volume_now_ns()) {
                 Some(held) => Some(held),
                 None => return,
             },
@@ -548,7 +547,7 @@ impl AsyncDirops {
         self.active()?;
         match &self.leases {
             None => Some(LeaseUse::unneeded()),
-            Some(leases) => leases.use_held(dir, now_ns()),
+            Some(leases) => leases.use_held(dir, self.inner.volume_now_ns()),
         }
     }
 
@@ -559,7 +558,7 @@ impl AsyncDirops {
         let Some(leases) = &self.leases else {
             return Some(LeaseUse::unneeded());
         };
-        let now = now_ns();
+        let now = self.inner.volume_now_ns();
         if let Some(lease) = leases.use_held(dir, now) {
             return Some(lease);
         }
@@ -591,21 +590,21 @@ impl AsyncDirops {
     /// recalls another mount's live lease on it and waits until that mount has committed
     /// what it answered there and let go, or the lease expired (a dead holder, or one that
     /// never looked at the recall: a recalled lease is not renewed); whether there was one.
-    /// A lease still live past `RECALL_WAIT_MAX` (the holder's clock far ahead of ours) is
-    /// EIO: going on could miss what the holder answered and has not committed. Nothing on
-    /// a volume one mount holds.
+    /// A lease still live past `RECALL_WAIT_MAX` (the database server's clock stepped back)
+    /// is EIO: going on could miss what the holder answered and has not committed. Nothing
+    /// on a volume one mount holds.
     fn clear_foreign_lease(&self, dir: u64) -> Result<bool, Errno> {
         let Some(leases) = &self.leases else {
             return Ok(false);
         };
-        if leases.holds(dir, now_ns()) {
+        if leases.holds(dir, self.inner.volume_now_ns()) {
             return Ok(false);
         }
         let deadline = std::time::Instant::now() + RECALL_WAIT_MAX;
         let mut recalled = None;
         let mut recalled_at = std::time::Instant::now();
         loop {
-            let holder = match self.inner.foreign_lease(0, dir, now_ns()) {
+            let holder = match self.inner.foreign_lease(0, dir, self.inner.volume_now_ns()) {
                 Ok(Some(holder)) => holder,
                 // Unreadable: the change goes on; the database still checks it.
                 Ok(None) | Err(_) => return Ok(recalled.is_some()),
@@ -623,7 +622,7 @@ impl AsyncDirops {
             }
             if std::time::Instant::now() >= deadline {
                 tracing::error!(
-                    "volume: session {holder}'s lease on directory inode {dir} is still live {}s after its recall, past any expiry it can have (are the mounts' clocks apart?); the operation fails with EIO",
+                    "volume: session {holder}'s lease on directory inode {dir} is still live {}s after its recall, past any expiry it can have (was the database server's clock stepped back?); the operation fails with EIO",
                     RECALL_WAIT_MAX.as_secs()
                 );
                 return Err(libc::EIO);
@@ -670,7 +669,7 @@ impl AsyncDirops {
         };
         leases.revoke(&recalled, false);
         leases.count_let_go_at_recall(recalled.len());
-        let free_from_ns = Some(now_ns() + LEASE_COOLDOWN.as_nanos() as i64);
+        let free_from_ns = Some(self.inner.volume_now_ns() + LEASE_COOLDOWN.as_nanos() as i64);
         self.let_go(&recalled, free_from_ns);
     }
 
@@ -689,7 +688,7 @@ impl AsyncDirops {
     /// the create writes with the directory (None: a volume one mount holds needs none).
     fn lease_new_directory(&self, dir: u64) -> Option<i64> {
         let leases = self.leases.as_ref()?;
-        let now = now_ns();
+        let now = self.inner.volume_now_ns();
         drop(leases.taken(dir, now));
         Some(now + crate::ops::LEASE_TTL.as_nanos() as i64)
     }
@@ -835,40 +834,49 @@ impl AsyncDirops {
     }
 
     /// Whether the remove of `name` in `parent` can be answered early: the inode, and the
-    /// directory as read.
+    /// directory as read; an error where the synchronous remove would meet the same one (a
+    /// lease on the directory to remove that another mount holds past its expiry: waiting
+    /// for it again there would only double the caller's wait).
     fn early_remove(
         &self,
         parent: u64,
         name: &[u8],
         dir: bool,
         hooks: &Hooks,
-    ) -> Option<(InodeRec, InodeRec)> {
-        let base = self.current(0, parent).ok()?;
-        let target = self.resolve(0, parent, name)??;
+    ) -> Result<Option<(InodeRec, InodeRec)>, Errno> {
+        let Ok(base) = self.current(0, parent) else {
+            return Ok(None);
+        };
+        let Some(Some(target)) = self.resolve(0, parent, name) else {
+            return Ok(None);
+        };
         if target.is_dir() != dir {
-            return None;
+            return Ok(None);
         }
         if dir {
-            // Another mount's lease it cannot clear: the synchronous path says so.
-            self.clear_foreign_lease(target.ino).ok()?;
+            self.clear_foreign_lease(target.ino)?;
             // Empty: a directory created by a pending change with nothing pending in it
             // (its only pending change is its own creation), or one with nothing pending
             // whose stored listing is empty.
             let inodes = self.inodes.shard(target.ino);
             match inodes.get(&target.ino) {
-                Some(p) if !(p.creation_pending && p.ops == 1) => return None,
+                Some(p) if !(p.creation_pending && p.ops == 1) => return Ok(None),
                 Some(_) => {}
                 None => {
                     drop(inodes);
-                    if !self.inner.readdir(0, target.ino).ok()?.is_empty() {
-                        return None;
+                    if !self
+                        .inner
+                        .readdir(0, target.ino)
+                        .is_ok_and(|e| e.is_empty())
+                    {
+                        return Ok(None);
                     }
                 }
             }
         } else if target.nlink != 1 || (hooks.open_here)(target.ino) {
-            return None;
+            return Ok(None);
         }
-        Some((base, target))
+        Ok(Some((base, target)))
     }
 }
 
@@ -1039,7 +1047,10 @@ impl MetaStore for AsyncDirops {
         let hooks = self.active();
         let lease = hooks.and_then(|_| self.use_lease(parent));
         let early = match (hooks, &lease) {
-            (Some(hooks), Some(_)) => self.early_remove(parent, &name, dir, hooks),
+            (Some(hooks), Some(_)) => match self.early_remove(parent, &name, dir, hooks) {
+                Ok(early) => early,
+                Err(e) => return done(Err(e)),
+            },
             _ => None,
         };
         let Some((base, target)) = early else {
@@ -1228,6 +1239,10 @@ impl MetaStore for AsyncDirops {
 
     fn blocks_between(&self, lo: u64, hi: u64) -> Result<Vec<u64>, Errno> {
         self.inner.blocks_between(lo, hi)
+    }
+
+    fn volume_now_ns(&self) -> i64 {
+        self.inner.volume_now_ns()
     }
 
     fn crashed_sessions(&self) -> Vec<u64> {

@@ -361,7 +361,7 @@ impl VolumeFs {
                         last_beat = std::time::Instant::now();
                         // A shared volume's heartbeat ends sessions that stopped beating:
                         // their uncommitted blocks go as a crashed session's do at a mount.
-                        if let Ok(beat) = wait(|done| store.heartbeat(now_ns(), done))
+                        if let Ok(beat) = wait(|done| store.heartbeat(store.volume_now_ns(), done))
                             && !beat.ended.is_empty()
                         {
                             recover_crashed_blocks(&*store, &data, beat.ended);

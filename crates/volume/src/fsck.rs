@@ -94,7 +94,7 @@ fn hold_postgres(url: &str) -> Result<Held<PgConn>, String> {
         ));
     }
     // Live mounts first: the upgrade must not run under them.
-    let live = volume::live_sessions(&mut conn, crate::now_ns(), url)?;
+    let live = volume::live_sessions(&mut conn, url)?;
     if live > 0 {
         return Err(format!(
             "{url} is mounted ({live} live sessions); unmount it everywhere first (a killed mount's session ends {} s after its last heartbeat)",

@@ -21,9 +21,9 @@ use crate::dirops::Shards;
 use crate::ops::LEASE_TTL;
 
 /// This mount stops answering early under a lease this long before the lease expires in
-/// the database (by this machine's clock), so that its last early answers are committed
-/// or refused while the lease still holds: covers a heartbeat that is late and clocks a
-/// little apart.
+/// the database (by the volume's clock, `store::VolumeClock`), so that its last early answers
+/// are committed or refused while the lease still holds: covers a heartbeat that is late and
+/// readings of the server's clock a little off.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(3);
 /// After letting a directory go at another mount's recall, nobody takes it again for this
 /// long: two mounts working in one directory then mostly change it synchronously instead of
@@ -41,9 +41,9 @@ pub const RECALL_WAIT_MAX: Duration = Duration::from_secs(LEASE_TTL.as_secs() + 
 
 /// A lease this mount holds.
 pub struct Held {
-    /// When it was taken (wall-clock ns).
+    /// When it was taken (volume time, ns).
     since_ns: i64,
-    /// Until when (wall-clock ns) changes may be answered early under it: `LEASE_MARGIN`
+    /// Until when (volume time, ns) changes may be answered early under it: `LEASE_MARGIN`
     /// before the expiry that the last commit renewing it wrote.
     until_ns: AtomicI64,
     /// Early answers in progress under it (from the check until their change is queued).

@@ -355,9 +355,13 @@ pub trait MetaStore: Send + Sync + 'static {
     fn crashed_sessions(&self) -> Vec<u64>;
     /// Blocks waiting for deletion (released by a commit, not yet deleted from the store).
     fn pending_gc(&self) -> Result<Vec<u64>, Errno>;
-    /// The session's heartbeat; on a shared volume it also renews the session's directory
-    /// leases (until `now_ns` + `ops::LEASE_TTL`) and ends sessions whose heartbeat stopped,
-    /// and answers which (their uncommitted blocks are the caller's to delete).
+    /// Now by the clock that heartbeats and leases are timed by (`store::VolumeClock`: on a
+    /// shared volume the database server's, never this machine's wall clock).
+    fn volume_now_ns(&self) -> i64;
+    /// The session's heartbeat at `now_ns` (volume time); on a shared volume it also renews
+    /// the session's directory leases (until `now_ns` + `ops::LEASE_TTL`) and ends sessions
+    /// whose heartbeat stopped, and answers which (their uncommitted blocks are the caller's
+    /// to delete).
     fn heartbeat(&self, now_ns: i64, done: Done<Beat>);
     /// Ends the session (unmount): removes its row and ranges; the committer stops after it.
     fn close(&self);

@@ -24,7 +24,7 @@ use crate::meta::InodeRec;
 use crate::ops::{self, Writer};
 use crate::schema;
 use crate::sql::{Arg, DbError, Row, Tx, Val};
-use crate::store::{Conn, EngineParts, SqlStore};
+use crate::store::{Conn, EngineParts, SqlStore, VolumeClock};
 
 /// Read connections of a mount (each a server process on the database's machine).
 pub const READ_CONNECTIONS: usize = 4;
@@ -514,6 +514,22 @@ impl Conn for PgConn {
             }
         }
     }
+
+    fn server_now_ns(&mut self) -> Option<Result<i64, DbError>> {
+        Some(server_now_ns(self))
+    }
+}
+
+/// The server's clock now, in ns since the epoch: the one clock the mounts of a shared
+/// volume (and `status`, `fsck`) time sessions and leases by (see `store::VolumeClock`).
+/// `clock_timestamp()`, not `now()`: the latter is the start of the transaction.
+pub fn server_now_ns(tx: &mut dyn Tx) -> Result<i64, DbError> {
+    tx.query_opt(
+        "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::BIGINT",
+        &[],
+    )?
+    .ok_or_else(|| DbError::Other("the server's clock: no row".into()))?
+    .int(0)
 }
 
 /// The names of the volume's tables (with `schema_migrations`), to find an existing volume.
@@ -608,8 +624,11 @@ impl SqlStore<PgConn> {
         };
         let mut conn = writer_target.connect()?;
         let text = |e: DbError| format!("{target}: {e}");
+        // The session's times are the server's (this machine's `now_ns` stays for files).
+        let clock = VolumeClock::of(&mut conn).map_err(text)?;
+        let session_now_ns = clock.now_ns();
         conn.begin(false).map_err(text)?;
-        let session = match ops::register_session(&mut conn, host, mountpoint, now_ns) {
+        let session = match ops::register_session(&mut conn, host, mountpoint, session_now_ns) {
             Ok(session) => session,
             Err(e) => {
                 conn.rollback();
@@ -618,7 +637,7 @@ impl SqlStore<PgConn> {
         };
         let mut w = Writer::new(conn, session);
         w.log_changes = true;
-        let stale_before = now_ns - SESSION_EXPIRY.as_nanos() as i64;
+        let stale_before = session_now_ns - SESSION_EXPIRY.as_nanos() as i64;
         let crashed = match ops::expire_sessions(&mut w, stale_before, now_ns) {
             Ok(crashed) => crashed,
             Err(e) => {
@@ -642,6 +661,7 @@ impl SqlStore<PgConn> {
             crashed,
             background: None,
             session_expiry: Some(SESSION_EXPIRY),
+            clock,
             at_close: |_| {},
         })
     }

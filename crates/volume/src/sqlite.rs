@@ -232,6 +232,10 @@ impl Conn for SqliteConn {
     fn reconnect(&mut self) -> bool {
         false
     }
+
+    fn server_now_ns(&mut self) -> Option<Result<i64, DbError>> {
+        None
+    }
 }
 
 impl SqliteConn {
@@ -306,6 +310,7 @@ impl SqlStore<SqliteConn> {
             readers,
             crashed,
             background: Some((stop_checkpoints, checkpointer)),
+            clock: crate::store::VolumeClock::local(),
             session_expiry: None,
             at_close: final_checkpoint,
         })

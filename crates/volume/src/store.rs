@@ -47,6 +47,62 @@ pub trait Conn: Tx + Send + 'static {
     fn take_failure(&mut self) -> Option<DbError>;
     /// Connects again after a lost connection, waiting a bounded time; false if it could not.
     fn reconnect(&mut self) -> bool;
+    /// The database server's clock now (ns since the epoch), where the server is another
+    /// machine whose clock the mounts of a shared volume agree on; None for an embedded one.
+    fn server_now_ns(&mut self) -> Option<Result<i64, DbError>>;
+}
+
+/// The clock a mount judges sessions and leases by: the database server's, as read at the
+/// mount and again at each heartbeat, carried between readings by this machine's monotonic
+/// clock. Heartbeats and lease expiries are written by one mount and judged by others; by
+/// each one's own wall clock, a mount whose clock is ahead by more than `LEASE_TTL` would
+/// take a live lease without a recall, and one ahead by more than the session expiry would
+/// end live sessions (their mounts fenced, every change EIO). By the server's clock they
+/// agree to within a round trip, and a step of this machine's wall clock changes nothing.
+/// An embedded database (SQLite: one mount) keeps this machine's clock.
+pub struct VolumeClock {
+    base: std::time::Instant,
+    /// Volume time at `base`: what is added to the monotonic ns since `base`.
+    offset_ns: AtomicI64,
+}
+
+/// A reading of the server's clock taken over a longer round trip than this is not used:
+/// its error (up to half the round trip) would eat into `leases::LEASE_MARGIN`.
+const CLOCK_READING_ROUND_TRIP_MAX: Duration = Duration::from_millis(200);
+
+impl VolumeClock {
+    /// This machine's wall clock, from now on carried by its monotonic clock.
+    pub fn local() -> VolumeClock {
+        VolumeClock {
+            base: std::time::Instant::now(),
+            offset_ns: AtomicI64::new(crate::now_ns()),
+        }
+    }
+
+    /// The server's clock of `conn` where it has one, else this machine's.
+    pub fn of<C: Conn>(conn: &mut C) -> Result<VolumeClock, DbError> {
+        let clock = VolumeClock::local();
+        clock.read_server(conn)?;
+        Ok(clock)
+    }
+
+    pub fn now_ns(&self) -> i64 {
+        self.offset_ns.load(Ordering::Relaxed) + self.base.elapsed().as_nanos() as i64
+    }
+
+    /// Reads the server's clock again (a reading over a slow round trip is not used).
+    fn read_server<C: Conn>(&self, conn: &mut C) -> Result<(), DbError> {
+        let before = self.base.elapsed();
+        let Some(server_ns) = conn.server_now_ns().transpose()? else {
+            return Ok(());
+        };
+        let after = self.base.elapsed();
+        if after - before <= CLOCK_READING_ROUND_TRIP_MAX {
+            let mid = (before + (after - before) / 2).as_nanos() as i64;
+            self.offset_ns.store(server_ns - mid, Ordering::Relaxed);
+        }
+        Ok(())
+    }
 }
 
 /// A change waiting for the committer.
@@ -140,6 +196,8 @@ pub struct EngineParts<C: Conn> {
     pub readers: Vec<C>,
     /// Sessions that ended without unmounting, found (and cleaned up) at the start.
     pub crashed: Vec<u64>,
+    /// What the session's heartbeat, its expiry of others and leases are timed by.
+    pub clock: VolumeClock,
     /// A background thread of the engine's (SQLite's checkpointer), stopped at close.
     pub background: Option<Stoppable>,
     /// Whether a heartbeat also ends other sessions whose heartbeat is older than this
@@ -173,6 +231,7 @@ pub struct SqlStore<C: Conn> {
     crashed: Vec<u64>,
     session_expiry: Option<Duration>,
     contact: Arc<Contact>,
+    clock: Arc<VolumeClock>,
 }
 
 /// This session's contact with the database, as its heartbeats saw it.
@@ -214,6 +273,7 @@ impl<C: Conn> SqlStore<C> {
             crashed: parts.crashed,
             session_expiry: parts.session_expiry,
             contact: Arc::new(Contact::default()),
+            clock: Arc::new(parts.clock),
         })
     }
 
@@ -725,7 +785,8 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         // (synchronous_commit on), so this only waits for the changes queued before it.
         // Anything acknowledged before this job was queued was committed by an earlier
         // batch or is in this one.
-        self.submit(true, move |w| ops::heartbeat(w, crate::now_ns()), done)
+        let clock = self.clock.clone();
+        self.submit(true, move |w| ops::heartbeat(w, clock.now_ns()), done)
     }
 
     fn forget_blocks(&self, blocks: Vec<u64>, done: Done<()>) {
@@ -734,6 +795,10 @@ impl<C: Conn> MetaStore for SqlStore<C> {
 
     fn blocks_between(&self, lo: u64, hi: u64) -> Result<Vec<u64>, Errno> {
         self.read(0, |c| ops::blocks_between(c, lo, hi))
+    }
+
+    fn volume_now_ns(&self) -> i64 {
+        self.clock.now_ns()
     }
 
     fn crashed_sessions(&self) -> Vec<u64> {
@@ -753,22 +818,26 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             since != 0 && now_ns - since >= expiry.as_nanos() as i64
         });
         let contact = self.contact.clone();
+        let clock = self.clock.clone();
         let gap_max = self
             .session_expiry
             .map_or(i64::MAX, |e| e.as_nanos() as i64 / 2);
         self.submit(
             false,
             move |w| {
+                clock.read_server(&mut w.conn).map_err(|e| e.errno())?;
                 ops::heartbeat(w, now_ns)?;
                 let mut beat = Beat::default();
                 if w.log_changes {
-                    ops::trim_change_log(w, now_ns)?;
+                    // Its rows carry this machine's times (see `ops::Writer::log`).
+                    ops::trim_change_log(w, crate::now_ns())?;
                     beat.leases = ops::renew_leases(w, now_ns + ops::LEASE_TTL.as_nanos() as i64)?;
                 }
                 let Some(expiry) = expiry else {
                     return Ok(beat);
                 };
-                let ended = ops::expire_sessions(w, now_ns - expiry.as_nanos() as i64, now_ns)?;
+                let stale_before = now_ns - expiry.as_nanos() as i64;
+                let ended = ops::expire_sessions(w, stale_before, crate::now_ns())?;
                 if !ended.is_empty() {
                     tracing::info!(
                         "volume: ended sessions {ended:?}: no heartbeat for {} s",

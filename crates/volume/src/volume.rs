@@ -508,7 +508,7 @@ pub fn format_postgres(url: &str, data: DataLocation, force: bool) -> Result<Str
                 "{url} holds a lanefs volume already; add --force to replace it (everything in it is lost)"
             ));
         }
-        let live = live_sessions(&mut conn, now_ns(), url)?;
+        let live = live_sessions(&mut conn, url)?;
         if live > 0 {
             return Err(format!(
                 "{url} is mounted ({live} live sessions); unmount it everywhere before replacing it"
@@ -528,9 +528,11 @@ pub fn format_postgres(url: &str, data: DataLocation, force: bool) -> Result<Str
     ))
 }
 
-/// Sessions of a shared volume whose heartbeat is recent (0 when there is no sessions table).
-/// A failure to read them is an error, never "none": a caller goes on to replace or repair.
-pub fn live_sessions(tx: &mut dyn Tx, now: i64, shown: &str) -> Result<u64, String> {
+/// Sessions of a shared volume whose heartbeat is recent by the server's clock (0 when there
+/// is no sessions table). A failure to read them is an error, never "none": a caller goes on
+/// to replace or repair.
+pub fn live_sessions(tx: &mut dyn Tx, shown: &str) -> Result<u64, String> {
+    let now = postgres::server_now_ns(tx).map_err(|e| format!("{shown}: {e}"))?;
     let recent = now - postgres::SESSION_EXPIRY.as_nanos() as i64;
     tx.query_opt(
         "SELECT count(*) FROM sessions WHERE heartbeat_ns >= ?",
@@ -622,7 +624,7 @@ pub fn status(db: &Path) -> Result<String, String> {
         let target = PgTarget::parse(&source)?;
         let mut conn = target.connect()?;
         let settings = check_settings(&mut conn, &source, "a PostgreSQL")?;
-        let now = now_ns();
+        let now = postgres::server_now_ns(&mut conn).map_err(|e| format!("{source}: {e}"))?;
         let expired = now - postgres::SESSION_EXPIRY.as_nanos() as i64;
         return report(&mut conn, &source, &settings, &|heartbeat_ns| {
             if heartbeat_ns < expired {
