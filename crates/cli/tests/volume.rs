@@ -303,6 +303,16 @@ fn kill_9_many_times_during_untars_keeps_every_fsynced_file() {
 }
 
 /// The inode number of a path.
+/// The names in a directory, sorted.
+fn sorted_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 fn ino(p: &Path) -> i64 {
     std::fs::metadata(p).unwrap().ino() as i64
 }
@@ -1203,14 +1213,7 @@ fn trees_made_renamed_and_removed_by_many_threads_under_early_answers() {
     for w in workers {
         w.join().unwrap();
     }
-    let listed = |root: &Path| {
-        let mut names: Vec<String> = std::fs::read_dir(root.join("shared"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        names
-    };
+    let listed = |root: &Path| sorted_names(&root.join("shared"));
     let mut want: Vec<String> = (0..THREADS)
         .flat_map(|k| (0..ROUNDS).map(move |r| format!("{k}-{r}")))
         .collect();
@@ -1734,16 +1737,8 @@ mod on_postgres {
             wait_until(soon, || !a.path("g").exists() && a.path("d").is_dir()),
             "a does not see b's unlink and mkdir"
         );
-        let listing = |m: &common::Mount| -> Vec<String> {
-            let mut names: Vec<String> = std::fs::read_dir(&m.mountpoint)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            names
-        };
-        assert_eq!(listing(&a), ["d"]);
-        assert_eq!(listing(&b), ["d"]);
+        assert_eq!(sorted_names(&a.mountpoint), ["d"]);
+        assert_eq!(sorted_names(&b.mountpoint), ["d"]);
         a.unmount();
         b.unmount();
         volume.assert_clean();
@@ -1846,11 +1841,7 @@ mod on_postgres {
             .collect();
         expected.sort();
         for m in [&a, &b] {
-            let mut names: Vec<String> = std::fs::read_dir(m.path("d"))
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
+            let names = sorted_names(&m.path("d"));
             assert_eq!(names, expected, "listing on {}", m.mountpoint.display());
             for (i, winner) in winners.iter().enumerate() {
                 let winner = winner.unwrap_or_else(|| panic!("shared-{i} created by neither"));
@@ -2045,14 +2036,7 @@ mod on_postgres {
             b.counter("waits_for_other_mounts_leases") > 0,
             "b took a's live lease on d without recalling it"
         );
-        let listed = |m: &common::Mount| {
-            let mut names: Vec<String> = std::fs::read_dir(m.path("d"))
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            names
-        };
+        let listed = |m: &common::Mount| sorted_names(&m.path("d"));
         let mut expected: Vec<String> = (0..20).map(|i| format!("a-{i}")).collect();
         expected.push("b-0".into());
         expected.sort();

@@ -66,8 +66,10 @@ pub struct VolumeClock {
     offset_ns: AtomicI64,
 }
 
-/// A reading of the server's clock taken over a longer round trip than this is not used:
-/// its error (up to half the round trip) would eat into `leases::LEASE_MARGIN`.
+/// A later reading of the server's clock taken over a longer round trip than this is not
+/// used: its error (up to half the round trip) would eat into `leases::LEASE_MARGIN`. The
+/// first, at the mount, is used whatever its round trip: this machine's clock, the only
+/// other choice, may be off by any amount.
 const CLOCK_READING_ROUND_TRIP_MAX: Duration = Duration::from_millis(200);
 
 impl VolumeClock {
@@ -82,7 +84,7 @@ impl VolumeClock {
     /// The server's clock of `conn` where it has one, else this machine's.
     pub fn of<C: Conn>(conn: &mut C) -> Result<VolumeClock, DbError> {
         let clock = VolumeClock::local();
-        clock.read_server(conn)?;
+        clock.read_server(conn, Duration::MAX)?;
         Ok(clock)
     }
 
@@ -90,14 +92,15 @@ impl VolumeClock {
         self.offset_ns.load(Ordering::Relaxed) + self.base.elapsed().as_nanos() as i64
     }
 
-    /// Reads the server's clock again (a reading over a slow round trip is not used).
-    fn read_server<C: Conn>(&self, conn: &mut C) -> Result<(), DbError> {
+    /// Reads the server's clock again; a reading over a round trip above `round_trip_max`
+    /// is not used.
+    fn read_server<C: Conn>(&self, conn: &mut C, round_trip_max: Duration) -> Result<(), DbError> {
         let before = self.base.elapsed();
         let Some(server_ns) = conn.server_now_ns().transpose()? else {
             return Ok(());
         };
         let after = self.base.elapsed();
-        if after - before <= CLOCK_READING_ROUND_TRIP_MAX {
+        if after - before <= round_trip_max {
             let mid = (before + (after - before) / 2).as_nanos() as i64;
             self.offset_ns.store(server_ns - mid, Ordering::Relaxed);
         }
@@ -825,7 +828,9 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.submit(
             false,
             move |w| {
-                clock.read_server(&mut w.conn).map_err(|e| e.errno())?;
+                clock
+                    .read_server(&mut w.conn, CLOCK_READING_ROUND_TRIP_MAX)
+                    .map_err(|e| e.errno())?;
                 ops::heartbeat(w, now_ns)?;
                 let mut beat = Beat::default();
                 if w.log_changes {
