@@ -1286,6 +1286,48 @@ fn trees_made_and_removed_with_early_answers_read_back_exactly() {
     volume.assert_clean();
 }
 
+/// A listing read while a closed file's bytes commit must not carry the attributes from
+/// before the commit: the kernel takes a listing's attributes (READDIRPLUS) as the file's,
+/// and a size of 0 there made the file read back empty (found by the POSIX suite on
+/// PostgreSQL). Each close is followed by a listing after a varying pause, so that some
+/// listings meet the commit of what the close queued.
+fn listings_race_the_commit_of_closed_files(volume: &Volume) {
+    let m = volume.mount(&[]);
+    let dirs = 16;
+    for d in 0..dirs {
+        std::fs::create_dir(m.path(&format!("d{d}"))).unwrap();
+    }
+    // The directories themselves committed: their listings read the database.
+    std::fs::File::open(m.path("d0")).unwrap().sync_all().unwrap();
+    let bytes = vec![7u8; 10_000];
+    let mut wrong = Vec::new();
+    for i in 0..1200 {
+        let dir = m.path(&format!("d{}", i % dirs));
+        let file = dir.join(format!("f{i}"));
+        std::fs::write(&file, &bytes).unwrap();
+        std::thread::sleep(Duration::from_micros((i as u64 * 37) % 900));
+        let listed = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(listed, i / dirs + 1);
+        let size = std::fs::metadata(&file).unwrap().len();
+        if size != bytes.len() as u64 {
+            wrong.push((i, size));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} files showed a wrong size after a listing (file, size): {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+    m.unmount();
+    volume.assert_clean();
+}
+
+#[test]
+fn a_listing_racing_the_commit_of_a_closed_file_shows_its_size() {
+    listings_race_the_commit_of_closed_files(&Volume::format("listing-race"));
+}
+
 #[test]
 fn dump_and_load_round_trip_is_identical() {
     let src = TempDir::new("vol-dump-src");
@@ -1669,6 +1711,13 @@ fn wait_for_sessions(volume: &Volume, live: usize) {
 /// The volume with its metadata on a PostgreSQL server of the test's own (issue 14).
 mod on_postgres {
     use super::*;
+
+    #[test]
+    fn a_listing_racing_the_commit_of_a_closed_file_shows_its_size() {
+        if let Some(volume) = Volume::format_on_postgres("listing-race") {
+            listings_race_the_commit_of_closed_files(&volume);
+        }
+    }
 
     #[test]
     fn untar_of_a_tree_matches_with_diff_and_after_remount() {

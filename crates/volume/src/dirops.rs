@@ -901,23 +901,33 @@ impl MetaStore for AsyncDirops {
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
         self.clear_foreign_lease(dir)?;
         self.settle_if_pending(dir);
-        let mut items = self.inner.readdir(queue, dir)?;
         if !self.enabled {
-            return Ok(items);
+            return self.inner.readdir(queue, dir);
         }
-        // A listing carries its entries' attributes (READDIRPLUS): a subdirectory being
-        // filled has its predicted ones, or the listing is read again once it settled.
-        for item in &mut items {
-            match self.pending(item.attr.ino) {
-                Some(Some(rec)) => item.attr = rec,
-                Some(None) => {
-                    self.settle();
-                    return self.inner.readdir(queue, dir);
+        // A listing carries its entries' attributes (READDIRPLUS), which the kernel takes
+        // as the files' own: an entry with changes pending has its predicted ones, or the
+        // listing is read again once they settled. An entry with none pending when looked
+        // at may have had one commit after the listing was read (a closed file's bytes:
+        // the listing says size 0), so a listing read while anything settled is read again
+        // (as a lookup is). After the settle, whatever was answered before this request
+        // was sent is in the database, and the kernel ignores a listing's attributes for
+        // an inode whose attributes it got later.
+        'read: for _ in 0..RACED_READS_MAX {
+            let settled = self.settled.load(Ordering::Acquire);
+            let mut items = self.inner.readdir(queue, dir)?;
+            for item in &mut items {
+                match self.pending(item.attr.ino) {
+                    Some(Some(rec)) => item.attr = rec,
+                    Some(None) => break 'read,
+                    None => {}
                 }
-                None => {}
+            }
+            if self.settled.load(Ordering::Acquire) == settled {
+                return Ok(items);
             }
         }
-        Ok(items)
+        self.settle();
+        self.inner.readdir(queue, dir)
     }
 
     fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno> {
