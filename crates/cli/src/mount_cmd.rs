@@ -258,7 +258,14 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
                 ready(mounted);
                 follow_remounts(&mounted.mountpoint, move |atime| remounted.set_atime(atime));
             };
-            serve(fs, &spec, &session_options, &source, "passthrough", ready)
+            serve(
+                Arc::new(fs),
+                &spec,
+                &session_options,
+                &source,
+                "passthrough",
+                ready,
+            )
         }
         // The volume's lock is the file system's: let go at the end of its destroy.
         SourceFs::Volume(fs) => {
@@ -270,7 +277,7 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
                     switch.set(atime);
                 });
             };
-            serve(*fs, &spec, &session_options, &source, "volume", ready)
+            serve(fs, &spec, &session_options, &source, "volume", ready)
         }
         SourceFs::Null => {
             let fs = NullFs::new(NullOptions {
@@ -282,7 +289,14 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
                     .map(std::time::Duration::from_millis)
                     .or(args.defer_reads.then_some(std::time::Duration::ZERO)),
             });
-            serve(fs, &spec, &session_options, &source, "null", ready)
+            serve(
+                Arc::new(fs),
+                &spec,
+                &session_options,
+                &source,
+                "null",
+                ready,
+            )
         }
     }
 }
@@ -291,7 +305,7 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
 enum SourceFs {
     Null,
     Passthrough(PassthroughFs),
-    Volume(Box<VolumeFs>),
+    Volume(Arc<VolumeFs>),
 }
 
 /// `null:` → null; a regular file → a volume (an SQLite file made by `lanefs format`), or a
@@ -340,13 +354,13 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
             lanefs_volume::volume::open_for_mount(Path::new(source), mountpoint, options)
         }
         .map_err(io::Error::other)?;
-        return Ok(SourceFs::Volume(Box::new(fs)));
+        return Ok(SourceFs::Volume(fs));
     }
     PassthroughFs::new(passthrough_options(args)).map(SourceFs::Passthrough)
 }
 
 fn serve<F: Filesystem>(
-    fs: F,
+    fs: Arc<F>,
     spec: &MountSpec,
     opts: &SessionOptions,
     source: &str,
@@ -357,7 +371,7 @@ fn serve<F: Filesystem>(
         source: source.to_owned(),
         filesystem: filesystem.to_owned(),
     };
-    session::run(Arc::new(fs), spec, opts, labels, ready)
+    session::run(fs, spec, opts, labels, ready)
 }
 
 fn passthrough_options(args: &MountArgs) -> PassthroughOptions {

@@ -696,3 +696,98 @@ fn lock_waiters_arriving_together_all_reach_the_daemon() {
     }
     m.unmount();
 }
+
+/// `lseek(fd, 0, whence)` through the mount (SEEK_DATA and SEEK_HOLE reach the daemon).
+fn seek(file: &File, whence: i32) -> std::io::Result<i64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the fd is open for the call.
+    match unsafe { libc::lseek(file.as_raw_fd(), 0, whence) } {
+        -1 => Err(std::io::Error::last_os_error()),
+        at => Ok(at),
+    }
+}
+
+/// The volume: an fsync and a close that wait for the database (another process holds
+/// SQLite's write lock, so their commits cannot start) hold no queue. lseek and lookups
+/// from the same CPU are answered at once (seed 002), and both finish with their data once
+/// the lock is free. The old volume answered them on the worker: over io_uring the lseek
+/// waited for the lock, and over /dev/fuse on 2 CPUs the two waits took both workers.
+/// (Not an lseek of the file being fsynced: the kernel holds that
+/// inode's lock across FSYNC and takes it for SEEK_DATA.)
+#[test]
+fn volume_commits_waiting_for_the_database_hold_no_queue() {
+    let _serial = serial();
+    let volume = common::volume::Volume::format("liveness-busy-commit");
+    let m = volume.mount(&[]);
+    let open = |name: &str| {
+        File::options()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(m.path(name))
+            .unwrap()
+    };
+    let (waiting, closing, other) = (open("waiting"), open("closing"), open("other"));
+    for file in [&waiting, &closing, &other] {
+        file.write_all_at(&[1u8; 100_000], 0).unwrap();
+        file.sync_all().unwrap();
+    }
+    // Bytes above the inline size: the commits write blocks, then wait for the lock.
+    waiting.write_all_at(&[2u8; 100_000], 0).unwrap();
+    closing.write_all_at(&[3u8; 100_000], 0).unwrap();
+    let holder = rusqlite::Connection::open(&volume.db).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    let syncing = waiting.try_clone().unwrap();
+    for (what, file) in [("fsync", syncing), ("close", closing)] {
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            pin_to(0);
+            let result = if what == "fsync" {
+                file.sync_all()
+            } else {
+                // SAFETY: the fd is ours; `into_raw_fd` gave up the File's ownership.
+                match unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(file)) } {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            };
+            let _ = done_tx.send((what, result));
+        });
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        done_rx.try_recv().is_err(),
+        "an fsync or close did not wait for the database's lock"
+    );
+    let root = m.path("");
+    let probed = timed_on_cpu0(PROMPT, move || {
+        (
+            seek(&other, libc::SEEK_DATA),
+            seek(&other, libc::SEEK_HOLE),
+            fresh_lookup(&root, "busy"),
+        )
+    });
+    holder.execute_batch("COMMIT").unwrap();
+    for _ in 0..2 {
+        let (what, result) = done_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("an fsync or close never finished after the lock was let go");
+        result.unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    let (_, (data, hole, lookup)) = probed.expect("an lseek from CPU 0 waited for a commit");
+    assert_eq!(data.unwrap(), 0);
+    assert_eq!(hole.unwrap(), 100_000);
+    assert_eq!(lookup, std::io::ErrorKind::NotFound);
+    drop(waiting);
+    assert_eq!(
+        std::fs::read(m.path("waiting")).unwrap(),
+        vec![2u8; 100_000]
+    );
+    assert_eq!(
+        std::fs::read(m.path("closing")).unwrap(),
+        vec![3u8; 100_000]
+    );
+    m.unmount();
+    volume.assert_clean();
+}

@@ -1298,7 +1298,10 @@ fn listings_race_the_commit_of_closed_files(volume: &Volume) {
         std::fs::create_dir(m.path(&format!("d{d}"))).unwrap();
     }
     // The directories themselves committed: their listings read the database.
-    std::fs::File::open(m.path("d0")).unwrap().sync_all().unwrap();
+    std::fs::File::open(m.path("d0"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
     let bytes = vec![7u8; 10_000];
     let mut wrong = Vec::new();
     for i in 0..1200 {

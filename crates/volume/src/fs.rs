@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -280,6 +280,16 @@ pub struct VolumeFs {
     /// The volume's lock: let go at the very end of `destroy`, after the session ended and
     /// the database was closed, before the daemon says it is unmounted.
     lock: VolumeLock,
+    /// This file system, for the jobs that answer slow requests off their queue.
+    me: Weak<VolumeFs>,
+}
+
+/// Answers `result`: OK, or its errno.
+fn answer(reply: Reply, result: Result<(), Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
 }
 
 fn errno_name(e: Errno) -> std::io::Error {
@@ -293,7 +303,7 @@ impl VolumeFs {
         data_dir: Option<std::path::PathBuf>,
         options: VolumeOptions,
         lock: VolumeLock,
-    ) -> VolumeFs {
+    ) -> Arc<VolumeFs> {
         let dirops = AsyncDirops::new(store, options.async_dirops, options.shared);
         let store: Arc<dyn MetaStore> = dirops.clone();
         let mut threads = Vec::new();
@@ -381,7 +391,8 @@ impl VolumeFs {
         let (locks, lock_thread) = locks::Locks::new(&store, options.shared);
         threads.extend(lock_thread);
         dirops.set_hooks(dirops_hooks(&open, &reap_tx, &session_fd));
-        VolumeFs {
+        Arc::new_cyclic(|me| VolumeFs {
+            me: me.clone(),
             dirops,
             locks,
             atime: AtimeSwitch::new(options.atime),
@@ -409,6 +420,20 @@ impl VolumeFs {
             started: std::time::Instant::now(),
             flush_errors: AtomicU64::new(0),
             lock,
+        })
+    }
+
+    /// Answers a request that may wait long (a commit behind a busy or unreachable
+    /// database, block uploads to the object store) from the engine's offload pool. Over
+    /// io_uring a worker serves every request of its CPU, and a close or fsync waiting
+    /// there would make that CPU's lseek and stat calls wait too (seed 002's guarantee);
+    /// over /dev/fuse a few such waits take every worker. (The passthrough keeps fsync on
+    /// a /dev/fuse worker: a host fsync ends; a database that went away may not come back
+    /// for minutes.)
+    fn answer_off_queue(&self, reply: Reply, job: impl FnOnce(&VolumeFs, Reply) + Send + 'static) {
+        match self.me.upgrade() {
+            Some(fs) => reply.offload(move |reply| job(&fs, reply)),
+            None => job(self, reply),
         }
     }
 
@@ -543,18 +568,24 @@ impl VolumeFs {
     fn flush_new_early(&self, state: &FileState) -> Result<(), Errno> {
         // A file whose create failed at its commit has nowhere to put its bytes.
         self.early_answer_error(state.ino)?;
-        let dir = state.created_in.load(Ordering::Relaxed);
-        if dir != 0
-            && let Some(_lease) = self.dirops.lease_for_data_of(dir)
-        {
-            let dirops = &self.dirops;
-            let queued =
-                state.flush_early(&|update, failed| dirops.update_data_early(update, failed));
-            if queued {
-                return Ok(());
-            }
+        if self.queue_new_early(state) {
+            return Ok(());
         }
         self.flush_state(state)
+    }
+
+    /// The early half of `flush_new_early`: queues the commit of a new small file's bytes
+    /// when its directory's lease allows; true when it did (or nothing was to commit).
+    fn queue_new_early(&self, state: &FileState) -> bool {
+        let dir = state.created_in.load(Ordering::Relaxed);
+        if dir == 0 {
+            return false;
+        }
+        let Some(_lease) = self.dirops.lease_for_data_of(dir) else {
+            return false;
+        };
+        let dirops = &self.dirops;
+        state.flush_early(&|update, failed| dirops.update_data_early(update, failed))
     }
 
     fn flush_state(&self, state: &FileState) -> Result<(), Errno> {
@@ -1326,11 +1357,15 @@ impl Filesystem for VolumeFs {
             self.options.parallel_writes,
             now_ns(),
         ) {
-            Ok(over) => {
-                if over && let Err(e) = self.flush_state(&state) {
-                    return reply.error(e);
-                }
-                reply.written(data.len() as u32)
+            Ok(false) => reply.written(data.len() as u32),
+            // Past the dirty limit: this write waits for the flush (back-pressure), off
+            // the queue.
+            Ok(true) => {
+                let written = data.len() as u32;
+                self.answer_off_queue(reply, move |fs, reply| match fs.flush_state(&state) {
+                    Ok(()) => reply.written(written),
+                    Err(e) => reply.error(e),
+                })
             }
             Err(e) => reply.error(e),
         }
@@ -1342,14 +1377,23 @@ impl Filesystem for VolumeFs {
         if self.locks.forget(ino, arg.lock_owner, LockKind::Posix) {
             self.release_locks(ino, Some((arg.lock_owner, LockKind::Posix)));
         }
-        let flushed = match self.open.get(ino) {
-            Some(state) => self.flush_new_early(&state),
-            None => Ok(()),
+        let state = match self.open.get(ino) {
+            Some(state) => state,
+            None => return answer(reply, self.early_answer_error(ino)),
         };
-        match flushed.and_then(|()| self.early_answer_error(ino)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+        if let Err(e) = self.early_answer_error(ino) {
+            return reply.error(e);
         }
+        if self.queue_new_early(&state) || !state.unflushed() {
+            return answer(reply, self.early_answer_error(ino));
+        }
+        self.answer_off_queue(reply, move |fs, reply| {
+            answer(
+                reply,
+                fs.flush_state(&state)
+                    .and_then(|()| fs.early_answer_error(ino)),
+            )
+        })
     }
 
     fn release(&self, _req: &Request, ino: u64, arg: &abi::ReleaseIn, reply: Reply) {
@@ -1387,16 +1431,15 @@ impl Filesystem for VolumeFs {
         // The flush syncs the file's new blocks before committing their rows (every flush
         // does, so blocks of earlier flushes are durable too); the sync then fsyncs the WAL,
         // which holds the flush's commit and every one before it.
-        let result = match self.open.get(ino) {
-            Some(state) => self
-                .flush_state(&state)
-                .and_then(|()| wait(|done| self.store.sync(done))),
-            None => wait(|done| self.store.sync(done)),
-        };
-        match result.and_then(|()| self.early_answer_error(ino)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.answer_off_queue(reply, move |fs, reply| {
+            let result = match fs.open.get(ino) {
+                Some(state) => fs
+                    .flush_state(&state)
+                    .and_then(|()| wait(|done| fs.store.sync(done))),
+                None => wait(|done| fs.store.sync(done)),
+            };
+            answer(reply, result.and_then(|()| fs.early_answer_error(ino)))
+        })
     }
 
     fn opendir(&self, req: &Request, ino: u64, _arg: &abi::OpenIn, reply: Reply) {
@@ -1478,24 +1521,28 @@ impl Filesystem for VolumeFs {
     }
 
     fn fsyncdir(&self, _req: &Request, ino: u64, _arg: &abi::FsyncIn, reply: Reply) {
-        match wait(|done| self.store.sync(done)).and_then(|()| self.early_answer_error(ino)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.answer_off_queue(reply, move |fs, reply| {
+            answer(
+                reply,
+                wait(|done| fs.store.sync(done)).and_then(|()| fs.early_answer_error(ino)),
+            )
+        })
     }
 
     fn syncfs(&self, _req: &Request, _ino: u64, reply: Reply) {
         // Every open file's data into blocks (durable) and rows, then one fsync of the WAL
         // for all of them and everything committed before.
-        for state in self.open.all() {
-            if let Err(e) = self.flush_state(&state) {
-                return reply.error(e);
-            }
-        }
-        match wait(|done| self.store.sync(done)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.answer_off_queue(reply, |fs, reply| {
+            let flushed = fs
+                .open
+                .all()
+                .iter()
+                .try_for_each(|state| fs.flush_state(state));
+            answer(
+                reply,
+                flushed.and_then(|()| wait(|done| fs.store.sync(done))),
+            )
+        })
     }
 
     fn statfs(&self, _req: &Request, _ino: u64, reply: Reply) {

@@ -548,7 +548,7 @@ pub fn open_for_mount(
     db: &Path,
     mountpoint: &Path,
     options: VolumeOptions,
-) -> Result<VolumeFs, String> {
+) -> Result<Arc<VolumeFs>, String> {
     let db = &std::path::absolute(db).map_err(|e| format!("{}: {e}", db.display()))?;
     // The lock first: `check` upgrades an older format, which must not happen under a
     // mount that holds the volume (a missing or foreign file is named by `check`).
@@ -585,7 +585,7 @@ pub fn open_for_mount_postgres(
     mountpoint: &Path,
     mut options: VolumeOptions,
     async_commit: bool,
-) -> Result<VolumeFs, String> {
+) -> Result<Arc<VolumeFs>, String> {
     let target = PgTarget::parse(url)?;
     let mut conn = target.connect()?;
     migrate(&mut conn, "BYTEA", url)?;
