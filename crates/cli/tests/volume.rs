@@ -1965,6 +1965,86 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// A dead mount's leases hold no queue of a live one: requests that wait for them (up
+    /// to the leases' expiry, 10 s) wait off the queues, so a lookup elsewhere from the same
+    /// CPU is answered at once. The old volume waited on the queue's worker: over io_uring
+    /// that CPU's requests all waited with it, and over /dev/fuse on 2 CPUs the waits took
+    /// both workers.
+    #[test]
+    fn waits_for_a_dead_mounts_lease_hold_no_queue() {
+        use std::os::fd::AsRawFd;
+        let Some(volume) = Volume::format_on_postgres("leasequeue") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::create_dir(b.path("elsewhere")).unwrap();
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::write(a.path("d/f"), b"f").unwrap();
+        assert!(a.counter("leases_taken") > 0);
+        // Opened before the kill: what the probes look up in them is the only lookup.
+        let leased = std::fs::File::open(b.path("d")).unwrap();
+        let free = std::fs::File::open(b.path("elsewhere")).unwrap();
+        common::kill_daemon_leaving_a_dead_mount(a.pid, &a.mountpoint);
+        drop(a);
+        let lookup = |dir: &std::fs::File, name: &str| -> i32 {
+            let name = std::ffi::CString::new(name).unwrap();
+            // SAFETY: the fd is open and `st` is written by the call.
+            unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                match libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, 0) {
+                    0 => 0,
+                    _ => *libc::__errno_location(),
+                }
+            }
+        };
+        let pin = |cpu: usize| {
+            // SAFETY: cpu_set_t is plain data; CPUs 0 and 1 exist on every machine we test.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        };
+        let started = std::time::Instant::now();
+        let waiters: Vec<_> = (0..4)
+            .map(|i| {
+                let leased = leased.try_clone().unwrap();
+                std::thread::spawn(move || {
+                    pin(i % 2);
+                    lookup(&leased, &format!("absent-{i}"))
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "a lookup in the dead mount's leased directory did not wait"
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            pin(0);
+            let _ = tx.send(lookup(&free, "absent"));
+        });
+        let probe = rx.recv_timeout(Duration::from_secs(2));
+        for w in waiters {
+            assert_eq!(w.join().unwrap(), libc::ENOENT);
+        }
+        let waited = started.elapsed();
+        assert_eq!(
+            probe,
+            Ok(libc::ENOENT),
+            "a lookup from CPU 0 elsewhere waited for the dead mount's lease"
+        );
+        assert!(b.counter("waits_for_other_mounts_leases") >= 1);
+        assert!(waited < Duration::from_secs(20), "waited {waited:?}");
+        assert_eq!(std::fs::read(b.path("d/f")).unwrap(), b"f".to_vec());
+        drop(leased);
+        wait_for_sessions(&volume, 1);
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// A mount killed with kill -9 leaves its session row, its inode range and a file it
     /// held open after unlinking it; the live mount ends that session after the heartbeat
     /// timeout (frees the file, drops the range and the row) and keeps its own.

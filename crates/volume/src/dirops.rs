@@ -39,6 +39,7 @@
 //! fsync and syncfs wait for every change answered before them (the store's sync is queued
 //! behind them), so what fsync acknowledged survives a crash.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -47,6 +48,27 @@ use crate::leases::{
     Held, LEASE_COOLDOWN, LeaseUse, Leases, RECALL_AGAIN, RECALL_POLL, RECALL_WAIT_MAX,
 };
 use crate::meta::*;
+
+/// What an operation run by `deferring_lease_waits` answers when it met another mount's
+/// live lease that it would have to wait for (before it changed anything): the file system
+/// runs the request again from the offload pool, where the wait (up to `LEASE_TTL` for a
+/// dead holder) holds no queue. Negative: no errno; never sent to the kernel.
+pub const WAIT_OFF_QUEUE: Errno = -1;
+
+thread_local! {
+    /// Set while a queue's worker runs a request that can be run again elsewhere.
+    static DEFER_LEASE_WAITS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `op` with waits for other mounts' leases answered `WAIT_OFF_QUEUE` instead
+/// (`defer`), or waited for (a job of the offload pool, which may run on the very worker
+/// that deferred it when the pool is full).
+pub fn deferring_lease_waits<T>(defer: bool, op: impl FnOnce() -> T) -> T {
+    let before = DEFER_LEASE_WAITS.replace(defer);
+    let out = op();
+    DEFER_LEASE_WAITS.set(before);
+    out
+}
 
 /// Shards of the overlay's two maps.
 const SHARDS: usize = 16;
@@ -592,7 +614,8 @@ impl AsyncDirops {
     /// never looked at the recall: a recalled lease is not renewed); whether there was one.
     /// A lease still live past `RECALL_WAIT_MAX` (the database server's clock stepped back)
     /// is EIO: going on could miss what the holder answered and has not committed. Nothing
-    /// on a volume one mount holds.
+    /// on a volume one mount holds. Under `deferring_lease_waits` a live lease found is
+    /// `WAIT_OFF_QUEUE` at once.
     fn clear_foreign_lease(&self, dir: u64) -> Result<bool, Errno> {
         let Some(leases) = &self.leases else {
             return Ok(false);
@@ -609,6 +632,9 @@ impl AsyncDirops {
                 // Unreadable: the change goes on; the database still checks it.
                 Ok(None) | Err(_) => return Ok(recalled.is_some()),
             };
+            if DEFER_LEASE_WAITS.get() {
+                return Err(WAIT_OFF_QUEUE);
+            }
             // Asked again now and then: a recall the holder missed must not cost the whole
             // expiry.
             if recalled != Some(holder) || recalled_at.elapsed() >= RECALL_AGAIN {
@@ -1136,10 +1162,12 @@ impl MetaStore for AsyncDirops {
                 }
                 // A directory renamed over must be empty, with nothing answered in it
                 // elsewhere.
-                if let Ok(over) = self.lookup(0, newparent, &newname)
-                    && over.is_dir()
-                {
-                    self.clear_foreign_lease(over.ino)?;
+                match self.lookup(0, newparent, &newname) {
+                    Ok(over) if over.is_dir() => {
+                        self.clear_foreign_lease(over.ino)?;
+                    }
+                    Err(WAIT_OFF_QUEUE) => return Err(WAIT_OFF_QUEUE),
+                    _ => {}
                 }
                 Ok(())
             })();

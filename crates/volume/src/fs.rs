@@ -284,6 +284,29 @@ pub struct VolumeFs {
     me: Weak<VolumeFs>,
 }
 
+/// The Reply of a request run by `VolumeFs::with_lease_waits`: answered
+/// `dirops::WAIT_OFF_QUEUE`, it runs the request again off the queue instead.
+struct LeaseReply {
+    reply: Reply,
+    again: Option<Box<dyn FnOnce(Reply) + Send>>,
+}
+
+impl LeaseReply {
+    fn error(self, e: Errno) {
+        match (e, self.again) {
+            (dirops::WAIT_OFF_QUEUE, Some(again)) => again(self.reply),
+            // Only a deferring run gets it; the rerun waits instead.
+            (dirops::WAIT_OFF_QUEUE, None) => self.reply.error(libc::EIO),
+            (e, _) => self.reply.error(e),
+        }
+    }
+
+    /// The Reply, for a success.
+    fn ok(self) -> Reply {
+        self.reply
+    }
+}
+
 /// Answers `result`: OK, or its errno.
 fn answer(reply: Reply, result: Result<(), Errno>) {
     match result {
@@ -437,6 +460,166 @@ impl VolumeFs {
         }
     }
 
+    /// Runs `op`, the body of a request that may meet another mount's live lease on a
+    /// directory (a lookup, listing, open or change there), on this worker with such waits
+    /// deferred: when it met one, it changed nothing and answered `WAIT_OFF_QUEUE` through
+    /// its `LeaseReply`, which runs it again from the offload pool, where it waits for the
+    /// recall (a dead holder's lease lasts up to `LEASE_TTL`: 10 s of a queue's requests
+    /// otherwise). A volume one mount holds has no leases: `op` just runs.
+    fn with_lease_waits(
+        &self,
+        reply: Reply,
+        op: impl Fn(&VolumeFs, LeaseReply) + Send + Sync + 'static,
+    ) {
+        let me = match self.me.upgrade() {
+            Some(me) if self.options.shared => me,
+            _ => return op(self, LeaseReply { reply, again: None }),
+        };
+        let op = Arc::new(op);
+        let again = {
+            let op = op.clone();
+            Box::new(move |reply: Reply| {
+                me.answer_off_queue(reply, move |fs, reply| {
+                    dirops::deferring_lease_waits(false, || {
+                        op(fs, LeaseReply { reply, again: None })
+                    })
+                })
+            })
+        };
+        dirops::deferring_lease_waits(true, || {
+            op(
+                self,
+                LeaseReply {
+                    reply,
+                    again: Some(again),
+                },
+            )
+        })
+    }
+
+    /// An O_CREAT open: the new file, or the one another mount or process made since the
+    /// kernel's lookup (unless O_EXCL), opened.
+    fn create_and_open(&self, req: &Request, node: NewNode, flags: u32, reply: LeaseReply) {
+        let (parent, name) = (node.parent, node.name.clone());
+        let exclusive = flags as i32 & libc::O_EXCL != 0;
+        let created = wait(|done| self.store.create(node, done));
+        // Whether this request made the inode (then its content is known: empty).
+        let mut fresh = true;
+        let rec = match created {
+            Ok(rec) => rec,
+            // Created by someone else since the kernel's lookup: open it, as open(2) would.
+            Err(libc::EEXIST) if !exclusive => {
+                fresh = false;
+                match self.store.lookup(req.queue, parent, &name) {
+                    Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
+                    Ok(rec) => rec,
+                    Err(e) => return reply.error(e),
+                }
+            }
+            Err(e) => return reply.error(e),
+        };
+        if let Err(e) = self.fileattrs.may_open(rec.ino, flags) {
+            return reply.error(e);
+        }
+        let opened = if fresh {
+            self.open_created(&rec)
+        } else {
+            self.open_state(req, rec.ino)
+        };
+        match opened {
+            Ok(_) => reply
+                .ok()
+                .create(&self.entry_out(&rec), &self.open_out(&rec, flags)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// readdir and readdirplus: a listing taken at offset 0 (or the stream's first read),
+    /// then the entries from `arg.offset` that fit.
+    fn list(&self, queue: usize, ino: u64, arg: &abi::ReadIn, plus: bool, reply: LeaseReply) {
+        let Some(snapshot) = self.dirs.shard(arg.fh).get(&arg.fh).cloned() else {
+            return reply.error(libc::EBADF);
+        };
+        let mut listing = snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        // The directory, when this request took its listing (its atime may move).
+        let mut listed = None;
+        if listing.is_none() || arg.offset == 0 {
+            let dir = match self.store.getattr(queue, ino) {
+                Ok(rec) => rec,
+                Err(e) => return reply.error(e),
+            };
+            let items = match self.store.readdir(queue, ino) {
+                Ok(items) => items,
+                Err(e) => return reply.error(e),
+            };
+            let mut all = Vec::with_capacity(items.len() + 2);
+            all.push((ino, libc::DT_DIR as u32, b".".to_vec(), None));
+            all.push((
+                dir.parent.max(ROOT_INO),
+                libc::DT_DIR as u32,
+                b"..".to_vec(),
+                None,
+            ));
+            for item in items {
+                let typ = (item.attr.mode & libc::S_IFMT) >> 12;
+                all.push((item.attr.ino, typ, item.name, Some(item.attr)));
+            }
+            *listing = Some(all);
+            listed = Some(dir);
+        }
+        let Some(all) = listing.as_ref() else {
+            return reply.error(libc::EIO);
+        };
+        let mut buf = DirBuffer::new(arg.size as usize);
+        for (i, (ino, typ, name, attr)) in all.iter().enumerate().skip(arg.offset as usize) {
+            let entry = DirEntry {
+                ino: *ino,
+                offset: i as u64 + 1,
+                typ: *typ,
+                name,
+            };
+            let fits = if plus {
+                let out = match attr {
+                    Some(rec) => self.entry_out(rec),
+                    None => abi::EntryOut::default(),
+                };
+                buf.push_plus(&entry, &out)
+            } else {
+                buf.push(&entry)
+            };
+            if !fits {
+                break;
+            }
+        }
+        drop(listing);
+        self.reply_listing(listed.as_ref(), buf.as_bytes(), reply.ok())
+    }
+
+    /// unlink (`dir` false) and rmdir.
+    fn remove(&self, queue: usize, parent: u64, name: &OsStr, dir: bool, reply: Reply) {
+        let name = name.to_owned();
+        self.with_lease_waits(reply, move |fs, reply| {
+            if let Err(e) = fs.may_unlink(queue, parent, &name) {
+                return reply.error(e);
+            }
+            let fs_reaper = fs.reaper.clone();
+            fs.store.remove(
+                parent,
+                name.as_bytes().to_vec(),
+                dir,
+                now_ns(),
+                fs.is_open(),
+                Box::new(move |r| match r {
+                    Ok(removed) => {
+                        reply.ok().ok();
+                        send_reap(&fs_reaper, removed.released);
+                    }
+                    Err(e) => reply.error(e),
+                }),
+            )
+        })
+    }
+
     /// Drops this mount's locks on `ino` (one owner's, or all) and wakes its waiters; a
     /// failure is logged (the locks then go with the session).
     fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>) {
@@ -532,14 +715,16 @@ impl VolumeFs {
             Ok(node) => node,
             Err(e) => return reply.error(e),
         };
-        let out = self.entry_template();
-        self.store.create(
-            node,
-            Box::new(move |r| match r {
-                Ok(rec) => reply.entry(&out.fill(&rec)),
-                Err(e) => reply.error(e),
-            }),
-        )
+        self.with_lease_waits(reply, move |fs, reply| {
+            let out = fs.entry_template();
+            fs.store.create(
+                node.clone(),
+                Box::new(move |r| match r {
+                    Ok(rec) => reply.ok().entry(&out.fill(&rec)),
+                    Err(e) => reply.error(e),
+                }),
+            )
+        })
     }
 
     /// What a completion running on the committer needs to build answers.
@@ -988,19 +1173,22 @@ impl Filesystem for VolumeFs {
         if name.len() > NAME_MAX {
             return reply.error(libc::ENAMETOOLONG);
         }
-        match self.store.lookup(req.queue, parent, name.as_bytes()) {
-            Ok(rec) => reply.entry(&self.entry_out(&rec)),
-            Err(libc::ENOENT) => {
-                // A negative entry the kernel may cache for the entry timeout.
-                let (ev, evn) = split_duration(self.options.entry_timeout);
-                reply.entry(&abi::EntryOut {
-                    entry_valid: ev,
-                    entry_valid_nsec: evn,
-                    ..Default::default()
-                })
+        let (queue, name) = (req.queue, name.to_owned());
+        self.with_lease_waits(reply, move |fs, reply| {
+            match fs.store.lookup(queue, parent, name.as_bytes()) {
+                Ok(rec) => reply.ok().entry(&fs.entry_out(&rec)),
+                Err(libc::ENOENT) => {
+                    // A negative entry the kernel may cache for the entry timeout.
+                    let (ev, evn) = split_duration(fs.options.entry_timeout);
+                    reply.ok().entry(&abi::EntryOut {
+                        entry_valid: ev,
+                        entry_valid_nsec: evn,
+                        ..Default::default()
+                    })
+                }
+                Err(e) => reply.error(e),
             }
-            Err(e) => reply.error(e),
-        }
+        })
     }
 
     fn getattr(&self, req: &Request, ino: u64, _fh: Option<u64>, reply: Reply) {
@@ -1163,41 +1351,11 @@ impl Filesystem for VolumeFs {
     }
 
     fn unlink(&self, req: &Request, parent: u64, name: &OsStr, reply: Reply) {
-        if let Err(e) = self.may_unlink(req.queue, parent, name) {
-            return reply.error(e);
-        }
-        let fs_reaper = self.reaper.clone();
-        self.store.remove(
-            parent,
-            name.as_bytes().to_vec(),
-            false,
-            now_ns(),
-            self.is_open(),
-            Box::new(move |r| match r {
-                Ok(removed) => {
-                    reply.ok();
-                    send_reap(&fs_reaper, removed.released);
-                }
-                Err(e) => reply.error(e),
-            }),
-        )
+        self.remove(req.queue, parent, name, false, reply)
     }
 
     fn rmdir(&self, req: &Request, parent: u64, name: &OsStr, reply: Reply) {
-        if let Err(e) = self.may_unlink(req.queue, parent, name) {
-            return reply.error(e);
-        }
-        self.store.remove(
-            parent,
-            name.as_bytes().to_vec(),
-            true,
-            now_ns(),
-            self.is_open(),
-            Box::new(move |r| match r {
-                Ok(_) => reply.ok(),
-                Err(e) => reply.error(e),
-            }),
-        )
+        self.remove(req.queue, parent, name, true, reply)
     }
 
     fn rename(
@@ -1216,28 +1374,31 @@ impl Filesystem for VolumeFs {
         if newname.len() > NAME_MAX {
             return reply.error(libc::ENAMETOOLONG);
         }
-        if let Err(e) = self.may_rename(req.queue, parent, name, newparent, newname) {
-            return reply.error(e);
-        }
-        let fs_reaper = self.reaper.clone();
-        self.store.rename(
-            parent,
-            name.as_bytes().to_vec(),
-            newparent,
-            newname.as_bytes().to_vec(),
-            flags,
-            now_ns(),
-            self.is_open(),
-            Box::new(move |r| match r {
-                Ok(renamed) => {
-                    reply.ok();
-                    if let Some(replaced) = renamed.replaced {
-                        send_reap(&fs_reaper, replaced.released);
+        let (queue, name, newname) = (req.queue, name.to_owned(), newname.to_owned());
+        self.with_lease_waits(reply, move |fs, reply| {
+            if let Err(e) = fs.may_rename(queue, parent, &name, newparent, &newname) {
+                return reply.error(e);
+            }
+            let fs_reaper = fs.reaper.clone();
+            fs.store.rename(
+                parent,
+                name.as_bytes().to_vec(),
+                newparent,
+                newname.as_bytes().to_vec(),
+                flags,
+                now_ns(),
+                fs.is_open(),
+                Box::new(move |r| match r {
+                    Ok(renamed) => {
+                        reply.ok().ok();
+                        if let Some(replaced) = renamed.replaced {
+                            send_reap(&fs_reaper, replaced.released);
+                        }
                     }
-                }
-                Err(e) => reply.error(e),
-            }),
-        )
+                    Err(e) => reply.error(e),
+                }),
+            )
+        })
     }
 
     fn link(&self, _req: &Request, ino: u64, newparent: u64, newname: &OsStr, reply: Reply) {
@@ -1251,26 +1412,29 @@ impl Filesystem for VolumeFs {
         {
             return reply.error(e);
         }
-        let tmpl = self.entry_template();
-        let open = self.open.clone();
-        self.store.link(
-            ino,
-            newparent,
-            newname.as_bytes().to_vec(),
-            now_ns(),
-            Box::new(move |r| match r {
-                Ok(rec) => {
-                    let mut out = tmpl.fill(&rec);
-                    if let Some(state) = open.get(ino) {
-                        // Linked again: no longer to be freed at its last close.
-                        state.orphaned.store(false, Ordering::Relaxed);
-                        out.attr.size = state.size();
+        let newname = newname.as_bytes().to_vec();
+        self.with_lease_waits(reply, move |fs, reply| {
+            let tmpl = fs.entry_template();
+            let open = fs.open.clone();
+            fs.store.link(
+                ino,
+                newparent,
+                newname.clone(),
+                now_ns(),
+                Box::new(move |r| match r {
+                    Ok(rec) => {
+                        let mut out = tmpl.fill(&rec);
+                        if let Some(state) = open.get(ino) {
+                            // Linked again: no longer to be freed at its last close.
+                            state.orphaned.store(false, Ordering::Relaxed);
+                            out.attr.size = state.size();
+                        }
+                        reply.ok().entry(&out)
                     }
-                    reply.entry(&out)
-                }
-                Err(e) => reply.error(e),
-            }),
-        )
+                    Err(e) => reply.error(e),
+                }),
+            )
+        })
     }
 
     fn open(&self, req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
@@ -1283,10 +1447,11 @@ impl Filesystem for VolumeFs {
         if let Err(e) = self.fileattrs.may_open(ino, arg.flags) {
             return reply.error(e);
         }
-        match self.open_state(req, ino) {
-            Ok(_) => reply.open(&self.open_out(&rec, arg.flags)),
+        let (req, flags) = (*req, arg.flags);
+        self.with_lease_waits(reply, move |fs, reply| match fs.open_state(&req, ino) {
+            Ok(_) => reply.ok().open(&fs.open_out(&rec, flags)),
             Err(e) => reply.error(e),
-        }
+        })
     }
 
     fn create(&self, req: &Request, parent: u64, name: &OsStr, arg: &abi::CreateIn, reply: Reply) {
@@ -1301,35 +1466,10 @@ impl Filesystem for VolumeFs {
             Ok(node) => node,
             Err(e) => return reply.error(e),
         };
-        let exclusive = arg.flags as i32 & libc::O_EXCL != 0;
-        let created = wait(|done| self.store.create(node, done));
-        // Whether this request made the inode (then its content is known: empty).
-        let mut fresh = true;
-        let rec = match created {
-            Ok(rec) => rec,
-            // Created by someone else since the kernel's lookup: open it, as open(2) would.
-            Err(libc::EEXIST) if !exclusive => {
-                fresh = false;
-                match self.store.lookup(req.queue, parent, name.as_bytes()) {
-                    Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
-                    Ok(rec) => rec,
-                    Err(e) => return reply.error(e),
-                }
-            }
-            Err(e) => return reply.error(e),
-        };
-        if let Err(e) = self.fileattrs.may_open(rec.ino, arg.flags) {
-            return reply.error(e);
-        }
-        let opened = if fresh {
-            self.open_created(&rec)
-        } else {
-            self.open_state(req, rec.ino)
-        };
-        match opened {
-            Ok(_) => reply.create(&self.entry_out(&rec), &self.open_out(&rec, arg.flags)),
-            Err(e) => reply.error(e),
-        }
+        let (req, flags) = (*req, arg.flags);
+        self.with_lease_waits(reply, move |fs, reply| {
+            fs.create_and_open(&req, node.clone(), flags, reply)
+        })
     }
 
     fn read(&self, req: &Request, ino: u64, arg: &abi::ReadIn, reply: Reply) {
@@ -1457,62 +1597,10 @@ impl Filesystem for VolumeFs {
     }
 
     fn readdir(&self, req: &Request, ino: u64, arg: &abi::ReadIn, plus: bool, reply: Reply) {
-        let Some(snapshot) = self.dirs.shard(arg.fh).get(&arg.fh).cloned() else {
-            return reply.error(libc::EBADF);
-        };
-        let mut listing = snapshot.lock().unwrap_or_else(|e| e.into_inner());
-        // The directory, when this request took its listing (its atime may move).
-        let mut listed = None;
-        if listing.is_none() || arg.offset == 0 {
-            let dir = match self.store.getattr(req.queue, ino) {
-                Ok(rec) => rec,
-                Err(e) => return reply.error(e),
-            };
-            let items = match self.store.readdir(req.queue, ino) {
-                Ok(items) => items,
-                Err(e) => return reply.error(e),
-            };
-            let mut all = Vec::with_capacity(items.len() + 2);
-            all.push((ino, libc::DT_DIR as u32, b".".to_vec(), None));
-            all.push((
-                dir.parent.max(ROOT_INO),
-                libc::DT_DIR as u32,
-                b"..".to_vec(),
-                None,
-            ));
-            for item in items {
-                let typ = (item.attr.mode & libc::S_IFMT) >> 12;
-                all.push((item.attr.ino, typ, item.name, Some(item.attr)));
-            }
-            *listing = Some(all);
-            listed = Some(dir);
-        }
-        let Some(all) = listing.as_ref() else {
-            return reply.error(libc::EIO);
-        };
-        let mut buf = DirBuffer::new(arg.size as usize);
-        for (i, (ino, typ, name, attr)) in all.iter().enumerate().skip(arg.offset as usize) {
-            let entry = DirEntry {
-                ino: *ino,
-                offset: i as u64 + 1,
-                typ: *typ,
-                name,
-            };
-            let fits = if plus {
-                let out = match attr {
-                    Some(rec) => self.entry_out(rec),
-                    None => abi::EntryOut::default(),
-                };
-                buf.push_plus(&entry, &out)
-            } else {
-                buf.push(&entry)
-            };
-            if !fits {
-                break;
-            }
-        }
-        drop(listing);
-        self.reply_listing(listed.as_ref(), buf.as_bytes(), reply)
+        let (queue, arg) = (req.queue, *arg);
+        self.with_lease_waits(reply, move |fs, reply| {
+            fs.list(queue, ino, &arg, plus, reply)
+        })
     }
 
     fn releasedir(&self, _req: &Request, _ino: u64, arg: &abi::ReleaseIn, reply: Reply) {
