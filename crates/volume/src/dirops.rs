@@ -685,6 +685,43 @@ impl AsyncDirops {
         self.inner.lookup(queue, parent, name)
     }
 
+    /// A lookup on a shared volume in a directory whose lease this mount does not hold and
+    /// where the overlay knows nothing of the name: the name and whether another mount
+    /// holds the directory's lease in one read, where `lookup_here` and
+    /// `clear_foreign_lease` take two (a path walk on PostgreSQL pays one round trip a
+    /// component instead of two). None when that read does not settle it (another mount's
+    /// lease to recall, a commit meanwhile, an error): the caller goes the usual way.
+    fn lookup_unleased(
+        &self,
+        queue: usize,
+        parent: u64,
+        name: &[u8],
+    ) -> Option<Result<InodeRec, Errno>> {
+        let leases = self.leases.as_ref()?;
+        let now = self.inner.volume_now_ns();
+        if leases.holds(parent, now) || self.known_name(parent, name).is_some() {
+            return None;
+        }
+        let settled = self.settled.load(Ordering::Acquire);
+        let (found, holder) = self
+            .inner
+            .lookup_and_foreign_lease(queue, parent, name, now)
+            .ok()?;
+        if holder.is_some() {
+            return None;
+        }
+        // As in `lookup_here`: the inode may have changes pending, which may also have
+        // settled between the read and the look at the overlay.
+        match found {
+            Err(e) => Some(Err(e)),
+            Ok(rec) => match self.pending(rec.ino) {
+                Some(Some(predicted)) => Some(Ok(predicted)),
+                None if self.settled.load(Ordering::Acquire) == settled => Some(Ok(rec)),
+                _ => None,
+            },
+        }
+    }
+
     /// Lets go the leases other mounts recalled (after committing what was answered early
     /// under them); run every `CHANGE_POLL_INTERVAL` by the heartbeat thread.
     pub fn serve_recalls(&self) {
@@ -908,6 +945,9 @@ impl AsyncDirops {
 
 impl MetaStore for AsyncDirops {
     fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
+        if let Some(found) = self.lookup_unleased(queue, parent, name) {
+            return found;
+        }
         let found = self.lookup_here(queue, parent, name);
         // Another mount holding the directory's lease may have made the name (or its
         // file's bytes, or removed it) without committing yet: after the recall it has.
@@ -1357,6 +1397,17 @@ impl MetaStore for AsyncDirops {
 
     fn foreign_lease(&self, queue: usize, dir: u64, now_ns: i64) -> Result<Option<u64>, Errno> {
         self.inner.foreign_lease(queue, dir, now_ns)
+    }
+
+    fn lookup_and_foreign_lease(
+        &self,
+        queue: usize,
+        parent: u64,
+        name: &[u8],
+        now_ns: i64,
+    ) -> Result<NameAndLease, Errno> {
+        self.inner
+            .lookup_and_foreign_lease(queue, parent, name, now_ns)
     }
 
     fn recalled_leases(&self) -> Result<Vec<u64>, Errno> {

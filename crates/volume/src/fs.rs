@@ -544,13 +544,18 @@ impl VolumeFs {
         // The directory, when this request took its listing (its atime may move).
         let mut listed = None;
         if listing.is_none() || arg.offset == 0 {
-            let dir = match self.store.getattr(queue, ino) {
-                Ok(rec) => rec,
-                Err(e) => return reply.error(e),
-            };
-            let items = match self.store.readdir(queue, ino) {
-                Ok(items) => items,
-                Err(e) => return reply.error(e),
+            // Errors are answered without the listing's lock: a deferred lease wait runs
+            // this again, on this very thread when the offload pool is full.
+            let read = self
+                .store
+                .getattr(queue, ino)
+                .and_then(|dir| Ok((dir, self.store.readdir(queue, ino)?)));
+            let (dir, items) = match read {
+                Ok(read) => read,
+                Err(e) => {
+                    drop(listing);
+                    return reply.error(e);
+                }
             };
             let mut all = Vec::with_capacity(items.len() + 2);
             all.push((ino, libc::DT_DIR as u32, b".".to_vec(), None));

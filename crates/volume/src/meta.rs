@@ -46,6 +46,10 @@ impl InodeRec {
     }
 }
 
+/// A name's inode (ENOENT: none) and the session other than the caller's holding a live
+/// lease on its directory (`MetaStore::lookup_and_foreign_lease`).
+pub type NameAndLease = (Result<InodeRec, Errno>, Option<u64>);
+
 /// A new inode and its name.
 #[derive(Debug, Clone)]
 pub struct NewNode {
@@ -396,6 +400,15 @@ pub trait MetaStore: Send + Sync + 'static {
     // Directory leases of a shared volume (issue 15); none where one mount holds the volume.
     /// The session holding a live lease on `dir` other than this one, if any.
     fn foreign_lease(&self, queue: usize, dir: u64, now_ns: i64) -> Result<Option<u64>, Errno>;
+    /// `lookup` and `foreign_lease(parent)` in one read (one round trip): the name's inode
+    /// (ENOENT: none), and the session other than this one holding a live lease on `parent`.
+    fn lookup_and_foreign_lease(
+        &self,
+        queue: usize,
+        parent: u64,
+        name: &[u8],
+        now_ns: i64,
+    ) -> Result<NameAndLease, Errno>;
     /// Directories whose lease this session holds and another mount recalled.
     fn recalled_leases(&self) -> Result<Vec<u64>, Errno>;
     /// Takes, lets go or recalls a lease; committed by the committer's own thread (never on

@@ -33,6 +33,17 @@ const LOOKUP_SQL: &str = concat!(
     attr_columns!(),
     " FROM inodes i WHERE i.ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?)"
 );
+// `lookup` and `foreign_lease` of the name's directory in one statement, for a shared
+// volume (one round trip on PostgreSQL instead of two): the row tagged 0 is the name's
+// inode, if any; the one tagged 1 holds the session with a live lease on the directory
+// other than the caller's, if any (its other columns are fillers).
+const LOOKUP_AND_LEASE_SQL: &str = concat!(
+    "SELECT 0, ",
+    attr_columns!(),
+    " FROM inodes i WHERE i.ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?)",
+    " UNION ALL SELECT 1, session, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 FROM leases",
+    " WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?"
+);
 const READDIR_SQL: &str = concat!(
     "SELECT e.name, ",
     attr_columns!(),
@@ -122,6 +133,29 @@ pub fn getattr(tx: &mut dyn Tx, ino: u64) -> Result<InodeRec, Errno> {
 pub fn lookup(tx: &mut dyn Tx, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
     let row = tx.query_opt(LOOKUP_SQL, &args![parent, name])?;
     Ok(attr_from_row(&row.ok_or(libc::ENOENT)?, 0)?)
+}
+
+/// `lookup` of `name` in `parent`, and the session other than `me` holding a live lease on
+/// `parent`, in one read.
+pub fn lookup_and_foreign_lease(
+    tx: &mut dyn Tx,
+    me: u64,
+    parent: u64,
+    name: &[u8],
+    now_ns: i64,
+) -> Result<NameAndLease, Errno> {
+    let mut found = Err(libc::ENOENT);
+    let mut holder = None;
+    for r in tx.query(
+        LOOKUP_AND_LEASE_SQL,
+        &args![parent, name, parent, me, now_ns],
+    )? {
+        match r.int(0)? {
+            0 => found = Ok(attr_from_row(&r, 1)?),
+            _ => holder = Some(r.u64(1)?),
+        }
+    }
+    Ok((found, holder))
 }
 
 pub fn readdir(tx: &mut dyn Tx, dir: u64) -> Result<Vec<DirItem>, Errno> {

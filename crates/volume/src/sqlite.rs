@@ -532,6 +532,72 @@ mod tests {
         assert_eq!(after, vec![9], "a fresh take kept the old recall");
     }
 
+    /// The lookup with the lease check in one statement answers what `lookup` and
+    /// `foreign_lease` answer apart: a name present and absent; the directory's lease held
+    /// by another session (live, then expired) or by the asker.
+    #[test]
+    fn a_lookup_with_its_lease_check_answers_as_the_two_reads_apart() {
+        use crate::meta::{LeaseChange, NewNode};
+        let f = Fixture::new("lookuplease");
+        let made = wait(|done| {
+            f.store.create(
+                NewNode {
+                    ino: None,
+                    parent: ROOT_INO,
+                    name: b"a".to_vec(),
+                    mode: libc::S_IFREG | 0o640,
+                    uid: 7,
+                    gid: 8,
+                    rdev: 0,
+                    target: None,
+                    now_ns: 5,
+                    lease_expires_ns: None,
+                },
+                done,
+            )
+        })
+        .unwrap();
+        let holder = f.store.session;
+        let answers = wait(|done| {
+            f.store.submit(
+                false,
+                move |w| {
+                    let take = LeaseChange::Take {
+                        dir: ROOT_INO,
+                        now_ns: 100,
+                        expires_ns: 200,
+                    };
+                    assert!(ops::change_lease(w, take)?);
+                    let other = holder + 1;
+                    let both = |w: &mut Writer<SqliteConn>, me: u64, name: &[u8], now: i64| {
+                        let apart = (
+                            ops::lookup(&mut w.conn, ROOT_INO, name),
+                            ops::foreign_lease(&mut w.conn, me, ROOT_INO, now)?,
+                        );
+                        let together =
+                            ops::lookup_and_foreign_lease(&mut w.conn, me, ROOT_INO, name, now)?;
+                        Ok::<_, Errno>((apart, together))
+                    };
+                    Ok(vec![
+                        both(w, other, b"a", 150)?,
+                        both(w, other, b"absent", 150)?,
+                        both(w, other, b"a", 250)?,
+                        both(w, holder, b"a", 150)?,
+                    ])
+                },
+                done,
+            )
+        })
+        .unwrap();
+        for (apart, together) in &answers {
+            assert_eq!(apart, together);
+        }
+        let holders: Vec<Option<u64>> = answers.iter().map(|(_, (_, h))| *h).collect();
+        assert_eq!(holders, vec![Some(holder), Some(holder), None, None]);
+        assert_eq!(answers[0].1.0.as_ref().unwrap(), &made);
+        assert_eq!(answers[1].1.0, Err(libc::ENOENT));
+    }
+
     /// After a sync, no page of the WAL is only in the page cache: the commits before it are
     /// on the disk.
     #[test]

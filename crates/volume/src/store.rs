@@ -926,6 +926,19 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.read(queue, |c| ops::foreign_lease(c, session, dir, now_ns))
     }
 
+    fn lookup_and_foreign_lease(
+        &self,
+        queue: usize,
+        parent: u64,
+        name: &[u8],
+        now_ns: i64,
+    ) -> Result<NameAndLease, Errno> {
+        let session = self.session;
+        self.read(queue, |c| {
+            ops::lookup_and_foreign_lease(c, session, parent, name, now_ns)
+        })
+    }
+
     fn recalled_leases(&self) -> Result<Vec<u64>, Errno> {
         let session = self.session;
         self.read(0, |c| ops::recalled_leases(c, session))
