@@ -64,10 +64,17 @@ thread_local! {
 /// (`defer`), or waited for (a job of the offload pool, which may run on the very worker
 /// that deferred it when the pool is full).
 pub fn deferring_lease_waits<T>(defer: bool, op: impl FnOnce() -> T) -> T {
-    let before = DEFER_LEASE_WAITS.replace(defer);
-    let out = op();
-    DEFER_LEASE_WAITS.set(before);
-    out
+    /// Puts the thread's setting back also when `op` panics: the engine catches a
+    /// request's panic and its worker goes on serving, where a setting left on would
+    /// answer `WAIT_OFF_QUEUE` to requests that cannot run again.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DEFER_LEASE_WAITS.set(self.0);
+        }
+    }
+    let _restore = Restore(DEFER_LEASE_WAITS.replace(defer));
+    op()
 }
 
 /// Shards of the overlay's two maps.
