@@ -471,9 +471,10 @@ impl VolumeFs {
         reply: Reply,
         op: impl Fn(&VolumeFs, LeaseReply) + Send + Sync + 'static,
     ) {
-        let me = match self.me.upgrade() {
-            Some(me) if self.options.shared => me,
-            _ => return op(self, LeaseReply { reply, again: None }),
+        // The volume's kind first: the upgrade is an atomic on a count every queue shares.
+        let me = match self.options.shared.then(|| self.me.upgrade()).flatten() {
+            Some(me) => me,
+            None => return op(self, LeaseReply { reply, again: None }),
         };
         let op = Arc::new(op);
         let again = {
