@@ -1919,6 +1919,70 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// The PostgreSQL connection sends a transaction's BEGIN and the statements whose
+    /// answer the logic does not wait for (`Tx::execute_later`) with the next statement or
+    /// the COMMIT: a failure among them is that statement's or that COMMIT's (the whole
+    /// transaction rolled back), and a savepoint's rollback takes what its change left
+    /// unsent along; nothing of a failed transaction is committed.
+    #[test]
+    fn statements_sent_later_fail_their_transaction_and_commit_with_it() {
+        use lanefs_volume::postgres::PgTarget;
+        use lanefs_volume::sql::{Arg, DbError, Tx};
+        use lanefs_volume::store::Conn;
+        let Some(server) = common::postgres::PgServer::start("later") else {
+            return;
+        };
+        let url = server.createdb("later");
+        let mut conn = PgTarget::parse(&url).unwrap().connect().unwrap();
+        conn.batch_sql("CREATE TABLE t (k BIGINT PRIMARY KEY)")
+            .unwrap();
+        const INSERT: &str = "INSERT INTO t (k) VALUES (?)";
+        const KEYS: &str = "SELECT k FROM t ORDER BY k";
+        let keys = |conn: &mut lanefs_volume::postgres::PgConn| -> Vec<i64> {
+            let rows = conn.query(KEYS, &[]).unwrap();
+            rows.iter().map(|r| r.int(0).unwrap()).collect()
+        };
+        // Sent with COMMIT: committed with it.
+        conn.begin(false).unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(1)]).unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(2)]).unwrap();
+        conn.commit(false).unwrap();
+        assert_eq!(keys(&mut conn), [1, 2]);
+        // A taken key sent with COMMIT: the COMMIT fails, and nothing of it is kept.
+        conn.begin(false).unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(3)]).unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(1)]).unwrap();
+        assert_eq!(conn.commit(false), Err(DbError::Unique));
+        conn.rollback();
+        assert_eq!(keys(&mut conn), [1, 2]);
+        // A taken key sent with the next statement: that statement fails.
+        conn.begin(false).unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(2)]).unwrap();
+        assert_eq!(conn.query(KEYS, &[]).map(|r| r.len()), Err(DbError::Unique));
+        conn.rollback();
+        // Inside a savepoint: its RELEASE fails, its rollback takes the change back (and
+        // what it left unsent), and the transaction goes on to commit the rest.
+        conn.begin(false).unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(4)]).unwrap();
+        conn.batch("SAVEPOINT op").unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(5)]).unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(1)]).unwrap();
+        assert_eq!(conn.batch("RELEASE op"), Err(DbError::Unique));
+        conn.batch("ROLLBACK TO op; RELEASE op").unwrap();
+        conn.batch("SAVEPOINT op").unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(6)]).unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(2)]).unwrap();
+        conn.batch("ROLLBACK TO op; RELEASE op").unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(7)]).unwrap();
+        conn.commit(false).unwrap();
+        assert_eq!(keys(&mut conn), [1, 2, 4, 7]);
+        // A transaction rolled back before anything went out leaves nothing behind either.
+        conn.begin(false).unwrap();
+        conn.execute_later(INSERT, &[Arg::Int(8)]).unwrap();
+        conn.rollback();
+        assert_eq!(keys(&mut conn), [1, 2, 4, 7]);
+    }
+
     /// A mount killed with kill -9 while it holds a directory's lease: the other mount's
     /// create there waits for the lease to expire (no longer), then goes on; what the
     /// killed mount answered before an fsync that returned is there, fsck clean.

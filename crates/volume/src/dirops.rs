@@ -664,6 +664,31 @@ impl AsyncDirops {
         }
     }
 
+    /// A create that waits for its commit, in a directory whose lease this mount does not
+    /// hold: on a shared volume its own statement checks that no other mount holds one
+    /// (one round trip less than `clear_foreign_lease` before it); if another does, the
+    /// create waits for it as `clear_foreign_lease` does and runs again.
+    fn create_unleased(&self, mut node: NewNode, done: Done<InodeRec>) {
+        let Some(leases) = &self.leases else {
+            return self.inner.create(node, done);
+        };
+        let now = self.inner.volume_now_ns();
+        if leases.holds(node.parent, now) {
+            return self.inner.create(node, done);
+        }
+        node.unleased_at_ns = Some(now);
+        match wait(|created| self.inner.create(node.clone(), created)) {
+            Err(crate::ops::FOREIGN_LEASE) => {
+                if let Err(e) = self.clear_foreign_lease(node.parent) {
+                    return done(Err(e));
+                }
+                node.unleased_at_ns = None;
+                self.inner.create(node, done)
+            }
+            created => done(created),
+        }
+    }
+
     /// A lookup through the overlay (straight to the store when nothing is answered early
     /// here).
     fn lookup_here(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
@@ -1045,13 +1070,12 @@ impl MetaStore for AsyncDirops {
         }
         let lease = self.active().and_then(|_| self.use_lease(node.parent));
         let Some((parent, rec)) = lease.as_ref().and_then(|_| self.early_create(&node)) else {
-            if lease.is_none()
-                && let Err(e) = self.clear_foreign_lease(node.parent)
-            {
-                return done(Err(e));
-            }
+            let unleased = lease.is_none();
             drop(lease);
             self.forget_listing(node.parent);
+            if unleased {
+                return self.create_unleased(node, done);
+            }
             return self.inner.create(node, done);
         };
         let ino = rec.ino;

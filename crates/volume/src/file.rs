@@ -1044,6 +1044,7 @@ mod tests {
                         target: None,
                         now_ns: 1,
                         lease_expires_ns: None,
+                        unleased_at_ns: None,
                     },
                     done,
                 )
@@ -1323,6 +1324,7 @@ mod tests {
                                         target: None,
                                         now_ns: 1,
                                         lease_expires_ns: None,
+                                        unleased_at_ns: None,
                                     },
                                     done,
                                 )
@@ -1356,6 +1358,7 @@ mod tests {
                     target: None,
                     now_ns: 1,
                     lease_expires_ns: None,
+                    unleased_at_ns: None,
                 },
                 done,
             )

@@ -713,6 +713,7 @@ impl VolumeFs {
             target,
             now_ns: now_ns(),
             lease_expires_ns: None,
+            unleased_at_ns: None,
         })
     }
 
@@ -1981,6 +1982,7 @@ mod tests {
                     target: None,
                     now_ns: 1,
                     lease_expires_ns: None,
+                    unleased_at_ns: None,
                 },
                 done,
             )

@@ -74,6 +74,11 @@ pub struct NewNode {
     /// written in the create's own transaction, so no other mount can see the directory
     /// before the lease exists.
     pub lease_expires_ns: Option<i64>,
+    /// On a shared volume, a create in a directory whose lease this mount does not hold:
+    /// the volume clock's time at which another mount's live lease on the directory refuses
+    /// the create (`ops::FOREIGN_LEASE`, nothing changed), checked in the statement that
+    /// updates the directory's row instead of a read of its own before it.
+    pub unleased_at_ns: Option<i64>,
 }
 
 impl NewNode {

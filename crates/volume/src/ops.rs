@@ -66,13 +66,20 @@ const HEARTBEAT_SQL: &str = "UPDATE sessions SET heartbeat_ns = ? WHERE id = ?";
 /// lost with it, as an unacknowledged write is). Five heartbeats of a shared volume.
 pub const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// What a create checked against other mounts' leases (`NewNode::unleased_at_ns`) answers
+/// when another mount holds a live lease on the directory: the caller waits for it to let go
+/// and creates again. Negative: no errno; never sent to the kernel.
+pub const FOREIGN_LEASE: Errno = -2;
+
 /// The DT_ type of a mode, as entries.kind.
 pub fn kind_of(mode: u32) -> i64 {
     ((mode & libc::S_IFMT) >> 12) as i64
 }
 
+/// Inserts an inode's row (sent with the transaction's next statement: a taken number is a
+/// failure of the transaction, seen at the latest at its COMMIT).
 pub fn insert_inode(tx: &mut dyn Tx, a: &InodeRec, inline: Option<&[u8]>) -> Result<(), DbError> {
-    tx.execute(
+    tx.execute_later(
         INSERT_INODE_SQL,
         &args![
             a.ino, a.mode, a.uid, a.gid, a.rdev, a.nlink, a.size, a.atime_ns, a.mtime_ns,
@@ -353,7 +360,8 @@ impl<C: Tx> Writer<C> {
                     r.at_ns
                 ]);
             }
-            self.tx().execute(log_insert_sql(chunk.len()), &values)?;
+            self.tx()
+                .execute_later(log_insert_sql(chunk.len()), &values)?;
         }
         Ok(())
     }
@@ -394,7 +402,7 @@ impl<C: Tx> Writer<C> {
             });
             return Ok(());
         }
-        self.tx().execute(
+        self.tx().execute_later(
             LOG_INSERT_SQL,
             &args![seq, ino, parent, name, kind as i64, now_ns],
         )?;
@@ -463,21 +471,37 @@ impl<C: Tx> Writer<C> {
         if n == 0 { Err(libc::ENOENT) } else { Ok(()) }
     }
 
-    /// As `touch_dir`, returning the directory's (mode, gid) in the same statement.
+    /// As `touch_dir`, returning the directory's (mode, gid) in the same statement; with
+    /// `unleased_at_ns`, only if no other mount's lease on it is live then (else
+    /// `FOREIGN_LEASE`, changing nothing).
     fn touch_dir_returning(
         &mut self,
         dir: u64,
         now_ns: i64,
         nlink_delta: i64,
+        unleased_at_ns: Option<i64>,
     ) -> Result<(u32, u32), Errno> {
-        let row = self
-            .tx()
-            .query_opt(
+        let row = match unleased_at_ns {
+            None => self.tx().query_opt(
                 "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0
                  RETURNING mode, gid",
                 &args![now_ns, now_ns, nlink_delta, dir],
-            )?
-            .ok_or(libc::ENOENT)?;
+            )?,
+            Some(at_ns) => {
+                let me = self.session;
+                let row = self.tx().query_opt(
+                    "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0
+                     AND NOT EXISTS (SELECT 1 FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?)
+                     RETURNING mode, gid",
+                    &args![now_ns, now_ns, nlink_delta, dir, dir, me, at_ns],
+                )?;
+                if row.is_none() && foreign_lease(self.tx(), me, dir, at_ns)?.is_some() {
+                    return Err(FOREIGN_LEASE);
+                }
+                row
+            }
+        };
+        let row = row.ok_or(libc::ENOENT)?;
         Ok((row.u32(0)?, row.u32(1)?))
     }
 
@@ -495,19 +519,18 @@ impl<C: Tx> Writer<C> {
         })
     }
 
+    /// Inserts a name, sent with the transaction's next statement: a name taken is that
+    /// statement's (or COMMIT's) `DbError::Unique`, which is EEXIST.
     fn insert_entry(&mut self, parent: u64, name: &[u8], ino: u64, mode: u32) -> Result<(), Errno> {
-        match self.tx().execute(
+        self.tx().execute_later(
             "INSERT INTO entries (parent, name, ino, kind) VALUES (?, ?, ?, ?)",
             &args![parent, name, ino, kind_of(mode)],
-        ) {
-            Ok(_) => Ok(()),
-            Err(DbError::Unique) => Err(libc::EEXIST),
-            Err(e) => Err(e.into()),
-        }
+        )?;
+        Ok(())
     }
 
     fn delete_entry(&mut self, parent: u64, name: &[u8]) -> Result<(), Errno> {
-        self.tx().execute(
+        self.tx().execute_later(
             "DELETE FROM entries WHERE parent = ? AND name = ?",
             &args![parent, name],
         )?;
@@ -646,8 +669,12 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
         let parent = w.attr(node.parent)?;
         (parent.mode, parent.gid)
     } else {
+        // The directory's row first: its (mode, gid) make the new inode's, and the name's
+        // row goes out with the statements that follow it.
+        let parent =
+            w.touch_dir_returning(node.parent, node.now_ns, dir as i64, node.unleased_at_ns)?;
         w.insert_entry(node.parent, &node.name, ino, node.mode)?;
-        w.touch_dir_returning(node.parent, node.now_ns, dir as i64)?
+        parent
     };
     if parent_mode & libc::S_IFMT != libc::S_IFDIR {
         return Err(libc::ENOTDIR);
@@ -664,7 +691,7 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
         )?;
     }
     if let Some(target) = &node.target {
-        w.tx().execute(
+        w.tx().execute_later(
             "INSERT INTO symlinks (ino, target) VALUES (?, ?)",
             &args![ino, target],
         )?;

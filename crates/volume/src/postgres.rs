@@ -16,9 +16,11 @@ use std::error::Error as _;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use postgres::error::SqlState;
-use postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use postgres::{Client, Config, NoTls, Statement};
+use futures::future::{BoxFuture, FutureExt, join_all};
+use tokio::runtime::Runtime;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
+use tokio_postgres::{Client, Config, NoTls, Statement};
 
 use crate::meta::InodeRec;
 use crate::ops::{self, Writer};
@@ -128,19 +130,28 @@ impl PgTarget {
     }
 
     pub fn connect(&self) -> Result<PgConn, String> {
-        let mut client = self
-            .config
-            .connect(NoTls)
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("{}: cannot start the connection's runtime: {e}", self.url))?;
+        let (client, connection) = runtime
+            .block_on(self.config.connect(NoTls))
             .map_err(|e| format!("{}: cannot connect: {}", self.url, describe(&e)))?;
+        // The connection's socket is read and written while a statement is awaited (the
+        // runtime runs only inside `block_on`); its end shows as a closed client.
+        runtime.spawn(connection);
         if self.async_commit {
-            client
-                .batch_execute("SET synchronous_commit = off")
+            runtime
+                .block_on(client.batch_execute("SET synchronous_commit = off"))
                 .map_err(|e| format!("{}: {}", self.url, describe(&e)))?;
         }
         Ok(PgConn {
+            runtime,
             client,
             target: self.clone(),
             statements: HashMap::new(),
+            begin: None,
+            later: Vec::new(),
             failure: None,
             aborted: false,
             unflushed: false,
@@ -160,7 +171,7 @@ fn password_for(config: &Config) -> Option<Vec<u8>> {
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".pgpass")))?;
     let text = std::fs::read_to_string(path).ok()?;
     let host = match config.get_hosts().first() {
-        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
         _ => "localhost".to_string(),
     };
     let port = config
@@ -228,7 +239,7 @@ fn numbered(sql: &str) -> String {
 }
 
 /// A server error's message with its detail, or the client's.
-fn describe(e: &postgres::Error) -> String {
+fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => db.message().to_string(),
         None => match e.source() {
@@ -238,7 +249,7 @@ fn describe(e: &postgres::Error) -> String {
     }
 }
 
-fn error_of(e: &postgres::Error) -> DbError {
+fn error_of(e: &tokio_postgres::Error) -> DbError {
     let text = describe(e);
     let Some(code) = e.code() else {
         // No SQLSTATE: the client's own failure. A closed connection or an I/O error is a
@@ -335,13 +346,25 @@ impl<'a> FromSql<'a> for Val {
     }
 }
 
-/// A connection to the volume's database.
+/// A connection to the volume's database. Statements are pipelined: a transaction's BEGIN
+/// and the statements whose answer the logic does not wait for (`Tx::execute_later`) go out
+/// with the next statement it does wait for, or with COMMIT, in one round trip. Each
+/// statement keeps its own Sync, so PostgreSQL runs them in order and, after a failure,
+/// refuses the rest of the transaction (its COMMIT becomes a ROLLBACK): the first failure is
+/// the one reported.
 pub struct PgConn {
+    /// Runs the connection's I/O while a statement is awaited; current-thread, so the
+    /// caller's thread does the work, as with a blocking client.
+    runtime: Runtime,
     client: Client,
     target: PgTarget,
     /// Prepared statements by their text's address and length (every statement is a
     /// `&'static str`, so one address is one text).
     statements: HashMap<(usize, usize), Statement>,
+    /// The transaction's BEGIN, not sent yet: it goes out with the first statement.
+    begin: Option<&'static str>,
+    /// Statements of the transaction not sent yet, in order (see `Tx::execute_later`).
+    later: Vec<(Statement, Vec<Val>)>,
     /// A retry or lost-connection failure in the current transaction (see `take_failure`).
     failure: Option<DbError>,
     /// A statement failed since the last savepoint rollback: the transaction is aborted,
@@ -354,8 +377,30 @@ pub struct PgConn {
     maybe_lost: bool,
 }
 
+/// The statement a round trip is for, after what waited to go with it.
+enum Last<'a> {
+    /// Plain SQL (transaction control, schema steps): no result.
+    Plain(&'a str),
+    /// A prepared statement: the rows it changed.
+    Execute(Statement, &'a [Arg<'a>]),
+    /// A prepared query: its rows.
+    Query(Statement, &'a [Arg<'a>]),
+}
+
+/// A statement's arguments as the client takes them.
+fn params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect()
+}
+
+/// What the last statement of a round trip answered.
+enum Answer {
+    Done,
+    Changed(u64),
+    Rows(Vec<tokio_postgres::Row>),
+}
+
 impl PgConn {
-    fn failed(&mut self, e: postgres::Error) -> DbError {
+    fn failed(&mut self, e: tokio_postgres::Error) -> DbError {
         let e = error_of(&e);
         self.aborted = true;
         if let DbError::Retry(_) | DbError::Lost(_) = e
@@ -371,18 +416,79 @@ impl PgConn {
         if let Some(s) = self.statements.get(&key) {
             return Ok(s.clone());
         }
-        let prepared = self.client.prepare(&numbered(sql));
+        let prepared = self.runtime.block_on(self.client.prepare(&numbered(sql)));
         let s = prepared.map_err(|e| self.failed(e))?;
         self.statements.insert(key, s.clone());
         Ok(s)
     }
 
+    /// One round trip: the pending BEGIN, the statements waiting to go, then `last`; the
+    /// first failure among them, else what `last` answered.
+    fn round_trip(&mut self, last: Last<'_>) -> Result<Answer, DbError> {
+        let begin = self.begin.take();
+        let later = std::mem::take(&mut self.later);
+        let later_args: Vec<Vec<Arg<'_>>> = later
+            .iter()
+            .map(|(_, vals)| vals.iter().map(Val::as_arg).collect())
+            .collect();
+        let later_params: Vec<Vec<&(dyn ToSql + Sync)>> =
+            later_args.iter().map(|a| params(a)).collect();
+        let last_params = match &last {
+            Last::Execute(_, args) | Last::Query(_, args) => params(args),
+            Last::Plain(_) => Vec::new(),
+        };
+        let client = &self.client;
+        let mut steps: Vec<BoxFuture<'_, Result<Answer, tokio_postgres::Error>>> =
+            Vec::with_capacity(later.len() + 2);
+        if let Some(begin) = begin {
+            steps.push(
+                client
+                    .batch_execute(begin)
+                    .map(|r| r.map(|()| Answer::Done))
+                    .boxed(),
+            );
+        }
+        for ((statement, _), p) in later.iter().zip(&later_params) {
+            steps.push(
+                client
+                    .execute(statement, p)
+                    .map(|r| r.map(Answer::Changed))
+                    .boxed(),
+            );
+        }
+        steps.push(match &last {
+            Last::Plain(sql) => client
+                .batch_execute(sql)
+                .map(|r| r.map(|()| Answer::Done))
+                .boxed(),
+            Last::Execute(s, _) => client
+                .execute(s, &last_params)
+                .map(|r| r.map(Answer::Changed))
+                .boxed(),
+            Last::Query(s, _) => client
+                .query(s, &last_params)
+                .map(|r| r.map(Answer::Rows))
+                .boxed(),
+        });
+        // join_all polls the steps in order the first time, and each sends its messages at
+        // its first poll: they reach the server in this order.
+        let answers = self.runtime.block_on(join_all(steps));
+        let mut answered = None;
+        for answer in answers {
+            match answer {
+                Ok(a) => answered = Some(a),
+                // Later failures follow from the first (the transaction is aborted).
+                Err(e) => return Err(self.failed(e)),
+            }
+        }
+        answered.ok_or_else(|| DbError::Other("a round trip without an answer".into()))
+    }
+
     fn rows(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Vec<Row>, DbError> {
         let s = self.statement(sql)?;
-        let params: Vec<&(dyn ToSql + Sync)> =
-            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-        let rows = self.client.query(&s, &params);
-        let rows = rows.map_err(|e| self.failed(e))?;
+        let Answer::Rows(rows) = self.round_trip(Last::Query(s, args))? else {
+            return Err(DbError::Other("a query answered no rows".into()));
+        };
         rows.iter()
             .map(|r| {
                 (0..r.len())
@@ -394,20 +500,32 @@ impl PgConn {
             .collect()
     }
 
-    /// Runs plain SQL (schema steps, transaction control).
+    /// Runs plain SQL (schema steps, transaction control), after what waits to go.
     pub fn batch_sql(&mut self, sql: &str) -> Result<(), DbError> {
-        let done = self.client.batch_execute(sql);
-        done.map_err(|e| self.failed(e))
+        self.round_trip(Last::Plain(sql)).map(drop)
+    }
+
+    /// Forgets what was not sent (the transaction ends in a rollback); whether its BEGIN
+    /// went out, that is, whether there is a transaction on the server to roll back.
+    fn drop_unsent(&mut self) -> bool {
+        self.later.clear();
+        self.begin.take().is_none()
     }
 }
 
 impl Tx for PgConn {
     fn execute(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<u64, DbError> {
         let s = self.statement(sql)?;
-        let params: Vec<&(dyn ToSql + Sync)> =
-            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-        let n = self.client.execute(&s, &params);
-        n.map_err(|e| self.failed(e))
+        match self.round_trip(Last::Execute(s, args))? {
+            Answer::Changed(n) => Ok(n),
+            _ => Err(DbError::Other("a statement answered no count".into())),
+        }
+    }
+
+    fn execute_later(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<(), DbError> {
+        let s = self.statement(sql)?;
+        self.later.push((s, args.iter().map(Arg::to_val).collect()));
+        Ok(())
     }
 
     fn query(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Vec<Row>, DbError> {
@@ -423,13 +541,16 @@ impl Conn for PgConn {
     fn begin(&mut self, sync: bool) -> Result<(), DbError> {
         self.failure = None;
         self.aborted = false;
-        if sync && self.target.async_commit {
+        self.later.clear();
+        // Sent with the transaction's first statement.
+        self.begin = Some(if sync && self.target.async_commit {
             // This commit waits for the WAL up to its own record, which follows every
             // earlier commit's: they are all on the disk when it returns.
-            self.batch_sql("BEGIN; SET LOCAL synchronous_commit = on")
+            "BEGIN; SET LOCAL synchronous_commit = on"
         } else {
-            self.batch_sql("BEGIN")
-        }
+            "BEGIN"
+        });
+        Ok(())
     }
 
     fn commit(&mut self, sync: bool) -> Result<(), DbError> {
@@ -453,26 +574,34 @@ impl Conn for PgConn {
     }
 
     fn rollback(&mut self) {
-        let _ = self.client.batch_execute("ROLLBACK");
+        if self.drop_unsent() {
+            let _ = self.runtime.block_on(self.client.batch_execute("ROLLBACK"));
+        }
         self.aborted = false;
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
-        self.batch_sql(sql)?;
-        // A savepoint rolled back: the transaction goes on as it was before the statement
-        // that failed.
         if sql.starts_with("ROLLBACK TO") {
+            // What the savepoint's change left unsent is rolled back with it.
+            self.later.clear();
+            self.batch_sql(sql)?;
+            // The transaction goes on as it was before the statement that failed.
             self.aborted = false;
+            return Ok(());
         }
-        Ok(())
+        self.batch_sql(sql)
     }
 
     fn begin_read(&mut self) -> Result<(), DbError> {
-        self.batch_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        // Sent with the read's first query.
+        self.begin = Some("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+        Ok(())
     }
 
     fn end_read(&mut self) {
-        let _ = self.client.batch_execute("COMMIT");
+        if self.drop_unsent() {
+            let _ = self.runtime.block_on(self.client.batch_execute("COMMIT"));
+        }
         self.aborted = false;
     }
 

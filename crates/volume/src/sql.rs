@@ -64,6 +64,18 @@ impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
     }
 }
 
+impl Arg<'_> {
+    /// The argument as an owned value, for a statement sent later.
+    pub fn to_val(&self) -> Val {
+        match *self {
+            Arg::Null => Val::Null,
+            Arg::Int(v) => Val::Int(v),
+            Arg::Bytes(b) => Val::Bytes(b.to_vec()),
+            Arg::Text(t) => Val::Text(t.to_string()),
+        }
+    }
+}
+
 /// `args![a, b, …]`: a statement's arguments as `[Arg; N]`.
 macro_rules! args {
     ($($a:expr),* $(,)?) => { [$($crate::sql::Arg::from($a)),*] };
@@ -77,6 +89,18 @@ pub enum Val {
     Int(i64),
     Bytes(Vec<u8>),
     Text(String),
+}
+
+impl Val {
+    /// The value as a statement's argument.
+    pub fn as_arg(&self) -> Arg<'_> {
+        match self {
+            Val::Null => Arg::Null,
+            Val::Int(v) => Arg::Int(*v),
+            Val::Bytes(b) => Arg::Bytes(b),
+            Val::Text(t) => Arg::Text(t),
+        }
+    }
 }
 
 /// One result row.
@@ -190,6 +214,13 @@ impl From<DbError> for Errno {
 pub trait Tx {
     /// Runs a statement; the rows it changed.
     fn execute(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<u64, DbError>;
+    /// Runs a statement whose answer the logic does not look at, only that it succeeds: an
+    /// engine with round trips sends it with the transaction's next statement or its
+    /// COMMIT, and its failure is that statement's (or COMMIT's) failure; an embedded one
+    /// runs it now.
+    fn execute_later(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<(), DbError> {
+        self.execute(sql, args).map(drop)
+    }
     /// Runs a query; all its rows.
     fn query(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Vec<Row>, DbError>;
     /// Runs a query; its first row, if any.

@@ -321,6 +321,7 @@ impl SqlStore<SqliteConn> {
 mod tests {
     use super::*;
     use crate::meta::{Done, Errno, MetaStore, ROOT_INO, wait};
+    use crate::sql::args;
     use crate::volume;
 
     /// A formatted volume in a temp dir, opened as a mount would; removed when dropped.
@@ -532,6 +533,57 @@ mod tests {
         assert_eq!(after, vec![9], "a fresh take kept the old recall");
     }
 
+    /// A create checked against other mounts' leases (`NewNode::unleased_at_ns`, the
+    /// synchronous create on a shared volume) is refused with `FOREIGN_LEASE`, changing
+    /// nothing, while another session's lease on the directory is live; once that lease
+    /// has expired it is made.
+    #[test]
+    fn a_create_checked_against_leases_is_refused_while_another_sessions_is_live() {
+        use crate::meta::{LeaseChange, NewNode};
+        let f = Fixture::new("createlease");
+        let other = f.store.session + 1;
+        wait(|done| {
+            f.store.submit(
+                false,
+                move |w| {
+                    let take = LeaseChange::Take {
+                        dir: ROOT_INO,
+                        now_ns: 100,
+                        expires_ns: 200,
+                    };
+                    assert!(ops::change_lease(w, take)?);
+                    w.conn.execute(
+                        "UPDATE leases SET session = ? WHERE dir = ?",
+                        &args![other, ROOT_INO],
+                    )?;
+                    Ok(())
+                },
+                done,
+            )
+        })
+        .unwrap();
+        let node = |unleased_at_ns| NewNode {
+            ino: None,
+            parent: ROOT_INO,
+            name: b"a".to_vec(),
+            mode: libc::S_IFREG | 0o640,
+            uid: 7,
+            gid: 8,
+            rdev: 0,
+            target: None,
+            now_ns: 5,
+            lease_expires_ns: None,
+            unleased_at_ns: Some(unleased_at_ns),
+        };
+        let root = f.store.getattr(0, ROOT_INO).unwrap();
+        let refused = wait(|done| f.store.create(node(150), done));
+        assert_eq!(refused, Err(ops::FOREIGN_LEASE));
+        assert_eq!(f.store.lookup(0, ROOT_INO, b"a"), Err(libc::ENOENT));
+        assert_eq!(f.store.getattr(0, ROOT_INO).unwrap(), root);
+        let made = wait(|done| f.store.create(node(250), done)).unwrap();
+        assert_eq!(f.store.lookup(0, ROOT_INO, b"a").unwrap(), made);
+    }
+
     /// The lookup with the lease check in one statement answers what `lookup` and
     /// `foreign_lease` answer apart: a name present and absent; the directory's lease held
     /// by another session (live, then expired) or by the asker.
@@ -552,6 +604,7 @@ mod tests {
                     target: None,
                     now_ns: 5,
                     lease_expires_ns: None,
+                    unleased_at_ns: None,
                 },
                 done,
             )

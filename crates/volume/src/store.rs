@@ -154,14 +154,18 @@ impl<C: Conn, T: Send, F: FnMut(&mut Writer<C>) -> Result<T, Errno> + Send> Job<
             self.result = Some(result);
             return ok;
         }
-        let end = if ok {
-            "RELEASE op"
-        } else {
-            "ROLLBACK TO op; RELEASE op"
+        // RELEASE also sends what the change left to go later (`Tx::execute_later`): its
+        // failure is the change's, and its savepoint is rolled back as for any other.
+        let released = match result {
+            Ok(v) => w.conn.batch("RELEASE op").map(|()| v).map_err(Errno::from),
+            Err(e) => Err(e),
         };
-        let result = match w.conn.batch(end) {
-            Ok(()) => result,
-            Err(e) => Err(e.into()),
+        let result = match released {
+            Ok(v) => Ok(v),
+            Err(e) => match w.conn.batch("ROLLBACK TO op; RELEASE op") {
+                Ok(()) => Err(e),
+                Err(e) => Err(e.into()),
+            },
         };
         let ok = result.is_ok();
         self.result = Some(result);
@@ -552,6 +556,11 @@ fn run_batch<C: Conn>(
                     );
                     Run::Done(Err(libc::EIO))
                 }
+                // A statement sent with the COMMIT (`Tx::execute_later`) failed: one of the
+                // changes' rows, found by running them again one savepoint each; a lone
+                // change's own failure (a name taken is its EEXIST).
+                _ if !savepoints && batch.len() > 1 => Run::Isolate,
+                DbError::Unique => Run::Done(Err(libc::EEXIST)),
                 e => {
                     tracing::error!("volume: commit of {} changes failed: {e}", batch.len());
                     Run::Done(Err(e.errno()))
