@@ -689,6 +689,50 @@ impl AsyncDirops {
         }
     }
 
+    /// An unlink that waits for its commit, in a directory whose lease this mount does not
+    /// hold: as `create_unleased`.
+    fn unlink_unleased(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        now_ns: i64,
+        is_open: IsOpen,
+        done: Done<Removed>,
+    ) {
+        let Some(leases) = &self.leases else {
+            return self
+                .inner
+                .remove(parent, name, false, now_ns, None, is_open, done);
+        };
+        let now = self.inner.volume_now_ns();
+        if leases.holds(parent, now) {
+            return self
+                .inner
+                .remove(parent, name, false, now_ns, None, is_open, done);
+        }
+        let checked = wait(|removed| {
+            self.inner.remove(
+                parent,
+                name.clone(),
+                false,
+                now_ns,
+                Some(now),
+                is_open.clone(),
+                removed,
+            )
+        });
+        match checked {
+            Err(crate::ops::FOREIGN_LEASE) => {
+                if let Err(e) = self.clear_foreign_lease(parent) {
+                    return done(Err(e));
+                }
+                self.inner
+                    .remove(parent, name, false, now_ns, None, is_open, done)
+            }
+            removed => done(removed),
+        }
+    }
+
     /// A lookup through the overlay (straight to the store when nothing is answered early
     /// here).
     fn lookup_here(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
@@ -1148,6 +1192,7 @@ impl MetaStore for AsyncDirops {
         name: Vec<u8>,
         dir: bool,
         now_ns: i64,
+        unleased_at_ns: Option<i64>,
         is_open: IsOpen,
         done: Done<Removed>,
     ) {
@@ -1161,12 +1206,15 @@ impl MetaStore for AsyncDirops {
             _ => None,
         };
         let Some((base, target)) = early else {
-            if lease.is_none()
-                && let Err(e) = self.clear_foreign_lease(parent)
-            {
+            let unleased = lease.is_none();
+            drop(lease);
+            if unleased && !dir {
+                self.forget_listing(parent);
+                return self.unlink_unleased(parent, name, now_ns, is_open, done);
+            }
+            if unleased && let Err(e) = self.clear_foreign_lease(parent) {
                 return done(Err(e));
             }
-            drop(lease);
             if dir
                 && self.leases.is_some()
                 && let Ok(target) = self.inner.lookup(0, parent, &name)
@@ -1177,7 +1225,9 @@ impl MetaStore for AsyncDirops {
                 return done(Err(e));
             }
             self.forget_listing(parent);
-            return self.inner.remove(parent, name, dir, now_ns, is_open, done);
+            return self
+                .inner
+                .remove(parent, name, dir, now_ns, unleased_at_ns, is_open, done);
         };
         let seq = self.record(parent, base, &name, None, now_ns, -(dir as i64));
         if dir {

@@ -190,7 +190,7 @@ fn sweep_orphans(
 ) {
     let is_open: IsOpen = {
         let open = open.clone();
-        Box::new(move |ino| open.mark_orphan_if_open(ino))
+        Arc::new(move |ino| open.mark_orphan_if_open(ino))
     };
     match wait(|done| store.sweep_orphans(before_ns, is_open, done)) {
         Ok(released) if !released.is_empty() => {
@@ -614,6 +614,7 @@ impl VolumeFs {
                 name.as_bytes().to_vec(),
                 dir,
                 now_ns(),
+                None,
                 fs.is_open(),
                 Box::new(move |r| match r {
                     Ok(removed) => {
@@ -676,7 +677,7 @@ impl VolumeFs {
 
     fn is_open(&self) -> IsOpen {
         let open = self.open.clone();
-        Box::new(move |ino| open.mark_orphan_if_open(ino))
+        Arc::new(move |ino| open.mark_orphan_if_open(ino))
     }
 
     /// Deletes released blocks in the background.

@@ -14,7 +14,7 @@ pub type Errno = i32;
 pub type Done<T> = Box<dyn FnOnce(Result<T, Errno>) + Send>;
 
 /// Whether an inode is open on this mount (an unlinked open inode becomes an orphan).
-pub type IsOpen = Box<dyn Fn(u64) -> bool + Send>;
+pub type IsOpen = std::sync::Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// The root directory's inode number (FUSE's root nodeid).
 pub const ROOT_INO: u64 = 1;
@@ -296,13 +296,17 @@ pub trait MetaStore: Send + Sync + 'static {
     fn create(&self, node: NewNode, done: Done<InodeRec>);
     /// A new name for an existing non-directory inode.
     fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>);
-    /// unlink (`dir` false) or rmdir (`dir` true).
+    /// unlink (`dir` false) or rmdir (`dir` true). `unleased_at_ns` (an unlink only), as
+    /// `NewNode::unleased_at_ns`: another mount's live lease on `parent` then refuses it
+    /// with `ops::FOREIGN_LEASE`, changing nothing.
+    #[allow(clippy::too_many_arguments)]
     fn remove(
         &self,
         parent: u64,
         name: Vec<u8>,
         dir: bool,
         now_ns: i64,
+        unleased_at_ns: Option<i64>,
         is_open: IsOpen,
         done: Done<Removed>,
     );

@@ -463,6 +463,16 @@ impl<C: Tx> Writer<C> {
         self.end_ino = 0;
     }
 
+    /// A directory's times, sent with the transaction's next statement: for a change that
+    /// already found a name in it (so its row exists).
+    fn touch_dir_later(&mut self, dir: u64, now_ns: i64) -> Result<(), Errno> {
+        self.tx().execute_later(
+            "UPDATE inodes SET mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
+            &args![now_ns, now_ns, dir],
+        )?;
+        Ok(())
+    }
+
     fn touch_dir(&mut self, dir: u64, now_ns: i64, nlink_delta: i64) -> Result<(), Errno> {
         let n = self.tx().execute(
             "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0",
@@ -597,10 +607,6 @@ impl<C: Tx> Writer<C> {
     /// Drops one link of a non-directory: at zero, orphan (open) or free. The count is
     /// decremented where it is (another mount may have changed it since it was read).
     fn drop_link(&mut self, ino: u64, now_ns: i64, is_open: &IsOpen) -> Result<Removed, Errno> {
-        let mut removed = Removed {
-            ino,
-            ..Default::default()
-        };
         let left = self
             .tx()
             .query_opt(
@@ -609,6 +615,21 @@ impl<C: Tx> Writer<C> {
             )?
             .ok_or(libc::ENOENT)?
             .u64(0)?;
+        self.after_dropping_link(ino, left, now_ns, is_open)
+    }
+
+    /// An inode's link count went down to `left`: at zero, orphan (open) or free.
+    fn after_dropping_link(
+        &mut self,
+        ino: u64,
+        left: u64,
+        now_ns: i64,
+        is_open: &IsOpen,
+    ) -> Result<Removed, Errno> {
+        let mut removed = Removed {
+            ino,
+            ..Default::default()
+        };
         if left > 0 {
             return Ok(removed);
         }
@@ -618,14 +639,14 @@ impl<C: Tx> Writer<C> {
             // sweep once `ORPHAN_GRACE` has passed with no holds and no open here.
             is_open(ino);
             let session = self.session;
-            self.tx().execute(
+            self.tx().execute_later(
                 "INSERT INTO orphans (ino, session, since_ns) VALUES (?, ?, ?) ON CONFLICT (ino) DO NOTHING",
                 &args![ino, session, now_ns],
             )?;
             removed.orphaned = true;
         } else if is_open(ino) {
             let session = self.session;
-            self.tx().execute(
+            self.tx().execute_later(
                 "INSERT INTO orphans (ino, session) VALUES (?, ?) ON CONFLICT (ino) DO NOTHING",
                 &args![ino, session],
             )?;
@@ -729,16 +750,18 @@ pub fn link<C: Tx>(
     w.attr(ino)
 }
 
+/// `unleased_at_ns`: see `MetaStore::remove` (an unlink only).
 pub fn remove<C: Tx>(
     w: &mut Writer<C>,
     parent: u64,
     name: &[u8],
     dir: bool,
     now_ns: i64,
+    unleased_at_ns: Option<i64>,
     is_open: &IsOpen,
 ) -> Result<Removed, Errno> {
     if !dir {
-        return unlink(w, parent, name, now_ns, is_open);
+        return unlink(w, parent, name, now_ns, unleased_at_ns, is_open);
     }
     let (ino, mode) = w.entry(parent, name)?.ok_or(libc::ENOENT)?;
     if mode & libc::S_IFMT != libc::S_IFDIR {
@@ -757,30 +780,67 @@ pub fn remove<C: Tx>(
     })
 }
 
-/// The remove of a name that must not be a directory: the entry's row is deleted first and
-/// says what it named (one statement where looking it up first took two; a directory's
-/// name fails the change, which rolls the delete back with it).
+/// The remove of a name that must not be a directory, in one round trip before the COMMIT's:
+/// the link count of the inode the name holds goes down where it is (another mount may have
+/// changed it) and the name's row is deleted, saying what it named; a directory's name
+/// fails the change, which rolls both back. With `unleased_at_ns`, the count goes down only
+/// if no other mount's lease on the directory is live (else `FOREIGN_LEASE`). The
+/// directory's times go with the COMMIT: its row exists, since a name in it did.
 fn unlink<C: Tx>(
     w: &mut Writer<C>,
     parent: u64,
     name: &[u8],
     now_ns: i64,
+    unleased_at_ns: Option<i64>,
     is_open: &IsOpen,
 ) -> Result<Removed, Errno> {
-    let row = w
-        .tx()
-        .query_opt(
+    let me = w.session;
+    let drop_link = match unleased_at_ns {
+        None => args![now_ns, parent, name].to_vec(),
+        Some(at_ns) => args![now_ns, parent, name, parent, me, at_ns].to_vec(),
+    };
+    let drop_sql = match unleased_at_ns {
+        None => {
+            "UPDATE inodes SET nlink = nlink - 1, ctime_ns = ?
+             WHERE ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?) AND nlink > 0
+             RETURNING ino, nlink"
+        }
+        Some(_) => {
+            "UPDATE inodes SET nlink = nlink - 1, ctime_ns = ?
+             WHERE ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?) AND nlink > 0
+             AND NOT EXISTS (SELECT 1 FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?)
+             RETURNING ino, nlink"
+        }
+    };
+    let [dropped, deleted] = <[Vec<Row>; 2]>::try_from(w.tx().queries(&[
+        (drop_sql, &drop_link),
+        (
             "DELETE FROM entries WHERE parent = ? AND name = ? RETURNING ino, kind",
             &args![parent, name],
-        )?
-        .ok_or(libc::ENOENT)?;
-    let (ino, kind) = (row.u64(0)?, row.int(1)?);
+        ),
+    ])?)
+    .map_err(|_| DbError::Other("two queries, not two answers".into()))?;
+    let (dropped, deleted) = (dropped.first(), deleted.first());
+    if dropped.is_none()
+        && let Some(at_ns) = unleased_at_ns
+        && foreign_lease(w.tx(), me, parent, at_ns)?.is_some()
+    {
+        return Err(FOREIGN_LEASE);
+    }
+    let deleted = deleted.ok_or(libc::ENOENT)?;
+    let (ino, kind) = (deleted.u64(0)?, deleted.int(1)?);
     if kind == kind_of(libc::S_IFDIR) {
         return Err(libc::EISDIR);
     }
-    w.touch_dir(parent, now_ns, 0)?;
+    // No count to drop: an entry naming a missing inode (damage, for fsck).
+    let dropped = dropped.ok_or(libc::ENOENT)?;
+    if dropped.u64(0)? != ino {
+        // Renamed over by another mount between the two statements: run it again.
+        return Err(DbError::Retry("the name changed under an unlink".into()).into());
+    }
+    w.touch_dir_later(parent, now_ns)?;
     w.log(ChangeKind::Entry, ino, parent, Some(name), now_ns)?;
-    w.drop_link(ino, now_ns, is_open)
+    w.after_dropping_link(ino, dropped.u64(1)?, now_ns, is_open)
 }
 
 #[allow(clippy::too_many_arguments)]

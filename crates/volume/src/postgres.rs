@@ -422,9 +422,9 @@ impl PgConn {
         Ok(s)
     }
 
-    /// One round trip: the pending BEGIN, the statements waiting to go, then `last`; the
-    /// first failure among them, else what `last` answered.
-    fn round_trip(&mut self, last: Last<'_>) -> Result<Answer, DbError> {
+    /// One round trip: the pending BEGIN, the statements waiting to go, then `last` (whose
+    /// answers are wanted, in order); the first failure among them, else `last`'s answers.
+    fn round_trip(&mut self, last: &[Last<'_>]) -> Result<Vec<Answer>, DbError> {
         let begin = self.begin.take();
         let later = std::mem::take(&mut self.later);
         let later_args: Vec<Vec<Arg<'_>>> = later
@@ -433,13 +433,16 @@ impl PgConn {
             .collect();
         let later_params: Vec<Vec<&(dyn ToSql + Sync)>> =
             later_args.iter().map(|a| params(a)).collect();
-        let last_params = match &last {
-            Last::Execute(_, args) | Last::Query(_, args) => params(args),
-            Last::Plain(_) => Vec::new(),
-        };
+        let last_params: Vec<Vec<&(dyn ToSql + Sync)>> = last
+            .iter()
+            .map(|l| match l {
+                Last::Execute(_, args) | Last::Query(_, args) => params(args),
+                Last::Plain(_) => Vec::new(),
+            })
+            .collect();
         let client = &self.client;
         let mut steps: Vec<BoxFuture<'_, Result<Answer, tokio_postgres::Error>>> =
-            Vec::with_capacity(later.len() + 2);
+            Vec::with_capacity(later.len() + last.len() + 1);
         if let Some(begin) = begin {
             steps.push(
                 client
@@ -456,53 +459,50 @@ impl PgConn {
                     .boxed(),
             );
         }
-        steps.push(match &last {
-            Last::Plain(sql) => client
-                .batch_execute(sql)
-                .map(|r| r.map(|()| Answer::Done))
-                .boxed(),
-            Last::Execute(s, _) => client
-                .execute(s, &last_params)
-                .map(|r| r.map(Answer::Changed))
-                .boxed(),
-            Last::Query(s, _) => client
-                .query(s, &last_params)
-                .map(|r| r.map(Answer::Rows))
-                .boxed(),
-        });
+        for (l, p) in last.iter().zip(&last_params) {
+            steps.push(match l {
+                Last::Plain(sql) => client
+                    .batch_execute(sql)
+                    .map(|r| r.map(|()| Answer::Done))
+                    .boxed(),
+                Last::Execute(s, _) => client.execute(s, p).map(|r| r.map(Answer::Changed)).boxed(),
+                Last::Query(s, _) => client.query(s, p).map(|r| r.map(Answer::Rows)).boxed(),
+            });
+        }
         // join_all polls the steps in order the first time, and each sends its messages at
         // its first poll: they reach the server in this order.
         let answers = self.runtime.block_on(join_all(steps));
-        let mut answered = None;
-        for answer in answers {
+        let mut answered = Vec::with_capacity(last.len());
+        let skip = answers.len() - last.len();
+        for (i, answer) in answers.into_iter().enumerate() {
             match answer {
-                Ok(a) => answered = Some(a),
+                Ok(a) if i >= skip => answered.push(a),
+                Ok(_) => {}
                 // Later failures follow from the first (the transaction is aborted).
                 Err(e) => return Err(self.failed(e)),
             }
         }
-        answered.ok_or_else(|| DbError::Other("a round trip without an answer".into()))
+        Ok(answered)
+    }
+
+    /// One round trip whose last statement is `last`: its answer.
+    fn round_trip_one(&mut self, last: Last<'_>) -> Result<Answer, DbError> {
+        self.round_trip(std::slice::from_ref(&last))?
+            .pop()
+            .ok_or_else(|| DbError::Other("a round trip without an answer".into()))
     }
 
     fn rows(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Vec<Row>, DbError> {
         let s = self.statement(sql)?;
-        let Answer::Rows(rows) = self.round_trip(Last::Query(s, args))? else {
-            return Err(DbError::Other("a query answered no rows".into()));
-        };
-        rows.iter()
-            .map(|r| {
-                (0..r.len())
-                    .map(|i| r.try_get::<_, Val>(i))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map(Row)
-                    .map_err(|e| DbError::Other(describe(&e)))
-            })
-            .collect()
+        match self.round_trip_one(Last::Query(s, args))? {
+            Answer::Rows(rows) => rows_of(&rows),
+            _ => Err(DbError::Other("a query answered no rows".into())),
+        }
     }
 
     /// Runs plain SQL (schema steps, transaction control), after what waits to go.
     pub fn batch_sql(&mut self, sql: &str) -> Result<(), DbError> {
-        self.round_trip(Last::Plain(sql)).map(drop)
+        self.round_trip_one(Last::Plain(sql)).map(drop)
     }
 
     /// Forgets what was not sent (the transaction ends in a rollback); whether its BEGIN
@@ -516,7 +516,7 @@ impl PgConn {
 impl Tx for PgConn {
     fn execute(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<u64, DbError> {
         let s = self.statement(sql)?;
-        match self.round_trip(Last::Execute(s, args))? {
+        match self.round_trip_one(Last::Execute(s, args))? {
             Answer::Changed(n) => Ok(n),
             _ => Err(DbError::Other("a statement answered no count".into())),
         }
@@ -535,6 +535,33 @@ impl Tx for PgConn {
     fn query_opt(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Option<Row>, DbError> {
         Ok(self.rows(sql, args)?.into_iter().next())
     }
+
+    fn queries(&mut self, steps: &[(&'static str, &[Arg<'_>])]) -> Result<Vec<Vec<Row>>, DbError> {
+        let mut last = Vec::with_capacity(steps.len());
+        for &(sql, args) in steps {
+            last.push(Last::Query(self.statement(sql)?, args));
+        }
+        self.round_trip(&last)?
+            .iter()
+            .map(|answer| match answer {
+                Answer::Rows(rows) => rows_of(rows),
+                _ => Err(DbError::Other("a query answered no rows".into())),
+            })
+            .collect()
+    }
+}
+
+/// The client's rows as ours.
+fn rows_of(rows: &[tokio_postgres::Row]) -> Result<Vec<Row>, DbError> {
+    rows.iter()
+        .map(|r| {
+            (0..r.len())
+                .map(|i| r.try_get::<_, Val>(i))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Row)
+                .map_err(|e| DbError::Other(describe(&e)))
+        })
+        .collect()
 }
 
 impl Conn for PgConn {

@@ -225,4 +225,12 @@ pub trait Tx {
     fn query(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Vec<Row>, DbError>;
     /// Runs a query; its first row, if any.
     fn query_opt(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Option<Row>, DbError>;
+    /// Runs queries one after the other, none of which needs another's answer to be asked:
+    /// all their rows, or the first failure. An engine with round trips sends them in one.
+    fn queries(&mut self, steps: &[(&'static str, &[Arg<'_>])]) -> Result<Vec<Vec<Row>>, DbError> {
+        steps
+            .iter()
+            .map(|&(sql, args)| self.query(sql, args))
+            .collect()
+    }
 }

@@ -533,12 +533,12 @@ mod tests {
         assert_eq!(after, vec![9], "a fresh take kept the old recall");
     }
 
-    /// A create checked against other mounts' leases (`NewNode::unleased_at_ns`, the
-    /// synchronous create on a shared volume) is refused with `FOREIGN_LEASE`, changing
-    /// nothing, while another session's lease on the directory is live; once that lease
-    /// has expired it is made.
+    /// A create or an unlink checked against other mounts' leases (`NewNode::unleased_at_ns`,
+    /// `MetaStore::remove`'s: the synchronous ones on a shared volume) is refused with
+    /// `FOREIGN_LEASE`, changing nothing, while another session's lease on the directory is
+    /// live; once that lease has expired it is made.
     #[test]
-    fn a_create_checked_against_leases_is_refused_while_another_sessions_is_live() {
+    fn a_create_or_unlink_checked_against_leases_is_refused_while_another_sessions_is_live() {
         use crate::meta::{LeaseChange, NewNode};
         let f = Fixture::new("createlease");
         let other = f.store.session + 1;
@@ -582,6 +582,27 @@ mod tests {
         assert_eq!(f.store.getattr(0, ROOT_INO).unwrap(), root);
         let made = wait(|done| f.store.create(node(250), done)).unwrap();
         assert_eq!(f.store.lookup(0, ROOT_INO, b"a").unwrap(), made);
+        // The unlink likewise.
+        let unlink = |at_ns| {
+            wait(|done| {
+                f.store.remove(
+                    ROOT_INO,
+                    b"a".to_vec(),
+                    false,
+                    9,
+                    Some(at_ns),
+                    std::sync::Arc::new(|_| false),
+                    done,
+                )
+            })
+        };
+        let root = f.store.getattr(0, ROOT_INO).unwrap();
+        assert_eq!(unlink(150).map(|r| r.ino), Err(ops::FOREIGN_LEASE));
+        assert_eq!(f.store.lookup(0, ROOT_INO, b"a").unwrap(), made);
+        assert_eq!(f.store.getattr(0, ROOT_INO).unwrap(), root);
+        assert_eq!(unlink(250).map(|r| r.ino), Ok(made.ino));
+        assert_eq!(f.store.lookup(0, ROOT_INO, b"a"), Err(libc::ENOENT));
+        assert_eq!(f.store.getattr(0, made.ino), Err(libc::ENOENT));
     }
 
     /// The lookup with the lease check in one statement answers what `lookup` and

@@ -696,7 +696,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.queue(
             false,
             false,
-            move |w| ops::remove(w, parent, &name, dir, now_ns, &is_open),
+            move |w| ops::remove(w, parent, &name, dir, now_ns, None, &is_open),
             done,
         )
     }
@@ -732,12 +732,13 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         name: Vec<u8>,
         dir: bool,
         now_ns: i64,
+        unleased_at_ns: Option<i64>,
         is_open: IsOpen,
         done: Done<Removed>,
     ) {
         self.submit(
             false,
-            move |w| ops::remove(w, parent, &name, dir, now_ns, &is_open),
+            move |w| ops::remove(w, parent, &name, dir, now_ns, unleased_at_ns, &is_open),
             done,
         )
     }
