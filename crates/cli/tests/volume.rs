@@ -1837,6 +1837,75 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// A directory's attributes, kept by a mount from its own commit that changed it (its
+    /// creates and unlinks there), are never answered past a later change: this mount's
+    /// own (a chmod) at once, another mount's once the change log shows it. statx with
+    /// AT_STATX_FORCE_SYNC makes each look a GETATTR; the kernel's caches would last a
+    /// minute.
+    #[test]
+    fn directory_attributes_kept_from_a_create_follow_later_changes() {
+        let Some(volume) = Volume::format_on_postgres("dirattrs") else {
+            return;
+        };
+        let long = ["-o", "attr_timeout=60,entry_timeout=60"];
+        let a = volume.mount(&long);
+        let b = volume.mount(&long);
+        let mode_on = |m: &common::Mount| -> u32 {
+            use std::os::unix::ffi::OsStringExt;
+            let path = std::ffi::CString::new(m.path("d").into_os_string().into_vec()).unwrap();
+            // SAFETY: a NUL-terminated path and a statx buffer the call fills.
+            unsafe {
+                let mut stx: libc::statx = std::mem::zeroed();
+                let rc = libc::statx(
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    libc::AT_STATX_FORCE_SYNC,
+                    libc::STATX_MODE,
+                    &mut stx,
+                );
+                assert_eq!(rc, 0, "statx: {}", std::io::Error::last_os_error());
+                u32::from(stx.stx_mode) & 0o7777
+            }
+        };
+        let chmod = |m: &common::Mount, mode: u32| {
+            std::fs::set_permissions(
+                m.path("d"),
+                std::os::unix::fs::PermissionsExt::from_mode(mode),
+            )
+            .unwrap();
+        };
+        std::fs::create_dir(a.path("d")).unwrap();
+        chmod(&a, 0o755);
+        for i in 0..3 {
+            std::fs::write(a.path(&format!("d/f{i}")), b"x").unwrap();
+        }
+        std::fs::remove_file(a.path("d/f0")).unwrap();
+        std::fs::File::open(a.path("d"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        assert_eq!(mode_on(&a), 0o755);
+        chmod(&a, 0o750);
+        assert_eq!(
+            mode_on(&a),
+            0o750,
+            "a answered its create's attributes past its chmod"
+        );
+        std::fs::write(a.path("d/f3"), b"x").unwrap();
+        std::fs::File::open(a.path("d"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        chmod(&b, 0o700);
+        assert!(
+            wait_until(Duration::from_secs(3), || mode_on(&a) == 0o700),
+            "a kept answering its own create's attributes after b's chmod"
+        );
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// Two mounts creating files in one directory at once, some names by both with O_EXCL:
     /// each answers early under the directory's lease while it holds it, and recalls the
     /// other's before changing the directory; every name ends up there once, each shared

@@ -25,6 +25,17 @@ macro_rules! attr_columns {
     };
 }
 const GETATTR_SQL: &str = concat!("SELECT ", attr_columns!(), " FROM inodes i WHERE i.ino = ?");
+/// The same columns, unqualified, for a RETURNING clause of a statement on `inodes`.
+macro_rules! returning_attr_columns {
+    () => {
+        " RETURNING ino, mode, uid, gid, rdev, nlink, size, atime_ns, mtime_ns, ctime_ns, parent"
+    };
+}
+/// A change of a directory's entries: its times (and link count), its row as left.
+const TOUCH_DIR_RETURNING_SQL: &str = concat!(
+    "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0",
+    returning_attr_columns!()
+);
 // A subquery, not a join: SQLite marks a join's parameters as able to change its plan, and
 // then re-prepares the statement each time rusqlite's cache clears its bindings (16 µs a
 // lookup instead of 2.5 µs, measured).
@@ -278,6 +289,12 @@ pub struct Writer<C> {
     pub log_changes: bool,
     /// The session's change-log count (the low bits of seq).
     changes_logged: u64,
+    /// What the running batch did to inodes' attributes, in order, on a shared volume: an
+    /// inode's row as a statement left it (RETURNING: a directory a create changed), or
+    /// None where it changed otherwise. The store publishes it at the batch's commit
+    /// (`store::RecentDirs`) and drops it at a rollback; a change rolled back to its
+    /// savepoint takes its part back (`truncate_attr_events`).
+    pub attr_events: Vec<(u64, Option<InodeRec>)>,
     /// The session's row was found gone (another mount ended it after its heartbeat
     /// stopped, so it may have freed this session's orphans, locks and uncommitted blocks):
     /// every later change is refused with EIO, since committing it could refer to what was
@@ -330,6 +347,7 @@ impl<C: Tx> Writer<C> {
             end_ino: 0,
             log_changes: false,
             changes_logged: 0,
+            attr_events: Vec::new(),
             fenced: false,
             session_check: false,
             deferred_log: None,
@@ -388,6 +406,10 @@ impl<C: Tx> Writer<C> {
     ) -> Result<(), Errno> {
         if !self.log_changes {
             return Ok(());
+        }
+        self.attr_events.push((ino, None));
+        if parent != 0 {
+            self.attr_events.push((parent, None));
         }
         self.changes_logged += 1;
         let seq = (self.session << CHANGE_SEQ_SESSION_SHIFT) | self.changes_logged;
@@ -463,16 +485,6 @@ impl<C: Tx> Writer<C> {
         self.end_ino = 0;
     }
 
-    /// A directory's times, sent with the transaction's next statement: for a change that
-    /// already found a name in it (so its row exists).
-    fn touch_dir_later(&mut self, dir: u64, now_ns: i64) -> Result<(), Errno> {
-        self.tx().execute_later(
-            "UPDATE inodes SET mtime_ns = ?, ctime_ns = ? WHERE ino = ?",
-            &args![now_ns, now_ns, dir],
-        )?;
-        Ok(())
-    }
-
     fn touch_dir(&mut self, dir: u64, now_ns: i64, nlink_delta: i64) -> Result<(), Errno> {
         let n = self.tx().execute(
             "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0",
@@ -481,28 +493,29 @@ impl<C: Tx> Writer<C> {
         if n == 0 { Err(libc::ENOENT) } else { Ok(()) }
     }
 
-    /// As `touch_dir`, returning the directory's (mode, gid) in the same statement; with
-    /// `unleased_at_ns`, only if no other mount's lease on it is live then (else
-    /// `FOREIGN_LEASE`, changing nothing).
+    /// As `touch_dir`, returning the directory's row as it left it (recorded in
+    /// `attr_events`); with `unleased_at_ns`, only if no other mount's lease on it is live
+    /// then (else `FOREIGN_LEASE`, changing nothing).
     fn touch_dir_returning(
         &mut self,
         dir: u64,
         now_ns: i64,
         nlink_delta: i64,
         unleased_at_ns: Option<i64>,
-    ) -> Result<(u32, u32), Errno> {
+    ) -> Result<InodeRec, Errno> {
         let row = match unleased_at_ns {
             None => self.tx().query_opt(
-                "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0
-                 RETURNING mode, gid",
+                TOUCH_DIR_RETURNING_SQL,
                 &args![now_ns, now_ns, nlink_delta, dir],
             )?,
             Some(at_ns) => {
                 let me = self.session;
                 let row = self.tx().query_opt(
-                    "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0
-                     AND NOT EXISTS (SELECT 1 FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?)
-                     RETURNING mode, gid",
+                    concat!(
+                        "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0
+                         AND NOT EXISTS (SELECT 1 FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?)",
+                        returning_attr_columns!()
+                    ),
                     &args![now_ns, now_ns, nlink_delta, dir, dir, me, at_ns],
                 )?;
                 if row.is_none() && foreign_lease(self.tx(), me, dir, at_ns)?.is_some() {
@@ -511,8 +524,22 @@ impl<C: Tx> Writer<C> {
                 row
             }
         };
-        let row = row.ok_or(libc::ENOENT)?;
-        Ok((row.u32(0)?, row.u32(1)?))
+        let rec = attr_from_row(&row.ok_or(libc::ENOENT)?, 0)?;
+        self.record_attr(rec.clone());
+        Ok(rec)
+    }
+
+    /// An inode's row as a statement of this transaction left it (see `attr_events`).
+    fn record_attr(&mut self, rec: InodeRec) {
+        if self.log_changes {
+            self.attr_events.push((rec.ino, Some(rec)));
+        }
+    }
+
+    /// Takes back what a change rolled back to its savepoint recorded in `attr_events`
+    /// (`mark`: their length before it).
+    pub fn truncate_attr_events(&mut self, mark: usize) {
+        self.attr_events.truncate(mark);
     }
 
     /// (ino, mode) of the entry.
@@ -690,19 +717,8 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
         let parent = w.attr(node.parent)?;
         (parent.mode, parent.gid)
     } else {
-        // The directory's row first: its (mode, gid) make the new inode's, and the name's
-        // row goes out with the statements that follow it.
-        let parent =
-            w.touch_dir_returning(node.parent, node.now_ns, dir as i64, node.unleased_at_ns)?;
-        w.insert_entry(node.parent, &node.name, ino, node.mode)?;
-        parent
-    };
-    if parent_mode & libc::S_IFMT != libc::S_IFDIR {
-        return Err(libc::ENOTDIR);
-    }
-    let attr = node.record(ino, parent_mode, parent_gid);
-    insert_inode(w.tx(), &attr, None)?;
-    if !unnamed {
+        // Logged first: the directory's row as the statement below leaves it is then its
+        // latest attribute event (see `Writer::attr_events`).
         w.log(
             ChangeKind::Entry,
             ino,
@@ -710,7 +726,18 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
             Some(&node.name),
             node.now_ns,
         )?;
+        // The directory's row first: its mode and group make the new inode's, and the
+        // name's row goes out with the statements that follow it.
+        let parent =
+            w.touch_dir_returning(node.parent, node.now_ns, dir as i64, node.unleased_at_ns)?;
+        w.insert_entry(node.parent, &node.name, ino, node.mode)?;
+        (parent.mode, parent.gid)
+    };
+    if parent_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(libc::ENOTDIR);
     }
+    let attr = node.record(ino, parent_mode, parent_gid);
+    insert_inode(w.tx(), &attr, None)?;
     if let Some(target) = &node.target {
         w.tx().execute_later(
             "INSERT INTO symlinks (ino, target) VALUES (?, ?)",
@@ -782,10 +809,10 @@ pub fn remove<C: Tx>(
 
 /// The remove of a name that must not be a directory, in one round trip before the COMMIT's:
 /// the link count of the inode the name holds goes down where it is (another mount may have
-/// changed it) and the name's row is deleted, saying what it named; a directory's name
-/// fails the change, which rolls both back. With `unleased_at_ns`, the count goes down only
-/// if no other mount's lease on the directory is live (else `FOREIGN_LEASE`). The
-/// directory's times go with the COMMIT: its row exists, since a name in it did.
+/// changed it), the name's row is deleted, saying what it named, and the directory's times
+/// change, returning its row; a directory's name fails the change, which rolls all back.
+/// With `unleased_at_ns`, the count goes down only if no other mount's lease on the
+/// directory is live (else `FOREIGN_LEASE`).
 fn unlink<C: Tx>(
     w: &mut Writer<C>,
     parent: u64,
@@ -812,14 +839,18 @@ fn unlink<C: Tx>(
              RETURNING ino, nlink"
         }
     };
-    let [dropped, deleted] = <[Vec<Row>; 2]>::try_from(w.tx().queries(&[
+    let [dropped, deleted, touched] = <[Vec<Row>; 3]>::try_from(w.tx().queries(&[
         (drop_sql, &drop_link),
         (
             "DELETE FROM entries WHERE parent = ? AND name = ? RETURNING ino, kind",
             &args![parent, name],
         ),
+        (
+            TOUCH_DIR_RETURNING_SQL,
+            &args![now_ns, now_ns, 0i64, parent],
+        ),
     ])?)
-    .map_err(|_| DbError::Other("two queries, not two answers".into()))?;
+    .map_err(|_| DbError::Other("three queries, not three answers".into()))?;
     let (dropped, deleted) = (dropped.first(), deleted.first());
     if dropped.is_none()
         && let Some(at_ns) = unleased_at_ns
@@ -838,8 +869,9 @@ fn unlink<C: Tx>(
         // Renamed over by another mount between the two statements: run it again.
         return Err(DbError::Retry("the name changed under an unlink".into()).into());
     }
-    w.touch_dir_later(parent, now_ns)?;
+    let dir = attr_from_row(touched.first().ok_or(libc::ENOENT)?, 0)?;
     w.log(ChangeKind::Entry, ino, parent, Some(name), now_ns)?;
+    w.record_attr(dir);
     w.after_dropping_link(ino, dropped.u64(1)?, now_ns, is_open)
 }
 
@@ -1189,6 +1221,9 @@ pub fn changes_since(
 }
 
 pub fn touch_atime<C: Tx>(w: &mut Writer<C>, ino: u64, atime_ns: i64) -> Result<(), Errno> {
+    if w.log_changes {
+        w.attr_events.push((ino, None));
+    }
     w.tx().execute(
         "UPDATE inodes SET atime_ns = ? WHERE ino = ?",
         &args![atime_ns, ino],

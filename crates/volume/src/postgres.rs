@@ -765,13 +765,15 @@ impl SqlStore<PgConn> {
     /// whose heartbeat stopped (`SESSION_EXPIRY`; live ones are never touched), starts the
     /// committer.
     /// `async_commit`: the committer's commits return before the WAL is flushed (a sync's
-    /// still waits; see `PgTarget::with_async_commit`).
+    /// still waits; see `PgTarget::with_async_commit`). `attr_timeout`: the mount's, how
+    /// long directories' attributes from its own commits may answer (`store::RecentDirs`).
     pub fn open(
         target: &PgTarget,
         host: &str,
         mountpoint: &str,
         now_ns: i64,
         async_commit: bool,
+        attr_timeout: Duration,
     ) -> Result<PgStore, String> {
         let writer_target = if async_commit {
             target.with_async_commit()
@@ -819,6 +821,7 @@ impl SqlStore<PgConn> {
             session_expiry: Some(SESSION_EXPIRY),
             clock,
             at_close: |_| {},
+            recent_dir_ttl: Some(attr_timeout),
         })
     }
 }

@@ -313,6 +313,8 @@ impl SqlStore<SqliteConn> {
             clock: crate::store::VolumeClock::local(),
             session_expiry: None,
             at_close: final_checkpoint,
+            // One mount: every read is in-process, nothing to save.
+            recent_dir_ttl: None,
         })
     }
 }

@@ -4,11 +4,12 @@
 //! commit) and answers each change after the commit. What differs between the engines (how
 //! a transaction starts and ends, what a failure means, reconnecting) is [`Conn`].
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::meta::*;
 use crate::ops::{self, Writer};
@@ -135,6 +136,7 @@ impl<C: Conn, T: Send, F: FnMut(&mut Writer<C>) -> Result<T, Errno> + Send> Job<
             self.result = Some(Err(e.into()));
             return false;
         }
+        let attr_events = w.attr_events.len();
         // A panic in an operation (a bug) must not take the committer, and with it every
         // later change of the mount, down: the operation's savepoint is rolled back and it
         // gets EIO.
@@ -162,10 +164,13 @@ impl<C: Conn, T: Send, F: FnMut(&mut Writer<C>) -> Result<T, Errno> + Send> Job<
         };
         let result = match released {
             Ok(v) => Ok(v),
-            Err(e) => match w.conn.batch("ROLLBACK TO op; RELEASE op") {
-                Ok(()) => Err(e),
-                Err(e) => Err(e.into()),
-            },
+            Err(e) => {
+                w.truncate_attr_events(attr_events);
+                match w.conn.batch("ROLLBACK TO op; RELEASE op") {
+                    Ok(()) => Err(e),
+                    Err(e) => Err(e.into()),
+                }
+            }
         };
         let ok = result.is_ok();
         self.result = Some(result);
@@ -196,6 +201,65 @@ enum Msg<C> {
 /// A background thread and the sender whose message (or end) stops it.
 pub type Stoppable = (Sender<()>, JoinHandle<()>);
 
+/// Directories' attributes as this mount's own commits left them, on a shared volume. The
+/// kernel drops a directory's attributes at each create or remove in it and asks for them
+/// again before the next (its permission check), a round trip to the database each time;
+/// the create's own UPDATE of the directory returned them. An entry lives no longer than
+/// the kernel may cache attributes (`ttl`, the mount's attribute timeout) and goes at once
+/// when this mount changes the inode otherwise or when the change log shows another
+/// mount's change to it: the bound on staleness is the kernel's own.
+pub struct RecentDirs {
+    ttl: Duration,
+    /// By inode number modulo the shard count; each mutex is a leaf, held for one map
+    /// operation.
+    shards: Vec<Mutex<HashMap<u64, (InodeRec, Instant)>>>,
+}
+
+impl RecentDirs {
+    const SHARDS: usize = 16;
+
+    pub fn new(ttl: Duration) -> RecentDirs {
+        RecentDirs {
+            ttl,
+            shards: (0..Self::SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn shard(&self, ino: u64) -> MutexGuard<'_, HashMap<u64, (InodeRec, Instant)>> {
+        self.shards[ino as usize % Self::SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, ino: u64) -> Option<InodeRec> {
+        let mut shard = self.shard(ino);
+        match shard.get(&ino) {
+            Some((rec, at)) if at.elapsed() < self.ttl => Some(rec.clone()),
+            Some(_) => {
+                shard.remove(&ino);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// A committed batch's attribute events, in order (see `Writer::attr_events`).
+    fn publish(&self, events: impl Iterator<Item = (u64, Option<InodeRec>)>) {
+        let now = Instant::now();
+        for (ino, rec) in events {
+            let mut shard = self.shard(ino);
+            match rec {
+                Some(rec) => shard.insert(ino, (rec, now)),
+                None => shard.remove(&ino),
+            };
+        }
+    }
+
+    fn forget(&self, ino: u64) {
+        self.shard(ino).remove(&ino);
+    }
+}
+
 /// What an engine does besides the shared logic.
 pub struct EngineParts<C: Conn> {
     /// The committer's connection and session, the session already registered.
@@ -213,6 +277,9 @@ pub struct EngineParts<C: Conn> {
     /// Runs after the session's row is gone, on the committer's connection (SQLite folds its
     /// WAL into the database there).
     pub at_close: fn(&mut C),
+    /// Directories' attributes kept from this mount's commits for this long (a shared
+    /// volume with an attribute timeout, see `RecentDirs`); None: not kept.
+    pub recent_dir_ttl: Option<Duration>,
 }
 
 pub struct SqlStore<C: Conn> {
@@ -239,6 +306,7 @@ pub struct SqlStore<C: Conn> {
     session_expiry: Option<Duration>,
     contact: Arc<Contact>,
     clock: Arc<VolumeClock>,
+    recent_dirs: Option<Arc<RecentDirs>>,
 }
 
 /// This session's contact with the database, as its heartbeats saw it.
@@ -255,11 +323,16 @@ impl<C: Conn> SqlStore<C> {
     pub fn start(parts: EngineParts<C>) -> Result<SqlStore<C>, String> {
         let session = parts.writer.session;
         let (jobs, rx) = std::sync::mpsc::channel();
+        let recent_dirs = parts
+            .recent_dir_ttl
+            .filter(|ttl| !ttl.is_zero())
+            .map(|ttl| Arc::new(RecentDirs::new(ttl)));
         let committer = Arc::new(Mutex::new(Committer {
             w: Some(parts.writer),
             rx,
             closed: false,
             at_close: parts.at_close,
+            recent_dirs: recent_dirs.clone(),
         }));
         let (wake, wake_rx) = std::sync::mpsc::channel();
         let writer = {
@@ -281,6 +354,7 @@ impl<C: Conn> SqlStore<C> {
             session_expiry: parts.session_expiry,
             contact: Arc::new(Contact::default()),
             clock: Arc::new(parts.clock),
+            recent_dirs,
         })
     }
 
@@ -378,6 +452,8 @@ struct Committer<C: Conn> {
     /// The session ended (`close`): every change queued from now on is answered EIO.
     closed: bool,
     at_close: fn(&mut C),
+    /// Where committed batches' directory attributes go (see `RecentDirs`).
+    recent_dirs: Option<Arc<RecentDirs>>,
 }
 
 impl<C: Conn> Committer<C> {
@@ -403,7 +479,7 @@ impl<C: Conn> Committer<C> {
             }
             let full = batch.len() == BATCH_OPS_MAX;
             match &mut self.w {
-                Some(w) if !batch.is_empty() => commit_batch(w, batch),
+                Some(w) if !batch.is_empty() => commit_batch(w, batch, self.recent_dirs.as_deref()),
                 _ => return false,
             }
             committed += 1;
@@ -468,6 +544,7 @@ fn run_batch<C: Conn>(
     sync: bool,
     savepoints: bool,
 ) -> Run {
+    w.attr_events.clear();
     if let Err(e) = w.conn.begin(sync) {
         return match e {
             DbError::Retry(_) | DbError::Lost(_) => Run::Again(e),
@@ -570,7 +647,11 @@ fn run_batch<C: Conn>(
     }
 }
 
-fn commit_batch<C: Conn>(w: &mut Writer<C>, mut batch: Vec<Box<dyn Job<C>>>) {
+fn commit_batch<C: Conn>(
+    w: &mut Writer<C>,
+    mut batch: Vec<Box<dyn Job<C>>>,
+    recent_dirs: Option<&RecentDirs>,
+) {
     let sync = batch.iter().any(|j| j.sync());
     // A savepoint per change costs two statements (on PostgreSQL two round trips, a fifth of
     // a create's), and changes rarely fail once answered (early answers were checked against
@@ -610,6 +691,13 @@ fn commit_batch<C: Conn>(w: &mut Writer<C>, mut batch: Vec<Box<dyn Job<C>>>) {
             }
         }
     };
+    // Before the answers: a request that waited for this commit may ask for a directory's
+    // attributes next.
+    let events = w.attr_events.drain(..);
+    match recent_dirs {
+        Some(recent) if committed.is_ok() => recent.publish(events),
+        _ => drop(events),
+    }
     answer(batch, committed);
 }
 
@@ -644,6 +732,9 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn getattr(&self, queue: usize, ino: u64) -> Result<InodeRec, Errno> {
+        if let Some(rec) = self.recent_dirs.as_ref().and_then(|r| r.get(ino)) {
+            return Ok(rec);
+        }
         self.read(queue, |c| ops::getattr(c, ino))
     }
 
@@ -966,7 +1057,14 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             return Ok(Vec::new());
         }
         let session = self.session;
-        self.read(0, |c| ops::changes_since(c, session, cursors))
+        let changes = self.read(0, |c| ops::changes_since(c, session, cursors))?;
+        if let Some(recent) = &self.recent_dirs {
+            for change in &changes {
+                recent.forget(change.ino);
+                recent.forget(change.parent);
+            }
+        }
+        Ok(changes)
     }
 
     fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>) {

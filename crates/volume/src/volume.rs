@@ -598,6 +598,7 @@ pub fn open_for_mount_postgres(
         &mountpoint.to_string_lossy(),
         now_ns(),
         async_commit,
+        options.attr_timeout,
     )?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
     options.shared = true;
