@@ -578,13 +578,18 @@ impl<C: Tx> Writer<C> {
     /// a create in it (which updates that row) either committed before, and its entry is
     /// seen here, or waits for this transaction and then finds the directory gone.
     fn is_empty_dir_locked(&mut self, dir: u64) -> Result<bool, Errno> {
-        self.tx()
-            .execute("UPDATE inodes SET nlink = nlink WHERE ino = ?", &args![dir])?;
-        let any = self.tx().query_opt(
-            "SELECT 1 FROM entries WHERE parent = ? LIMIT 1",
-            &args![dir],
-        )?;
-        Ok(any.is_none())
+        // In one round trip: the server runs them in order, the lock first.
+        let answers = self.tx().queries(&[
+            ("UPDATE inodes SET nlink = nlink WHERE ino = ?", &args![dir]),
+            (
+                "SELECT 1 FROM entries WHERE parent = ? LIMIT 1",
+                &args![dir],
+            ),
+        ])?;
+        let entries = answers
+            .get(1)
+            .ok_or_else(|| DbError::Other("two queries, one answer".into()))?;
+        Ok(entries.is_empty())
     }
 
     /// Moves chunks' blocks to gc_blocks; returns them. `only`: one chunk; else every chunk
@@ -613,12 +618,12 @@ impl<C: Tx> Writer<C> {
             return Ok(blocks);
         }
         for b in &blocks {
-            self.tx().execute(
+            self.tx().execute_later(
                 "INSERT INTO gc_blocks (block, since_ns) VALUES (?, ?) ON CONFLICT (block) DO NOTHING",
                 &args![*b, now_ns],
             )?;
         }
-        self.tx().execute(delete, &args![ino, arg2])?;
+        self.tx().execute_later(delete, &args![ino, arg2])?;
         Ok(blocks)
     }
 
@@ -626,7 +631,7 @@ impl<C: Tx> Writer<C> {
     fn free_inode(&mut self, ino: u64, now_ns: i64) -> Result<Vec<u64>, Errno> {
         let released = self.release_chunks(ino, 0, None, now_ns)?;
         for sql in FREE_INODE_SQL {
-            self.tx().execute(sql, &args![ino])?;
+            self.tx().execute_later(sql, &args![ino])?;
         }
         Ok(released)
     }
