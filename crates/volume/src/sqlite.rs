@@ -535,13 +535,30 @@ mod tests {
         assert_eq!(after, vec![9], "a fresh take kept the old recall");
     }
 
+    /// A regular file `name` to create in the root directory.
+    fn root_file(name: &[u8], unleased_at_ns: Option<i64>) -> crate::meta::NewNode {
+        crate::meta::NewNode {
+            ino: None,
+            parent: ROOT_INO,
+            name: name.to_vec(),
+            mode: libc::S_IFREG | 0o640,
+            uid: 7,
+            gid: 8,
+            rdev: 0,
+            target: None,
+            now_ns: 5,
+            lease_expires_ns: None,
+            unleased_at_ns,
+        }
+    }
+
     /// A create or an unlink checked against other mounts' leases (`NewNode::unleased_at_ns`,
     /// `MetaStore::remove`'s: the synchronous ones on a shared volume) is refused with
     /// `FOREIGN_LEASE`, changing nothing, while another session's lease on the directory is
     /// live; once that lease has expired it is made.
     #[test]
     fn a_create_or_unlink_checked_against_leases_is_refused_while_another_sessions_is_live() {
-        use crate::meta::{LeaseChange, NewNode};
+        use crate::meta::LeaseChange;
         let f = Fixture::new("createlease");
         let other = f.store.session + 1;
         wait(|done| {
@@ -564,19 +581,7 @@ mod tests {
             )
         })
         .unwrap();
-        let node = |unleased_at_ns| NewNode {
-            ino: None,
-            parent: ROOT_INO,
-            name: b"a".to_vec(),
-            mode: libc::S_IFREG | 0o640,
-            uid: 7,
-            gid: 8,
-            rdev: 0,
-            target: None,
-            now_ns: 5,
-            lease_expires_ns: None,
-            unleased_at_ns: Some(unleased_at_ns),
-        };
+        let node = |unleased_at_ns| root_file(b"a", Some(unleased_at_ns));
         let root = f.store.getattr(0, ROOT_INO).unwrap();
         let refused = wait(|done| f.store.create(node(150), done));
         assert_eq!(refused, Err(ops::FOREIGN_LEASE));
@@ -612,27 +617,9 @@ mod tests {
     /// by another session (live, then expired) or by the asker.
     #[test]
     fn a_lookup_with_its_lease_check_answers_as_the_two_reads_apart() {
-        use crate::meta::{LeaseChange, NewNode};
+        use crate::meta::LeaseChange;
         let f = Fixture::new("lookuplease");
-        let made = wait(|done| {
-            f.store.create(
-                NewNode {
-                    ino: None,
-                    parent: ROOT_INO,
-                    name: b"a".to_vec(),
-                    mode: libc::S_IFREG | 0o640,
-                    uid: 7,
-                    gid: 8,
-                    rdev: 0,
-                    target: None,
-                    now_ns: 5,
-                    lease_expires_ns: None,
-                    unleased_at_ns: None,
-                },
-                done,
-            )
-        })
-        .unwrap();
+        let made = wait(|done| f.store.create(root_file(b"a", None), done)).unwrap();
         let holder = f.store.session;
         let answers = wait(|done| {
             f.store.submit(
