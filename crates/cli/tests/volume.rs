@@ -1988,6 +1988,77 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// One mount renames new files over a name while the other unlinks that name, both
+    /// synchronously, so that a rename can commit between the unlink's statements (its link
+    /// count dropped where the name pointed, then the name deleted): every unlink answers
+    /// done or ENOENT, never EIO, and every inode's link count matches its names (each file
+    /// also has a second name that keeps it alive); fsck clean.
+    #[test]
+    fn unlinks_racing_renames_over_the_name_on_another_mount_keep_link_counts() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let Some(volume) = Volume::format_on_postgres("unlink-race") else {
+            return;
+        };
+        let a = volume.mount(&["--no-async-dirops"]);
+        // No name cached: every unlink on b asks the volume.
+        let b = volume.mount(&["--no-async-dirops", "--entry-timeout", "0"]);
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::create_dir(a.path("keep")).unwrap();
+        const FILES: usize = 400;
+        let done = Arc::new(AtomicBool::new(false));
+        let renamer = {
+            let (d, keep, done) = (a.path("d"), a.path("keep"), done.clone());
+            std::thread::spawn(move || {
+                for i in 0..FILES {
+                    let new = d.join(format!("t{i}"));
+                    std::fs::write(&new, i.to_string()).unwrap();
+                    std::fs::hard_link(&new, keep.join(format!("k{i}"))).unwrap();
+                    std::fs::rename(&new, d.join("x")).unwrap();
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let x = b.path("d/x");
+        let (mut unlinked, mut absent) = (0, 0);
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        while !done.load(Ordering::Acquire) {
+            // Paced at varying intervals, so that the name is often there when a rename
+            // over it begins and unlinks land at every point of renames.
+            std::thread::sleep(Duration::from_micros(rng.below(30_000)));
+            match std::fs::remove_file(&x) {
+                Ok(()) => unlinked += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => absent += 1,
+                Err(e) => panic!("unlink on b while a renames over the name: {e}"),
+            }
+        }
+        renamer.join().unwrap();
+        eprintln!("unlinked {unlinked}, absent {absent}");
+        assert!(
+            unlinked > 0,
+            "no unlink ever found the name: the race was not run"
+        );
+        a.unmount();
+        b.unmount();
+        // A fresh mount, so that no kernel cache of either answers.
+        let c = volume.mount(&[]);
+        let survivor = std::fs::metadata(c.path("d/x")).ok().map(|m| m.ino());
+        for i in 0..FILES {
+            let keep = c.path(&format!("keep/k{i}"));
+            let meta = std::fs::metadata(&keep).unwrap_or_else(|e| {
+                panic!(
+                    "keep/k{i}: {e}; keep holds {:?}; entries {}",
+                    sorted_names(&c.path("keep")).len(),
+                    volume.server().psql("vol", &format!("SELECT e.parent, e.ino, i.nlink FROM entries e LEFT JOIN inodes i USING (ino) WHERE name = 'k{i}'"))
+                )
+            });
+            let names = 1 + u64::from(survivor == Some(meta.ino()));
+            assert_eq!(meta.nlink(), names, "keep/k{i}'s link count");
+            assert_eq!(std::fs::read(&keep).unwrap(), i.to_string().as_bytes());
+        }
+        c.unmount();
+        volume.assert_clean();
+    }
+
     /// The PostgreSQL connection sends a transaction's BEGIN and the statements whose
     /// answer the logic does not wait for (`Tx::execute_later`) with the next statement or
     /// the COMMIT: a failure among them is that statement's or that COMMIT's (the whole

@@ -6,7 +6,7 @@
 
 use crate::meta::*;
 use crate::schema::counter;
-use crate::sql::{DbError, Row, Tx, args};
+use crate::sql::{Arg, DbError, Row, Tx, args};
 
 /// Inode numbers taken from the counter at a time (one row in `inode_ranges` each).
 pub const INODE_RANGE: u64 = 1024;
@@ -36,6 +36,17 @@ const TOUCH_DIR_RETURNING_SQL: &str = concat!(
     "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0",
     returning_attr_columns!()
 );
+/// As `TOUCH_DIR_RETURNING_SQL`, only if no other session's lease on the directory is live.
+const TOUCH_UNLEASED_DIR_RETURNING_SQL: &str = concat!(
+    "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0
+     AND NOT EXISTS (SELECT 1 FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?)",
+    returning_attr_columns!()
+);
+/// Takes a directory's row lock (see `Writer::entries_locked`).
+const LOCK_DIR_SQL: &str = "UPDATE inodes SET nlink = nlink WHERE ino = ? AND nlink > 0";
+/// The inode and mode a name holds; a subquery, not a join: see `LOOKUP_SQL`.
+const ENTRY_SQL: &str = "SELECT i.ino, i.mode FROM inodes i
+     WHERE i.ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?)";
 // A subquery, not a join: SQLite marks a join's parameters as able to change its plan, and
 // then re-prepares the statement each time rusqlite's cache clears its bindings (16 µs a
 // lookup instead of 2.5 µs, measured).
@@ -511,11 +522,7 @@ impl<C: Tx> Writer<C> {
             Some(at_ns) => {
                 let me = self.session;
                 let row = self.tx().query_opt(
-                    concat!(
-                        "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0
-                         AND NOT EXISTS (SELECT 1 FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?)",
-                        returning_attr_columns!()
-                    ),
+                    TOUCH_UNLEASED_DIR_RETURNING_SQL,
                     &args![now_ns, now_ns, nlink_delta, dir, dir, me, at_ns],
                 )?;
                 if row.is_none() && foreign_lease(self.tx(), me, dir, at_ns)?.is_some() {
@@ -543,17 +550,39 @@ impl<C: Tx> Writer<C> {
     }
 
     /// (ino, mode) of the entry.
-    fn entry(&mut self, parent: u64, name: &[u8]) -> Result<Option<(u64, u32)>, Errno> {
-        let row = self.tx().query_opt(
-            // A subquery, not a join: see `LOOKUP_SQL`.
-            "SELECT i.ino, i.mode FROM inodes i
-             WHERE i.ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?)",
-            &args![parent, name],
-        )?;
-        Ok(match row {
-            Some(r) => Some((r.u64(0)?, r.u32(1)?)),
-            None => None,
-        })
+    /// What the names `(directory, name)` hold (inode and mode), read after taking the
+    /// write locks of their directories' rows, in inode order, all in one round trip. Every
+    /// change of a directory's names takes its row's lock before it reads them (create,
+    /// unlink, rmdir and rename here; a link only adds a name, which the unique key guards),
+    /// so on PostgreSQL, whose reads see what committed before each statement began, no
+    /// other mount can change these names between this read and the commit.
+    fn entries_locked<const N: usize>(
+        &mut self,
+        names: [(u64, &[u8]); N],
+    ) -> Result<[Option<(u64, u32)>; N], Errno> {
+        let mut dirs: Vec<u64> = names.iter().map(|&(dir, _)| dir).collect();
+        dirs.sort_unstable();
+        dirs.dedup();
+        let lock_args: Vec<[Arg<'_>; 1]> = dirs.iter().map(|&dir| args![dir]).collect();
+        let read_args: Vec<[Arg<'_>; 2]> =
+            names.iter().map(|&(dir, name)| args![dir, name]).collect();
+        let steps: Vec<(&'static str, &[Arg<'_>])> = lock_args
+            .iter()
+            .map(|a| (LOCK_DIR_SQL, &a[..]))
+            .chain(read_args.iter().map(|a| (ENTRY_SQL, &a[..])))
+            .collect();
+        let answers = self.tx().queries(&steps)?;
+        let mut read = answers.into_iter().skip(dirs.len());
+        let mut found = [None; N];
+        for slot in &mut found {
+            let rows = read
+                .next()
+                .ok_or_else(|| DbError::Other("fewer answers than queries".into()))?;
+            if let Some(r) = rows.first() {
+                *slot = Some((r.u64(0)?, r.u32(1)?));
+            }
+        }
+        Ok(found)
     }
 
     /// Inserts a name, sent with the transaction's next statement: a name taken is that
@@ -769,12 +798,16 @@ pub fn link<C: Tx>(
     if attr.is_dir() {
         return Err(libc::EPERM);
     }
-    w.insert_entry(parent, name, ino, attr.mode)?;
-    w.touch_dir(parent, now_ns, 0)?;
-    w.tx().execute(
+    // The inode may be gone since (another mount removed its last name and freed it).
+    let linked = w.tx().execute(
         "UPDATE inodes SET nlink = nlink + 1, ctime_ns = ? WHERE ino = ?",
         &args![now_ns, ino],
     )?;
+    if linked == 0 {
+        return Err(libc::ENOENT);
+    }
+    w.insert_entry(parent, name, ino, attr.mode)?;
+    w.touch_dir(parent, now_ns, 0)?;
     // Linked again: no longer an orphan (no row when it never was one).
     w.tx()
         .execute("DELETE FROM orphans WHERE ino = ?", &args![ino])?;
@@ -795,7 +828,8 @@ pub fn remove<C: Tx>(
     if !dir {
         return unlink(w, parent, name, now_ns, unleased_at_ns, is_open);
     }
-    let (ino, mode) = w.entry(parent, name)?.ok_or(libc::ENOENT)?;
+    let [entry] = w.entries_locked([(parent, name)])?;
+    let (ino, mode) = entry.ok_or(libc::ENOENT)?;
     if mode & libc::S_IFMT != libc::S_IFDIR {
         return Err(libc::ENOTDIR);
     }
@@ -813,11 +847,11 @@ pub fn remove<C: Tx>(
 }
 
 /// The remove of a name that must not be a directory, in one round trip before the COMMIT's:
-/// the link count of the inode the name holds goes down where it is (another mount may have
-/// changed it), the name's row is deleted, saying what it named, and the directory's times
-/// change, returning its row; a directory's name fails the change, which rolls all back.
-/// With `unleased_at_ns`, the count goes down only if no other mount's lease on the
-/// directory is live (else `FOREIGN_LEASE`).
+/// the directory's times change, returning its row (and taking its lock first, see
+/// `Writer::entries_locked`), the link count of the inode the name holds goes down, and the
+/// name's row is deleted, saying what it named; a directory's name fails the change, which
+/// rolls all back. With `unleased_at_ns`, the directory changes only if no other mount's
+/// lease on it is live (else `FOREIGN_LEASE`).
 fn unlink<C: Tx>(
     w: &mut Writer<C>,
     parent: u64,
@@ -827,57 +861,63 @@ fn unlink<C: Tx>(
     is_open: &IsOpen,
 ) -> Result<Removed, Errno> {
     let me = w.session;
-    let drop_link = match unleased_at_ns {
-        None => args![now_ns, parent, name].to_vec(),
-        Some(at_ns) => args![now_ns, parent, name, parent, me, at_ns].to_vec(),
+    let (touch_sql, touch_args) = match unleased_at_ns {
+        None => (
+            TOUCH_DIR_RETURNING_SQL,
+            args![now_ns, now_ns, 0i64, parent].to_vec(),
+        ),
+        Some(at_ns) => (
+            TOUCH_UNLEASED_DIR_RETURNING_SQL,
+            args![now_ns, now_ns, 0i64, parent, parent, me, at_ns].to_vec(),
+        ),
     };
-    let drop_sql = match unleased_at_ns {
-        None => {
+    let [touched, dropped, deleted] = <[Vec<Row>; 3]>::try_from(w.tx().queries(&[
+        (touch_sql, &touch_args),
+        (
             "UPDATE inodes SET nlink = nlink - 1, ctime_ns = ?
              WHERE ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?) AND nlink > 0
-             RETURNING ino, nlink"
-        }
-        Some(_) => {
-            "UPDATE inodes SET nlink = nlink - 1, ctime_ns = ?
-             WHERE ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?) AND nlink > 0
-             AND NOT EXISTS (SELECT 1 FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?)
-             RETURNING ino, nlink"
-        }
-    };
-    let [dropped, deleted, touched] = <[Vec<Row>; 3]>::try_from(w.tx().queries(&[
-        (drop_sql, &drop_link),
+             RETURNING ino, nlink",
+            &args![now_ns, parent, name],
+        ),
         (
             "DELETE FROM entries WHERE parent = ? AND name = ? RETURNING ino, kind",
             &args![parent, name],
         ),
-        (
-            TOUCH_DIR_RETURNING_SQL,
-            &args![now_ns, now_ns, 0i64, parent],
-        ),
     ])?)
     .map_err(|_| DbError::Other("three queries, not three answers".into()))?;
+    let Some(touched) = touched.first() else {
+        if let Some(at_ns) = unleased_at_ns
+            && foreign_lease(w.tx(), me, parent, at_ns)?.is_some()
+        {
+            return Err(FOREIGN_LEASE);
+        }
+        return Err(libc::ENOENT);
+    };
     let (dropped, deleted) = (dropped.first(), deleted.first());
-    if dropped.is_none()
-        && let Some(at_ns) = unleased_at_ns
-        && foreign_lease(w.tx(), me, parent, at_ns)?.is_some()
-    {
-        return Err(FOREIGN_LEASE);
-    }
     let deleted = deleted.ok_or(libc::ENOENT)?;
     let (ino, kind) = (deleted.u64(0)?, deleted.int(1)?);
     if kind == kind_of(libc::S_IFDIR) {
         return Err(libc::EISDIR);
     }
-    // No count to drop: an entry naming a missing inode (damage, for fsck).
-    let dropped = dropped.ok_or(libc::ENOENT)?;
-    if dropped.u64(0)? != ino {
-        // Renamed over by another mount between the two statements: run it again.
-        return Err(DbError::Retry("the name changed under an unlink".into()).into());
-    }
-    let dir = attr_from_row(touched.first().ok_or(libc::ENOENT)?, 0)?;
     w.log(ChangeKind::Entry, ino, parent, Some(name), now_ns)?;
-    w.record_attr(dir);
-    w.after_dropping_link(ino, dropped.u64(1)?, now_ns, is_open)
+    w.record_attr(attr_from_row(touched, 0)?);
+    let dropped_ino = dropped.map(|row| row.u64(0)).transpose()?;
+    if let (Some(row), Some(dropped_ino)) = (dropped, dropped_ino)
+        && dropped_ino == ino
+    {
+        return w.after_dropping_link(ino, row.u64(1)?, now_ns, is_open);
+    }
+    // The count that went down was not the deleted name's inode's: the name points at a
+    // missing inode (damage, for fsck: `drop_link` answers ENOENT), or a writer changed it
+    // between the two statements without the directory's lock (fsck's repair; never a
+    // mount's change). The old inode gets its link back, the deleted row's inode loses one.
+    if let Some(old) = dropped_ino {
+        w.tx().execute(
+            "UPDATE inodes SET nlink = nlink + 1 WHERE ino = ?",
+            &args![old],
+        )?;
+    }
+    w.drop_link(ino, now_ns, is_open)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -891,8 +931,8 @@ pub fn rename<C: Tx>(
     now_ns: i64,
     is_open: &IsOpen,
 ) -> Result<Renamed, Errno> {
-    let (src, src_mode) = w.entry(parent, name)?.ok_or(libc::ENOENT)?;
-    let dst = w.entry(newparent, newname)?;
+    let [src, dst] = w.entries_locked([(parent, name), (newparent, newname)])?;
+    let (src, src_mode) = src.ok_or(libc::ENOENT)?;
     let src_dir = src_mode & libc::S_IFMT == libc::S_IFDIR;
     let mut renamed = Renamed::default();
     if flags & libc::RENAME_NOREPLACE != 0 && dst.is_some() {

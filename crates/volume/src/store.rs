@@ -5,7 +5,7 @@
 //! a transaction starts and ends, what a failure means, reconnecting) is [`Conn`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
@@ -213,6 +213,10 @@ pub struct RecentDirs {
     /// By inode number modulo the shard count; each mutex is a leaf, held for one map
     /// operation.
     shards: Vec<Mutex<HashMap<u64, (InodeRec, Instant)>>>,
+    /// How many times the change log dropped an entry: a batch that saw it move between
+    /// its start and its publication keeps nothing (another mount's change read meanwhile
+    /// may be newer than what the batch's statements returned).
+    foreign_changes: AtomicU64,
 }
 
 impl RecentDirs {
@@ -222,6 +226,7 @@ impl RecentDirs {
         RecentDirs {
             ttl,
             shards: (0..Self::SHARDS).map(|_| Mutex::default()).collect(),
+            foreign_changes: AtomicU64::new(0),
         }
     }
 
@@ -243,19 +248,32 @@ impl RecentDirs {
         }
     }
 
-    /// A committed batch's attribute events, in order (see `Writer::attr_events`).
-    fn publish(&self, events: impl Iterator<Item = (u64, Option<InodeRec>)>) {
+    /// Read before a batch runs, for `publish`.
+    fn foreign_changes(&self) -> u64 {
+        self.foreign_changes.load(Ordering::Acquire)
+    }
+
+    /// A committed batch's attribute events, in order (see `Writer::attr_events`); its
+    /// records only if no other mount's change was read since `foreign_changes_before`.
+    fn publish(
+        &self,
+        events: impl Iterator<Item = (u64, Option<InodeRec>)>,
+        foreign_changes_before: u64,
+    ) {
+        let keep = self.foreign_changes() == foreign_changes_before;
         let now = Instant::now();
         for (ino, rec) in events {
             let mut shard = self.shard(ino);
             match rec {
-                Some(rec) => shard.insert(ino, (rec, now)),
-                None => shard.remove(&ino),
+                Some(rec) if keep => shard.insert(ino, (rec, now)),
+                _ => shard.remove(&ino),
             };
         }
     }
 
-    fn forget(&self, ino: u64) {
+    /// Another mount changed `ino` (the change log says).
+    fn forget_foreign(&self, ino: u64) {
+        self.foreign_changes.fetch_add(1, Ordering::AcqRel);
         self.shard(ino).remove(&ino);
     }
 }
@@ -653,6 +671,7 @@ fn commit_batch<C: Conn>(
     recent_dirs: Option<&RecentDirs>,
 ) {
     let sync = batch.iter().any(|j| j.sync());
+    let foreign_changes_before = recent_dirs.map_or(0, RecentDirs::foreign_changes);
     // A savepoint per change costs two statements (on PostgreSQL two round trips, a fifth of
     // a create's), and changes rarely fail once answered (early answers were checked against
     // the mount's own state): a batch runs without them first, and only a batch in which a
@@ -695,7 +714,7 @@ fn commit_batch<C: Conn>(
     // attributes next.
     let events = w.attr_events.drain(..);
     match recent_dirs {
-        Some(recent) if committed.is_ok() => recent.publish(events),
+        Some(recent) if committed.is_ok() => recent.publish(events, foreign_changes_before),
         _ => drop(events),
     }
     answer(batch, committed);
@@ -1060,8 +1079,8 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         let changes = self.read(0, |c| ops::changes_since(c, session, cursors))?;
         if let Some(recent) = &self.recent_dirs {
             for change in &changes {
-                recent.forget(change.ino);
-                recent.forget(change.parent);
+                recent.forget_foreign(change.ino);
+                recent.forget_foreign(change.parent);
             }
         }
         Ok(changes)
