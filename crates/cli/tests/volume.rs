@@ -2059,6 +2059,121 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// One mount moves directory X into Y; the other, whose kernel still sees X where it
+    /// was (it holds X open), then moves Y into X, which its own cache shows as no loop: the
+    /// volume refuses it (EINVAL), as one mount's kernel would, instead of leaving X and Y
+    /// a loop that no path reaches. So too for RENAME_EXCHANGE of a directory with one
+    /// inside it.
+    #[test]
+    fn a_directory_moved_into_itself_through_another_mounts_move_is_refused() {
+        use std::os::fd::AsRawFd;
+        let Some(volume) = Volume::format_on_postgres("rename-loop") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        for dir in ["p", "p/X", "q", "q/Y", "r", "r/S", "u", "u/T"] {
+            std::fs::create_dir(a.path(dir)).unwrap();
+        }
+        let open_dir = |path: PathBuf| std::fs::File::open(path).unwrap();
+        // b's handles, taken before a moves anything.
+        let (q_on_b, x_on_b) = (open_dir(b.path("q")), open_dir(b.path("p/X")));
+        let (r_on_b, u_on_b) = (open_dir(b.path("r")), open_dir(b.path("u")));
+        std::fs::rename(a.path("p/X"), a.path("q/Y/X")).unwrap();
+        std::fs::rename(a.path("u"), a.path("r/S/u")).unwrap();
+        let renameat2 = |from: &std::fs::File, name: &str, to: &std::fs::File, new: &str, flags| {
+            let (name, new) = (
+                std::ffi::CString::new(name).unwrap(),
+                std::ffi::CString::new(new).unwrap(),
+            );
+            // SAFETY: open descriptors and NUL-terminated names that outlive the call.
+            let rc = unsafe {
+                libc::renameat2(
+                    from.as_raw_fd(),
+                    name.as_ptr(),
+                    to.as_raw_fd(),
+                    new.as_ptr(),
+                    flags,
+                )
+            };
+            if rc == 0 {
+                0
+            } else {
+                std::io::Error::last_os_error().raw_os_error().unwrap()
+            }
+        };
+        // Y into X, which is inside Y now.
+        assert_eq!(renameat2(&q_on_b, "Y", &x_on_b, "Y", 0), libc::EINVAL);
+        // S swapped with T would go into u, which is inside S now.
+        assert_eq!(
+            renameat2(&r_on_b, "S", &u_on_b, "T", libc::RENAME_EXCHANGE),
+            libc::EINVAL
+        );
+        // A move that is no loop still goes through on b.
+        assert_eq!(renameat2(&u_on_b, "T", &q_on_b, "T", 0), 0);
+        drop((q_on_b, x_on_b, r_on_b, u_on_b));
+        a.unmount();
+        b.unmount();
+        let c = volume.mount(&[]);
+        for dir in ["q/Y/X", "r/S/u", "q/T"] {
+            assert!(c.path(dir).is_dir(), "{dir} is not there");
+        }
+        assert_eq!(sorted_names(&c.mountpoint), ["p", "q", "r"]);
+        c.unmount();
+        volume.assert_clean();
+    }
+
+    /// A file opened on b while it was small (its bytes inline in the metadata) grows into
+    /// chunks on a; b then writes and closes it, storing its own (small) view inline: the
+    /// chunks a stored go, so that no later growth of the file shows a's old bytes where
+    /// there must be zeros.
+    #[test]
+    fn a_small_files_close_drops_chunks_another_mount_stored_meanwhile() {
+        use std::os::unix::fs::FileExt;
+        let Some(volume) = Volume::format_on_postgres("inline-stale") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::write(a.path("f"), b"0123456789").unwrap();
+        let on_b = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(b.path("f"))
+            .unwrap();
+        std::fs::write(a.path("f"), vec![0xa5; 300 << 10]).unwrap();
+        on_b.write_all_at(b"BBBBB", 0).unwrap();
+        drop(on_b);
+        a.unmount();
+        b.unmount();
+        // b stored its view inline: no chunk row may be left beside it (a file is inline or
+        // chunked, never both; a chunk row left would be read back by a later open's view).
+        let server = volume.server();
+        let inline = server.psql(
+            "vol",
+            "SELECT count(*) FROM inodes WHERE inline_data IS NOT NULL AND ino IN (SELECT ino FROM chunks)",
+        );
+        assert_eq!(inline, "0", "an inline file kept chunk rows");
+        let c = volume.mount(&[]);
+        let len = std::fs::metadata(c.path("f")).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(c.path("f"))
+            .unwrap()
+            .set_len(300 << 10)
+            .unwrap();
+        let bytes = std::fs::read(c.path("f")).unwrap();
+        let head = len as usize;
+        eprintln!("b stored {head} bytes");
+        assert!(
+            bytes[head..].iter().all(|&b| b == 0),
+            "{} non-zero bytes past the {head} b stored (a's old chunks)",
+            bytes[head..].iter().filter(|&&b| b != 0).count()
+        );
+        c.unmount();
+        volume.assert_clean();
+    }
+
     /// The PostgreSQL connection sends a transaction's BEGIN and the statements whose
     /// answer the logic does not wait for (`Tx::execute_later`) with the next statement or
     /// the COMMIT: a failure among them is that statement's or that COMMIT's (the whole

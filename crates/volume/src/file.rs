@@ -229,7 +229,7 @@ impl Committed {
         if let Some((idx, len)) = u.trim
             && let Some(chunk) = self.chunks.get_mut(&idx)
         {
-            chunk.len = len;
+            chunk.len = chunk.len.min(len);
         }
         for idx in &u.holes {
             self.chunks.remove(idx);
@@ -619,9 +619,9 @@ impl FileState {
                 let bytes =
                     bytes.slice(..bytes.len().min((size - start).min(CHUNK_BYTES) as usize));
                 if bytes.iter().all(|b| *b == 0) {
-                    if committed_chunks.contains(&idx) {
-                        update.holes.push(idx);
-                    }
+                    // A hole whether or not this mount knows of a chunk there: on a shared
+                    // volume another mount may have stored one since this one read the file.
+                    update.holes.push(idx);
                     continue;
                 }
                 let block = dp.new_block_id();
@@ -874,11 +874,9 @@ impl FileState {
                 .inline
                 .as_ref()
                 .map(|b| b[..(b.len() as u64).min(size) as usize].to_vec());
-            let trim = c
-                .chunks
-                .get(&(size / CHUNK_BYTES))
-                .filter(|c| rem != 0 && c.len > rem)
-                .map(|c| (c.idx, rem));
+            // Sent whether or not this mount knows of a longer chunk there (another mount may
+            // have stored one since); it only ever shortens one.
+            let trim = (rem != 0 && inline.is_none()).then_some((size / CHUNK_BYTES, rem));
             (inline, trim)
         };
         let update = DataUpdate {

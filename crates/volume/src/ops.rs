@@ -42,6 +42,15 @@ const TOUCH_UNLEASED_DIR_RETURNING_SQL: &str = concat!(
      AND NOT EXISTS (SELECT 1 FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?)",
     returning_attr_columns!()
 );
+/// A row if the directory `?` (4th) is the directory `?` (1st) or one of its ancestors: the
+/// walk up the `parent` column stops at the root (2nd) or at that directory (3rd), and after
+/// 100,000 steps should a damaged volume hold a loop.
+const ANCESTOR_SQL: &str = "WITH RECURSIVE up (ino, depth) AS (
+         SELECT CAST(? AS BIGINT), 0
+         UNION ALL
+         SELECT i.parent, up.depth + 1 FROM inodes i JOIN up ON i.ino = up.ino
+         WHERE up.ino <> ? AND up.ino <> ? AND up.depth < 100000)
+     SELECT 1 FROM up WHERE ino = ? LIMIT 1";
 /// Takes a directory's row lock (see `Writer::entries_locked`).
 const LOCK_DIR_SQL: &str = "UPDATE inodes SET nlink = nlink WHERE ino = ? AND nlink > 0";
 /// The inode and mode a name holds; a subquery, not a join: see `LOOKUP_SQL`.
@@ -603,6 +612,29 @@ impl<C: Tx> Writer<C> {
         Ok(())
     }
 
+    /// Whether any of `moves` (a directory, the directory it is to move into) would put a
+    /// directory inside itself, read after taking the root directory's row lock. The kernel
+    /// refuses such a rename by its own cache of names, which on a shared volume may not
+    /// show another mount's moves yet (a mount that moved `a` into `b/` and one that moves
+    /// `b` into `a/` each see no loop): every move of a directory to another parent takes
+    /// this lock first (the kernel's `s_vfs_rename_mutex`, volume-wide; moves of files do
+    /// not), so no other such move changes the ancestry read here before this one commits.
+    /// A lock taken after the parents' (against inode order): a deadlock with another rename
+    /// is possible, and PostgreSQL's detection runs one of the two again.
+    fn lands_inside_itself(&mut self, moves: &[(u64, u64)]) -> Result<bool, Errno> {
+        let lock_root = args![ROOT_INO];
+        let walks: Vec<[Arg<'_>; 4]> = moves
+            .iter()
+            .map(|&(dir, into)| args![into, ROOT_INO, dir, dir])
+            .collect();
+        let steps: Vec<(&'static str, &[Arg<'_>])> =
+            std::iter::once((LOCK_DIR_SQL, &lock_root[..]))
+                .chain(walks.iter().map(|a| (ANCESTOR_SQL, &a[..])))
+                .collect();
+        let answers = self.tx().queries(&steps)?;
+        Ok(answers.iter().skip(1).any(|rows| !rows.is_empty()))
+    }
+
     /// Whether a directory is empty, after taking its inode row's write lock: on PostgreSQL
     /// a create in it (which updates that row) either committed before, and its entry is
     /// seen here, or waits for this transaction and then finds the directory gone.
@@ -938,6 +970,22 @@ pub fn rename<C: Tx>(
     if flags & libc::RENAME_NOREPLACE != 0 && dst.is_some() {
         return Err(libc::EEXIST);
     }
+    if parent != newparent {
+        // Directories that change parents: the source, and with RENAME_EXCHANGE the target.
+        let is_dir = |mode: u32| mode & libc::S_IFMT == libc::S_IFDIR;
+        let exchanged_dir =
+            dst.filter(|&(_, mode)| flags & libc::RENAME_EXCHANGE != 0 && is_dir(mode));
+        let moves: Vec<(u64, u64)> = [
+            src_dir.then_some((src, newparent)),
+            exchanged_dir.map(|(dst, _)| (dst, parent)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !moves.is_empty() && w.lands_inside_itself(&moves)? {
+            return Err(libc::EINVAL);
+        }
+    }
     // Both names change (a failure below rolls these rows back with the rest).
     w.log(ChangeKind::Entry, src, parent, Some(name), now_ns)?;
     let dst_ino = dst.map_or(src, |(ino, _)| ino);
@@ -1037,12 +1085,24 @@ pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>,
         return Err(libc::ENOENT);
     }
     w.log(ChangeKind::Inode, u.ino, 0, None, u.ctime_ns)?;
+    if u.inline.is_some() && w.log_changes {
+        // Inline bytes mean no chunks, whatever this mount's view of the file was: on a
+        // shared volume another mount may have stored chunks since this one read it (the
+        // inode's row, locked above, orders the two). Sent with the COMMIT.
+        w.tx().execute_later(
+            "INSERT INTO gc_blocks (block, since_ns) SELECT block, ? FROM chunks WHERE ino = ?
+             ON CONFLICT (block) DO NOTHING",
+            &args![u.ctime_ns, u.ino],
+        )?;
+        w.tx()
+            .execute_later("DELETE FROM chunks WHERE ino = ?", &args![u.ino])?;
+    }
     let mut released = Vec::new();
     if let Some(from) = u.drop_from {
         released.extend(w.release_chunks(u.ino, from, None, u.ctime_ns)?);
     }
     if let Some((idx, len)) = u.trim {
-        w.tx().execute(
+        w.tx().execute_later(
             "UPDATE chunks SET len = CASE WHEN len < ? THEN len ELSE ? END WHERE ino = ? AND idx = ?",
             &args![len, len, u.ino, idx],
         )?;
@@ -1067,13 +1127,24 @@ pub fn setxattr<C: Tx>(
     value: &[u8],
     flags: u32,
 ) -> Result<(), Errno> {
-    let exists = w
-        .tx()
-        .query_opt(
+    let now_ns = crate::now_ns();
+    // The inode's ctime first (one round trip with the look): its row's lock orders two
+    // mounts' XATTR_CREATE or XATTR_REPLACE of one name, and a freed inode is ENOENT.
+    let [changed, found] = <[Vec<Row>; 2]>::try_from(w.tx().queries(&[
+        (
+            "UPDATE inodes SET ctime_ns = ? WHERE ino = ? RETURNING ino",
+            &args![now_ns, ino],
+        ),
+        (
             "SELECT 1 FROM xattrs WHERE ino = ? AND name = ?",
             &args![ino, name],
-        )?
-        .is_some();
+        ),
+    ])?)
+    .map_err(|_| DbError::Other("two queries, not two answers".into()))?;
+    if changed.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    let exists = !found.is_empty();
     if flags & libc::XATTR_CREATE as u32 != 0 && exists {
         return Err(libc::EEXIST);
     }
@@ -1081,10 +1152,13 @@ pub fn setxattr<C: Tx>(
         return Err(libc::ENODATA);
     }
     w.tx().execute(UPSERT_XATTR_SQL, &args![ino, name, value])?;
-    w.log(ChangeKind::Inode, ino, 0, None, crate::now_ns())
+    w.log(ChangeKind::Inode, ino, 0, None, now_ns)
 }
 
 pub fn removexattr<C: Tx>(w: &mut Writer<C>, ino: u64, name: &[u8]) -> Result<(), Errno> {
+    if w.set_ctime(ino, crate::now_ns())? == 0 {
+        return Err(libc::ENOENT);
+    }
     let n = w.tx().execute(
         "DELETE FROM xattrs WHERE ino = ? AND name = ?",
         &args![ino, name],
@@ -1112,8 +1186,8 @@ fn free_unlinked<C: Tx>(
     match nlink {
         // Linked again meanwhile (or never orphaned): nothing to free.
         Some(r) if r.int(0)? > 0 => Ok(Vec::new()),
-        None => Ok(Vec::new()),
-        Some(_) => w.free_inode(ino, crate::now_ns()),
+        // Zero links, or no inode row (freed already, its orphan row and any other left).
+        _ => w.free_inode(ino, crate::now_ns()),
     }
 }
 
@@ -1167,20 +1241,29 @@ pub fn sweep_orphans<C: Tx>(
         if is_open(ino) {
             continue;
         }
-        // Under the inode row's lock a hold taken meanwhile is seen (hold_orphan takes it).
-        let nlink = w.tx().query_opt(
-            "UPDATE inodes SET nlink = nlink WHERE ino = ? RETURNING nlink",
-            &args![ino],
-        )?;
-        let held = w
-            .tx()
-            .query_opt("SELECT 1 FROM holds WHERE ino = ? LIMIT 1", &args![ino])?
-            .is_some();
-        if !held {
-            released.extend(free_unlinked(w, ino, nlink)?);
+        if let Some(blocks) = free_orphan_unless_held(w, ino)? {
+            released.extend(blocks);
         }
     }
     Ok(released)
+}
+
+/// Frees an orphan unless a mount holds it (then `None`), decided under the inode row's
+/// lock, which `hold_orphan` takes before it inserts its hold: a hold that commits meanwhile
+/// is seen.
+fn free_orphan_unless_held<C: Tx>(w: &mut Writer<C>, ino: u64) -> Result<Option<Vec<u64>>, Errno> {
+    let [nlink, held] = <[Vec<Row>; 2]>::try_from(w.tx().queries(&[
+        (
+            "UPDATE inodes SET nlink = nlink WHERE ino = ? RETURNING nlink",
+            &args![ino],
+        ),
+        ("SELECT 1 FROM holds WHERE ino = ? LIMIT 1", &args![ino]),
+    ])?)
+    .map_err(|_| DbError::Other("two queries, not two answers".into()))?;
+    if !held.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(free_unlinked(w, ino, nlink.into_iter().next())?))
 }
 
 pub fn forget_blocks<C: Tx>(w: &mut Writer<C>, blocks: &[u64]) -> Result<(), Errno> {
@@ -1332,58 +1415,47 @@ pub fn expire_sessions<C: Tx>(
     now_ns: i64,
 ) -> Result<Vec<u64>, Errno> {
     let session = w.session;
+    // The ended sessions' rows go first: the DELETE takes each row's lock and checks its
+    // heartbeat again on the newest version, so a session whose heartbeat commits meanwhile
+    // is not ended (and keeps all below, which asks which sessions are left), and one whose
+    // heartbeat comes later finds no row and fences itself (`heartbeat`).
     let dead = blocks_of(w.tx().query(
-        "SELECT id FROM sessions WHERE id <> ? AND heartbeat_ns < ?",
+        "DELETE FROM sessions WHERE id <> ? AND heartbeat_ns < ? RETURNING id",
         &args![session, stale_before_ns],
     )?)?;
-    // Holds of sessions that are not live go; orphans of such sessions that a live mount
-    // still holds become this session's, freed by its sweep once the holds are gone.
+    // Holds of sessions that are not live go; orphans of such sessions (rows left by an
+    // earlier cleanup that failed half-way included) are freed, each under its inode row's
+    // lock, or, held by a live mount, become this session's, freed by its sweep once the
+    // holds are gone.
     w.tx().execute(
-        "DELETE FROM holds WHERE session NOT IN
-         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
-        &args![session, stale_before_ns],
+        "DELETE FROM holds WHERE session NOT IN (SELECT id FROM sessions)",
+        &[],
     )?;
-    w.tx().execute(
-        "UPDATE orphans SET session = ?, since_ns = ? WHERE session NOT IN
-         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)
-         AND EXISTS (SELECT 1 FROM holds h WHERE h.ino = orphans.ino)",
-        &args![session, now_ns, session, stale_before_ns],
-    )?;
-    // Orphans and ranges of any session that is not live (rows left by an earlier cleanup
-    // that failed half-way included).
     let orphans = blocks_of(w.tx().query(
-        "SELECT ino FROM orphans WHERE session NOT IN
-         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
-        &args![session, stale_before_ns],
+        "SELECT ino FROM orphans WHERE session NOT IN (SELECT id FROM sessions)",
+        &[],
     )?)?;
-    for ino in &orphans {
-        w.free_inode(*ino, now_ns)?;
+    let mut freed = 0;
+    for &ino in &orphans {
+        if free_orphan_unless_held(w, ino)?.is_some() {
+            freed += 1;
+        } else {
+            w.tx().execute(
+                "UPDATE orphans SET session = ?, since_ns = ? WHERE ino = ?",
+                &args![session, now_ns, ino],
+            )?;
+        }
     }
-    if !orphans.is_empty() {
-        tracing::info!(
-            "freed {} files left open-but-unlinked by ended mounts",
-            orphans.len()
-        );
+    if freed > 0 {
+        tracing::info!("freed {freed} files left open-but-unlinked by ended mounts");
     }
-    w.tx().execute(
-        "DELETE FROM locks WHERE session NOT IN
-         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
-        &args![session, stale_before_ns],
-    )?;
-    w.tx().execute(
-        "DELETE FROM inode_ranges WHERE session NOT IN
-         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
-        &args![session, stale_before_ns],
-    )?;
-    w.tx().execute(
-        "DELETE FROM leases WHERE session <> 0 AND session NOT IN
-         (SELECT id FROM sessions WHERE id = ? OR heartbeat_ns >= ?)",
-        &args![session, stale_before_ns],
-    )?;
-    w.tx().execute(
-        "DELETE FROM sessions WHERE id <> ? AND heartbeat_ns < ?",
-        &args![session, stale_before_ns],
-    )?;
+    for sql in [
+        "DELETE FROM locks WHERE session NOT IN (SELECT id FROM sessions)",
+        "DELETE FROM inode_ranges WHERE session NOT IN (SELECT id FROM sessions)",
+        "DELETE FROM leases WHERE session <> 0 AND session NOT IN (SELECT id FROM sessions)",
+    ] {
+        w.tx().execute(sql, &[])?;
+    }
     Ok(dead)
 }
 
