@@ -2,8 +2,10 @@
 //!
 //! Found and repaired, in this order (a repair may create work for a later check):
 //! entries naming a missing inode or a parent that is not a directory (removed); inodes no
-//! entry names, orphans of ended sessions included (freed); wrong link counts and wrong `..`
+//! entry names, orphans of ended sessions included (freed); directories no path from the
+//! root reaches (named in the root as `lost+found-INO`); wrong link counts and wrong `..`
 //! of directories (set); rows of symlinks, xattrs and chunks whose inode is gone (removed);
+//! chunks of a file whose bytes are inline (removed);
 //! chunks whose block is missing from the block store (made holes); blocks nothing refers to
 //! (deleted). The checks are written once over [`Tx`] and run on SQLite and PostgreSQL alike.
 
@@ -194,6 +196,18 @@ const STRAY_ROWS: [(&str, &str, &str); 3] = [
     ),
 ];
 
+/// `entries.kind` of a directory.
+const DIR_KIND: i64 = (libc::S_IFDIR >> 12) as i64;
+
+/// Directories (by inode row: mode & 3rd = 4th) that no chain of directory entries (kind
+/// 2nd) from the root (1st) reaches, lowest first.
+const UNREACHABLE_DIRS_SQL: &str = "WITH RECURSIVE reached (ino) AS (
+         SELECT CAST(? AS BIGINT)
+         UNION
+         SELECT e.ino FROM entries e JOIN reached r ON e.parent = r.ino WHERE e.kind = ?)
+     SELECT ino FROM inodes i WHERE (i.mode & ?) = ?
+     AND NOT EXISTS (SELECT 1 FROM reached r WHERE r.ino = i.ino) ORDER BY ino";
+
 /// Returns the blocks to delete after the commit.
 fn check_all(
     conn: &mut dyn Tx,
@@ -269,6 +283,52 @@ fn check_all(
         }
     }
 
+    progress("fsck: directories reachable from the root");
+    // Directories no path from the root reaches: a loop of directories whose names are in
+    // each other (two mounts' crossing moves before those were checked against the volume).
+    // Each is reported; the repair names the lowest-numbered one in the root as
+    // `lost+found-INO` (its old name goes) and looks again, until every one is reached.
+    let mut reported = HashSet::new();
+    loop {
+        let cut_off = ids(
+            conn,
+            UNREACHABLE_DIRS_SQL,
+            &args![ROOT_INO, DIR_KIND, libc::S_IFMT, libc::S_IFDIR],
+        )?;
+        let new: Vec<i64> = cut_off
+            .iter()
+            .copied()
+            .filter(|ino| reported.insert(*ino))
+            .collect();
+        for ino in &new {
+            problem(
+                report,
+                progress,
+                format!("directory {ino} is not reachable from the root (a loop of directories)"),
+            );
+        }
+        let Some(&first) = cut_off.first() else { break };
+        if !repair {
+            break;
+        }
+        let name = format!("lost+found-{first}");
+        let moved = conn
+            .execute(
+                "UPDATE entries SET parent = ?, name = ? WHERE ino = ?",
+                &args![ROOT_INO, name.as_bytes(), first],
+            )
+            .map_err(sql)?;
+        if moved == 0 {
+            // No name at all: the unnamed inodes' check above frees such a directory.
+            break;
+        }
+        exec(
+            conn,
+            "UPDATE inodes SET parent = ? WHERE ino = ?",
+            &args![ROOT_INO, first],
+        )?;
+    }
+
     progress("fsck: link counts");
     let counts = conn
         .query(
@@ -276,7 +336,7 @@ fn check_all(
                 (SELECT count(*) FROM entries e WHERE e.ino = i.ino),
                 (SELECT count(*) FROM entries e WHERE e.parent = i.ino AND e.kind = ?)
              FROM inodes i",
-            &args![libc::S_IFMT, libc::S_IFDIR >> 12],
+            &args![libc::S_IFMT, DIR_KIND],
         )
         .map_err(sql)?;
     report.inodes = counts.len() as u64;
@@ -307,7 +367,7 @@ fn check_all(
         .query(
             "SELECT e.ino, e.parent, i.parent FROM entries e JOIN inodes i ON i.ino = e.ino
              WHERE e.kind = ? AND i.parent <> e.parent",
-            &args![libc::S_IFDIR >> 12],
+            &args![DIR_KIND],
         )
         .map_err(sql)?;
     for r in wrong_parent {
@@ -338,6 +398,31 @@ fn check_all(
             if repair {
                 exec(conn, delete, &args![ino])?;
             }
+        }
+    }
+
+    progress("fsck: inline files with chunks");
+    // A file is inline or chunked, never both; reads go by the inline bytes, so those stay.
+    for ino in ids(
+        conn,
+        "SELECT DISTINCT c.ino FROM chunks c JOIN inodes i ON i.ino = c.ino WHERE i.inline_data IS NOT NULL",
+        &[],
+    )? {
+        problem(
+            report,
+            progress,
+            format!("inode {ino} has inline bytes and chunks; the chunks are dropped at repair"),
+        );
+        if repair {
+            exec(
+                conn,
+                // Not a block another file's chunk refers to (damage may share one).
+                "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks c WHERE ino = ?
+                 AND NOT EXISTS (SELECT 1 FROM chunks o WHERE o.block = c.block AND o.ino <> c.ino)
+                 ON CONFLICT (block) DO NOTHING",
+                &args![ino],
+            )?;
+            exec(conn, "DELETE FROM chunks WHERE ino = ?", &args![ino])?;
         }
     }
 

@@ -536,6 +536,17 @@ mod tests {
     }
 
     /// A regular file `name` to create in the root directory.
+    /// Takes the root directory's lease for the writer's session, from 100 to 200 ns.
+    fn take_root_lease(w: &mut Writer<SqliteConn>) -> Result<(), Errno> {
+        let take = crate::meta::LeaseChange::Take {
+            dir: ROOT_INO,
+            now_ns: 100,
+            expires_ns: 200,
+        };
+        assert!(ops::change_lease(w, take)?);
+        Ok(())
+    }
+
     fn root_file(name: &[u8], unleased_at_ns: Option<i64>) -> crate::meta::NewNode {
         crate::meta::NewNode {
             ino: None,
@@ -558,19 +569,13 @@ mod tests {
     /// live; once that lease has expired it is made.
     #[test]
     fn a_create_or_unlink_checked_against_leases_is_refused_while_another_sessions_is_live() {
-        use crate::meta::LeaseChange;
         let f = Fixture::new("createlease");
         let other = f.store.session + 1;
         wait(|done| {
             f.store.submit(
                 false,
                 move |w| {
-                    let take = LeaseChange::Take {
-                        dir: ROOT_INO,
-                        now_ns: 100,
-                        expires_ns: 200,
-                    };
-                    assert!(ops::change_lease(w, take)?);
+                    take_root_lease(w)?;
                     w.conn.execute(
                         "UPDATE leases SET session = ? WHERE dir = ?",
                         &args![other, ROOT_INO],
@@ -617,7 +622,6 @@ mod tests {
     /// by another session (live, then expired) or by the asker.
     #[test]
     fn a_lookup_with_its_lease_check_answers_as_the_two_reads_apart() {
-        use crate::meta::LeaseChange;
         let f = Fixture::new("lookuplease");
         let made = wait(|done| f.store.create(root_file(b"a", None), done)).unwrap();
         let holder = f.store.session;
@@ -625,12 +629,7 @@ mod tests {
             f.store.submit(
                 false,
                 move |w| {
-                    let take = LeaseChange::Take {
-                        dir: ROOT_INO,
-                        now_ns: 100,
-                        expires_ns: 200,
-                    };
-                    assert!(ops::change_lease(w, take)?);
+                    take_root_lease(w)?;
                     let other = holder + 1;
                     let both = |w: &mut Writer<SqliteConn>, me: u64, name: &[u8], now: i64| {
                         let apart = (
