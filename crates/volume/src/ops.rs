@@ -933,21 +933,21 @@ fn unlink<C: Tx>(
     }
     w.log(ChangeKind::Entry, ino, parent, Some(name), now_ns)?;
     w.record_attr(attr_from_row(touched, 0)?);
-    let dropped_ino = dropped.map(|row| row.u64(0)).transpose()?;
-    if let (Some(row), Some(dropped_ino)) = (dropped, dropped_ino)
-        && dropped_ino == ino
-    {
-        return w.after_dropping_link(ino, row.u64(1)?, now_ns, is_open);
-    }
-    // The count that went down was not the deleted name's inode's: the name points at a
-    // missing inode (damage, for fsck: `drop_link` answers ENOENT), or a writer changed it
-    // between the two statements without the directory's lock (fsck's repair; never a
-    // mount's change). The old inode gets its link back, the deleted row's inode loses one.
-    if let Some(old) = dropped_ino {
-        w.tx().execute(
-            "UPDATE inodes SET nlink = nlink + 1 WHERE ino = ?",
-            &args![old],
-        )?;
+    // The count that went down should be the deleted name's inode's. Otherwise the name
+    // points at a missing inode (damage, for fsck: `drop_link` answers ENOENT), or a writer
+    // changed it between the two statements without the directory's lock (fsck's repair;
+    // never a mount's change): the old inode gets its link back, the named one loses one.
+    match dropped {
+        Some(row) if row.u64(0)? == ino => {
+            return w.after_dropping_link(ino, row.u64(1)?, now_ns, is_open);
+        }
+        Some(row) => {
+            w.tx().execute(
+                "UPDATE inodes SET nlink = nlink + 1 WHERE ino = ?",
+                &args![row.u64(0)?],
+            )?;
+        }
+        None => {}
     }
     w.drop_link(ino, now_ns, is_open)
 }
