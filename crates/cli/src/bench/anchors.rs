@@ -45,7 +45,7 @@ pub enum External {
     /// libfuse's example/passthrough_hp from libfuse's current source: io_uring, clone_fd
     /// and kernel passthrough, the strongest passthrough server there is.
     PassthroughHp,
-    /// JuiceFS, the anchor for lanefs's volume file system (not mounted by the bench yet).
+    /// JuiceFS, the anchor for lanefs's volume file system.
     JuiceFs,
 }
 

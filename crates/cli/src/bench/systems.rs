@@ -18,6 +18,7 @@ use crate::bench::model::Role;
 use crate::bench::postgres::Unavailable;
 use crate::bench::runner::Ctx;
 use crate::bench::signals;
+use crate::bench::workloads::run_limited;
 
 /// How a libfuse example runs: `-s`, the default multi-threaded loop, or that with clone_fd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,8 +109,8 @@ pub enum SystemSpec {
         mounts: usize,
         s3: bool,
     },
-    /// JuiceFS with SQLite metadata and a local directory (`--anchor juicefs=PATH`): skipped
-    /// with a note: the bench has no step yet that formats and mounts a JuiceFS volume.
+    /// JuiceFS with SQLite metadata and a local directory as its object store
+    /// (`--anchor juicefs=PATH`), formatted for each configuration, with its defaults.
     JuiceFs,
 }
 
@@ -298,8 +299,9 @@ impl SystemSpec {
                 "transport": if *uring { "io_uring" } else { "/dev/fuse, clone_fd" },
                 "kernel_passthrough": kernel_passthrough, "backing": ctx.tmpfs_label}),
             SystemSpec::JuiceFs => json!({"system": "juicefs", "meta": "sqlite3",
-                "storage": "local directory",
-                "path": ctx.anchors.external.get(&External::JuiceFs)}),
+                "storage": "local directory", "args": juicefs_mount_args(),
+                "path": ctx.anchors.external.get(&External::JuiceFs),
+                "backing": ctx.tmpfs_label}),
         }
     }
 
@@ -587,15 +589,42 @@ impl SystemSpec {
                 ))
             }
             SystemSpec::JuiceFs => {
-                let why = match ctx.anchors.external(External::JuiceFs) {
-                    Ok(path) => format!(
-                        "{} is not run yet: the bench has no step that formats and mounts a \
-                         JuiceFS volume (VOLUME-NOTES has figures measured by hand)",
-                        path.display()
-                    ),
-                    Err(why) => why,
-                };
-                Err(OpenError::Skip(why))
+                let binary = ctx
+                    .anchors
+                    .external(External::JuiceFs)
+                    .map_err(OpenError::Skip)?;
+                // Its metadata, blocks and block cache on the bench's tmpfs, as the lanefs
+                // volume's SQLite file and blocks are.
+                let dir = ctx.scratch_tmpfs("juicefs").map_err(OpenError::Fail)?;
+                let meta = format!("sqlite3://{}", dir.0.join("meta.db").display());
+                let mut format = Command::new(&binary);
+                format
+                    .args(["format", "--storage", "file", "--bucket"])
+                    .arg(dir.0.join("blocks/"))
+                    .args([&meta, "bench"]);
+                let formatted = run_limited(format, Duration::from_secs(60))
+                    .map_err(|e| OpenError::Skip(format!("juicefs format: {e}")))?;
+                if !formatted.ok {
+                    return Err(OpenError::Skip(format!(
+                        "juicefs format exited ({}): {}",
+                        formatted.status,
+                        last_lines(&formatted.stderr, 2)
+                    )));
+                }
+                let mp = ctx.new_mountpoint(false).map_err(OpenError::Fail)?;
+                let mut command = Command::new(&binary);
+                command
+                    .args(juicefs_mount_args())
+                    .arg(dir.0.join("cache"))
+                    .arg(&meta)
+                    .arg(&mp);
+                let log = ctx.log_path("juicefs");
+                let guard = spawn_server(command, &mp, &log, false).map_err(OpenError::Skip)?;
+                Ok(target(
+                    Place::Dir(mp),
+                    true,
+                    vec![Guard::Dir(dir), Guard::Mount(guard)],
+                ))
             }
         }
     }
@@ -615,6 +644,13 @@ fn passthrough_hp_args(uring: bool, kernel_passthrough: bool) -> Vec<&'static st
         args.push("--nopassthrough");
     }
     args
+}
+
+/// `juicefs mount` arguments before CACHE-DIR META-URL MOUNTPOINT: in the foreground (our
+/// child, for its CPU time), its defaults otherwise (as root it mounts with allow_other), but
+/// its block cache beside its blocks rather than in /var.
+fn juicefs_mount_args() -> [&'static str; 2] {
+    ["mount", "--cache-dir"]
 }
 
 /// One ring per possible CPU.

@@ -2,7 +2,7 @@
 //! import, git (clone, status cold and warm, checkout between distant commits), `cp -a` of a
 //! source tree onto the mount and back, and a C build; on native tmpfs, lanefs passthrough
 //! (both transports, defaults), the volume (both transports), libfuse's passthrough_ll and
-//! passthrough_hp (given by path), and JuiceFS' hook.
+//! passthrough_hp (given by path), and JuiceFS (given by path).
 
 use std::path::PathBuf;
 

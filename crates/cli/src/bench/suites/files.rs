@@ -17,7 +17,7 @@ use crate::bench::systems::{Mode, SystemSpec};
 use crate::bench::workloads::{Caller, Kind, Metric, Workload};
 
 /// The systems both suites compare: native, lanefs passthrough and volume, libfuse's
-/// passthroughs (passthrough_hp given by path), and JuiceFS' hook.
+/// passthroughs (passthrough_hp given by path), and JuiceFS (given by path).
 fn systems(ctx: &Ctx) -> Vec<SystemSpec> {
     let mut systems = vec![
         SystemSpec::NativeTmpfs,
