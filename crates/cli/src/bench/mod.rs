@@ -130,6 +130,11 @@ pub struct BenchArgs {
     /// skipped with a note.
     #[arg(long = "anchor", value_name = "NAME=PATH")]
     pub anchors: Vec<String>,
+    /// Run only the systems whose row label contains one of these (repeatable, case
+    /// ignored), e.g. `--system "io_uring" --system JuiceFS`; native rows always run. For a
+    /// run that must fit in a sitting: the report says which systems were left out.
+    #[arg(long = "system", value_name = "TEXT")]
+    pub systems: Vec<String>,
     /// Do not print the report on stdout (it is still written to --out).
     #[arg(long)]
     pub no_print: bool,

@@ -26,6 +26,8 @@ pub struct Settings {
     pub reps: u32,
     pub warmup: Duration,
     pub cores: usize,
+    /// `--system`: the labels' parts that pick the systems run (empty: all).
+    pub systems: Vec<String>,
 }
 
 impl Settings {
@@ -49,6 +51,7 @@ impl Settings {
             reps,
             warmup: seconds(args.warmup.unwrap_or(warmup), "warmup")?,
             cores: crate::bench::machine::cores(),
+            systems: args.systems.clone(),
         })
     }
 

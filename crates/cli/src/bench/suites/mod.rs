@@ -51,6 +51,30 @@ fn plan(suite: Suite, ctx: &Ctx) -> SuitePlan {
         p.result.skip(format!("every row: {why}"));
         p.plans.clear();
     }
+    if !ctx.settings.systems.is_empty() {
+        let wanted = |label: &str| {
+            let label = label.to_lowercase();
+            ctx.settings
+                .systems
+                .iter()
+                .any(|s| label.contains(&s.to_lowercase()))
+        };
+        let mut left_out = Vec::new();
+        p.plans.retain(|plan| {
+            let label = plan.system.label(ctx);
+            let keep = plan.system.role() == Role::Native || wanted(&label);
+            if !keep {
+                left_out.push(label);
+            }
+            keep
+        });
+        if !left_out.is_empty() {
+            p.result.note(format!(
+                "left out of this run (--system): {}",
+                left_out.join(", ")
+            ));
+        }
+    }
     p
 }
 
