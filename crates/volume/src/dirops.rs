@@ -33,8 +33,9 @@
 //! answered before them, and answer after.
 //!
 //! Errors. A change that fails at commit (the disk filled, the database went away) was
-//! answered already: its inode and its directory are marked, and the next fsync or close of
-//! either (fsyncdir for the directory) returns the error; it is logged with the name and
+//! answered already: its inode and its directory are marked; the first close of the file
+//! after the failure returns the error, and fsync (fsyncdir for the directory) returns it
+//! until one of them did (`take_error`); it is logged with the name and
 //! counted (`lanefs stats`: async_dirop_errors), and the kernel is told to forget the name.
 //! fsync and syncfs wait for every change answered before them (the store's sync is queued
 //! behind them), so what fsync acknowledged survives a crash.
@@ -162,7 +163,20 @@ struct SpareRange {
 #[derive(Clone, Copy)]
 struct FailedChange {
     errno: Errno,
+    /// A new inode's: it never came to be, so every fsync and close of it fails.
     sticky: bool,
+    /// A close returned it already (the next fsync still does).
+    closed_with: bool,
+}
+
+/// Who asks for an inode's failed change (see `AsyncDirops::take_error`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ErrorReport {
+    /// A close (FLUSH, or RELEASE without FLUSH) or a request acting on an open file: the
+    /// first one after the failure returns it.
+    Close,
+    /// fsync or fsyncdir: returns it until one of them did (that one takes it).
+    Sync,
 }
 
 /// The overlay and the store under it (see the module's comment).
@@ -188,11 +202,10 @@ pub struct AsyncDirops {
     /// Bumped after an `inodes` entry goes: a read that missed the overlay and raced with a
     /// commit sees it move and reads again.
     settled: AtomicU64,
-    /// Errnos of changes that failed after they were answered, by inode: the directory's
-    /// until an fsync or close reports it (`sticky` false), a new inode's for good (it never
-    /// came to be, so every fsync and close of it fails). A leaf lock.
-    errors: Mutex<HashMap<u64, FailedChange>>,
-    /// Entries in `errors`: fsync and close skip the lock while it is 0.
+    /// Errnos of changes that failed after they were answered, by inode (see `take_error`);
+    /// sharded by inode.
+    errors: Shards<u64, FailedChange>,
+    /// Entries in `errors`: fsync and close skip the shards while it is 0.
     errors_waiting: AtomicU64,
     /// Changes answered before their commit, and those that then failed (`lanefs stats`).
     answered_early: AtomicU64,
@@ -222,7 +235,7 @@ impl AsyncDirops {
             spare: Arc::new(Mutex::new(SpareRange::default())),
             seq: AtomicU64::new(1),
             settled: AtomicU64::new(0),
-            errors: Mutex::new(HashMap::new()),
+            errors: Shards::new(),
             errors_waiting: AtomicU64::new(0),
             answered_early: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -250,20 +263,35 @@ impl AsyncDirops {
         counters
     }
 
-    /// The error of a change on `ino` that failed after it was answered: fsync, fsyncdir
-    /// and close return it (a directory's once, a new inode's every time).
-    pub fn take_error(&self, ino: u64) -> Option<Errno> {
+    /// The error of a change on `ino` that failed after it was answered. A new inode's
+    /// (its create failed) is returned to every fsync and close of it. Any other is
+    /// returned by the first close after the failure and by fsync (fsyncdir for a
+    /// directory) until one returned it: a close does not take it from fsync, because the
+    /// close may be nobody's to check (a child that inherited the descriptor closes it at
+    /// exec, and its FLUSH is the file's like any other), while a program that cares calls
+    /// fsync, as it would to learn of the kernel's own write-back errors.
+    pub fn take_error(&self, ino: u64, by: ErrorReport) -> Option<Errno> {
         if self.errors_waiting.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
-        let failed = *errors.get(&ino)?;
-        if !failed.sticky {
-            errors.remove(&ino);
+        let mut errors = self.errors.shard(ino);
+        let failed = errors.get_mut(&ino)?;
+        let errno = failed.errno;
+        if failed.sticky {
+            return Some(errno);
         }
-        self.errors_waiting
-            .store(errors.len() as u64, Ordering::Release);
-        Some(failed.errno)
+        match by {
+            ErrorReport::Close if failed.closed_with => None,
+            ErrorReport::Close => {
+                failed.closed_with = true;
+                Some(errno)
+            }
+            ErrorReport::Sync => {
+                errors.remove(&ino);
+                self.errors_waiting.fetch_sub(1, Ordering::AcqRel);
+                Some(errno)
+            }
+        }
     }
 
     fn active(&self) -> Option<&Hooks> {
@@ -898,7 +926,7 @@ impl AsyncDirops {
     fn failed_inode_change(&self, what: &str, ino: u64, e: Errno) {
         self.failed.fetch_add(1, Ordering::Relaxed);
         tracing::error!(
-            "volume: inode {ino}: {what}, answered before its commit, failed at the commit: {}; the file's next fsync or close returns the error",
+            "volume: inode {ino}: {what}, answered before its commit, failed at the commit: {}; the file's next fsync and close return the error",
             std::io::Error::from_raw_os_error(e)
         );
         self.note_error(ino, e, false);
@@ -920,14 +948,22 @@ impl AsyncDirops {
 
     /// Keeps a failed change's errno for the fsync or close of `ino` that reports it.
     fn note_error(&self, ino: u64, errno: Errno, sticky: bool) {
-        let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
-        // A new inode's failure outranks a later one of its data.
-        if errors.get(&ino).is_some_and(|f| f.sticky) {
-            return;
+        let mut errors = self.errors.shard(ino);
+        let failed = FailedChange {
+            errno,
+            sticky,
+            closed_with: false,
+        };
+        match errors.insert(ino, failed) {
+            // A new inode's failure outranks a later one of its data.
+            Some(earlier) if earlier.sticky => {
+                errors.insert(ino, earlier);
+            }
+            Some(_) => {}
+            None => {
+                self.errors_waiting.fetch_add(1, Ordering::AcqRel);
+            }
         }
-        errors.insert(ino, FailedChange { errno, sticky });
-        self.errors_waiting
-            .store(errors.len() as u64, Ordering::Release);
     }
 
     /// The attributes a create would give the new inode (as `ops::create` computes them), if

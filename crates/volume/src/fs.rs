@@ -14,7 +14,7 @@ use std::time::Duration;
 use lanefs_fuse::abi::{self, fattr, fopen, init_flags};
 use lanefs_fuse::{DirBuffer, DirEntry, Filesystem, InitRequest, Reply, Request};
 
-use crate::dirops::{self, AsyncDirops};
+use crate::dirops::{self, AsyncDirops, ErrorReport};
 use crate::file::{DataPath, FileState};
 use crate::meta::*;
 use crate::now_ns;
@@ -743,10 +743,10 @@ impl VolumeFs {
         }
     }
 
-    /// The error of a change on `ino` that was answered before its commit and then failed
-    /// (see `dirops`), once.
-    fn early_answer_error(&self, ino: u64) -> Result<(), Errno> {
-        match self.dirops.take_error(ino) {
+    /// The error of a change on `ino` that was answered before its commit and then failed,
+    /// as `by` is to see it (see `AsyncDirops::take_error`).
+    fn early_answer_error(&self, ino: u64, by: ErrorReport) -> Result<(), Errno> {
+        match self.dirops.take_error(ino, by) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -760,7 +760,7 @@ impl VolumeFs {
     /// `dirops`); any other, as usual.
     fn flush_new_early(&self, state: &FileState) -> Result<(), Errno> {
         // A file whose create failed at its commit has nowhere to put its bytes.
-        self.early_answer_error(state.ino)?;
+        self.early_answer_error(state.ino, ErrorReport::Close)?;
         if self.queue_new_early(state) {
             return Ok(());
         }
@@ -1527,19 +1527,19 @@ impl Filesystem for VolumeFs {
         }
         let state = match self.open.get(ino) {
             Some(state) => state,
-            None => return answer(reply, self.early_answer_error(ino)),
+            None => return answer(reply, self.early_answer_error(ino, ErrorReport::Close)),
         };
-        if let Err(e) = self.early_answer_error(ino) {
+        if let Err(e) = self.early_answer_error(ino, ErrorReport::Close) {
             return reply.error(e);
         }
         if self.queue_new_early(&state) || !state.unflushed() {
-            return answer(reply, self.early_answer_error(ino));
+            return answer(reply, self.early_answer_error(ino, ErrorReport::Close));
         }
         self.answer_off_queue(reply, move |fs, reply| {
             answer(
                 reply,
                 fs.flush_state(&state)
-                    .and_then(|()| fs.early_answer_error(ino)),
+                    .and_then(|()| fs.early_answer_error(ino, ErrorReport::Close)),
             )
         })
     }
@@ -1586,7 +1586,10 @@ impl Filesystem for VolumeFs {
                     .and_then(|()| wait(|done| fs.store.sync(done))),
                 None => wait(|done| fs.store.sync(done)),
             };
-            answer(reply, result.and_then(|()| fs.early_answer_error(ino)))
+            answer(
+                reply,
+                result.and_then(|()| fs.early_answer_error(ino, ErrorReport::Sync)),
+            )
         })
     }
 
@@ -1620,7 +1623,8 @@ impl Filesystem for VolumeFs {
         self.answer_off_queue(reply, move |fs, reply| {
             answer(
                 reply,
-                wait(|done| fs.store.sync(done)).and_then(|()| fs.early_answer_error(ino)),
+                wait(|done| fs.store.sync(done))
+                    .and_then(|()| fs.early_answer_error(ino, ErrorReport::Sync)),
             )
         })
     }
