@@ -365,6 +365,7 @@ cases!(
     statfs,
     fsync_fdatasync_files_and_dirs,
     xattrs,
+    posix_acls,
     readdir_names_and_types,
     readdir_large_and_seekdir,
     readdir_while_changing,
@@ -1093,6 +1094,159 @@ mod cases {
         // SAFETY: syncfs on an fd we hold.
         let r = unsafe { libc::syncfs(fd.as_raw_fd()) };
         t.note(format!("syncfs: {r}"));
+    }
+
+    /// POSIX ACLs as the kernel hands them to the file system (FUSE_POSIX_ACL): the mode an
+    /// access ACL sets, a minimal one kept as the mode alone, the ACL a chmod rewrites,
+    /// default ACLs handed down to new files, directories and nodes in place of the umask,
+    /// and the checks they make for another user.
+    pub fn posix_acls(root: &Path, t: &mut T) {
+        const ACCESS: &str = "system.posix_acl_access";
+        const DEFAULT: &str = "system.posix_acl_default";
+        const NOBODY: u32 = 65534;
+        let (user_obj, user, group_obj, mask, other) = (0x01, 0x02, 0x04, 0x10, 0x20);
+        let acl = |entries: &[(u16, u16, u32)]| {
+            let mut v = 2u32.to_le_bytes().to_vec();
+            for &(tag, perm, id) in entries {
+                v.extend_from_slice(&tag.to_le_bytes());
+                v.extend_from_slice(&perm.to_le_bytes());
+                v.extend_from_slice(&id.to_le_bytes());
+            }
+            v
+        };
+        let get = |p: &Path, name: &str| sys::getxattr(p, name, 256).map(|(_, v)| v);
+        // Runs a shell command as nobody, or as root with a umask; "ok" or "refused".
+        let sh = |nobody: bool, script: &str| {
+            let mut cmd = if nobody {
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh"]);
+                c
+            } else {
+                Command::new("sh")
+            };
+            let ok = cmd
+                .args(["-c", script])
+                .current_dir(root)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok { "ok" } else { "refused" }
+        };
+        sys::chmod(root, 0o755).unwrap();
+        let f = root.join("f");
+        put(&f, b"secret\n");
+        sys::chmod(&f, 0o600).unwrap();
+        t.note(format!("nobody reads 0600 f: {}", sh(true, "cat f")));
+        let granted = acl(&[
+            (user_obj, 6, u32::MAX),
+            (user, 4, NOBODY),
+            (group_obj, 0, u32::MAX),
+            (mask, 4, u32::MAX),
+            (other, 0, u32::MAX),
+        ]);
+        t.e("set access acl", sys::setxattr(&f, ACCESS, &granted, 0));
+        t.meta("f with acl", &f);
+        t.r("get access acl", get(&f, ACCESS));
+        t.note(format!("nobody reads f: {}", sh(true, "cat f")));
+        t.note(format!("nobody writes f: {}", sh(true, "echo x >> f")));
+        // chmod rewrites the owner, mask and other entries.
+        sys::chmod(&f, 0o640).unwrap();
+        t.r("acl after chmod 640", get(&f, ACCESS));
+        sys::chmod(&f, 0o600).unwrap();
+        t.r("acl after chmod 600", get(&f, ACCESS));
+        t.note(format!(
+            "nobody reads f after chmod 600: {}",
+            sh(true, "cat f")
+        ));
+        t.r("list", sys::listxattr(&f, 4096));
+        // A minimal ACL says no more than the mode: the mode takes it, no xattr stays.
+        let minimal = acl(&[
+            (user_obj, 7, u32::MAX),
+            (group_obj, 5, u32::MAX),
+            (other, 1, u32::MAX),
+        ]);
+        t.e("set minimal acl", sys::setxattr(&f, ACCESS, &minimal, 0));
+        t.meta("f with minimal acl", &f);
+        t.e("get after minimal acl", get(&f, ACCESS));
+        t.e(
+            "malformed acl",
+            sys::setxattr(&f, ACCESS, b"\x02\0\0\0\x01", 0),
+        );
+        t.e(
+            "default acl on a file",
+            sys::setxattr(&f, DEFAULT, &minimal, 0),
+        );
+        // An ACL that denies a user the others' rights.
+        let g = root.join("g");
+        put(&g, b"open to all but one\n");
+        sys::chmod(&g, 0o644).unwrap();
+        let denied = acl(&[
+            (user_obj, 6, u32::MAX),
+            (user, 0, NOBODY),
+            (group_obj, 4, u32::MAX),
+            (mask, 4, u32::MAX),
+            (other, 4, u32::MAX),
+        ]);
+        t.e("set denying acl", sys::setxattr(&g, ACCESS, &denied, 0));
+        t.note(format!("nobody reads g: {}", sh(true, "cat g")));
+        t.e("remove access acl", sys::removexattr(&g, ACCESS));
+        t.meta("g without acl", &g);
+        t.note(format!("nobody reads g again: {}", sh(true, "cat g")));
+        // Setting an ACL drops set-group-ID for an owner outside the file's group.
+        let sgid = root.join("sgid");
+        put(&sgid, b"x");
+        sys::chown(&sgid, NOBODY, 0).unwrap();
+        sys::chmod(&sgid, 0o2775).unwrap();
+        t.note(format!(
+            "nobody sets an acl on its set-group-ID file: {}",
+            sh(true, "setfacl -m u:0:r sgid")
+        ));
+        t.meta("sgid after", &sgid);
+        // Default ACLs: what new inodes get instead of the umask.
+        let d = root.join("d");
+        sys::mkdir(&d, 0o755).unwrap();
+        let default = acl(&[
+            (user_obj, 7, u32::MAX),
+            (user, 6, NOBODY),
+            (group_obj, 5, u32::MAX),
+            (mask, 7, u32::MAX),
+            (other, 0, u32::MAX),
+        ]);
+        t.e("set default acl", sys::setxattr(&d, DEFAULT, &default, 0));
+        t.r("get default acl", get(&d, DEFAULT));
+        t.e("no access acl on d", get(&d, ACCESS));
+        t.note(format!(
+            "creates under umask 077: {}",
+            sh(
+                false,
+                "umask 077 && echo x > d/file && mkdir d/sub && mkfifo d/fifo && \
+                 ln -s file d/link && echo y > d/sub/deep && mkdir -m 0700 d/private"
+            )
+        ));
+        for name in ["file", "sub", "fifo", "sub/deep", "private"] {
+            let p = d.join(name);
+            t.meta(&format!("d/{name}"), &p);
+            t.r(&format!("d/{name} access acl"), get(&p, ACCESS));
+            t.r(&format!("d/{name} default acl"), get(&p, DEFAULT));
+        }
+        t.meta("d/link", &d.join("link"));
+        t.note(format!(
+            "nobody writes d/file: {}",
+            sh(true, "echo z >> d/file")
+        ));
+        t.note(format!(
+            "nobody creates in d: {}",
+            sh(true, "echo z > d/new")
+        ));
+        t.e("remove default acl", sys::removexattr(&d, DEFAULT));
+        t.note(format!(
+            "creates under umask 027 without it: {}",
+            sh(false, "umask 027 && echo x > d/plain && mkdir d/plaindir")
+        ));
+        t.meta("d/plain", &d.join("plain"));
+        t.meta("d/plaindir", &d.join("plaindir"));
+        t.e("d/plain access acl", get(&d.join("plain"), ACCESS));
     }
 
     pub fn xattrs(root: &Path, t: &mut T) {

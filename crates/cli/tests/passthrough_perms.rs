@@ -385,14 +385,29 @@ cd /
     assert_eq!(std::fs::metadata(src.join("d/file")).unwrap().nlink(), 1);
 }
 
-/// POSIX ACLs set through the mount are the host's, and the kernel's checks on the mount
-/// honour them as the host does: a user granted read by an ACL entry reads a 0600 file, a
-/// user denied by one cannot, and a default ACL passes to new files.
+/// POSIX ACLs set with setfacl through the mount (the host's on a passthrough, the
+/// volume's own on a volume), and the kernel's checks on the mount honour them as the host
+/// does: a user granted read by an ACL entry reads a 0600 file, a user denied by one cannot,
+/// a default ACL passes to new files and directories instead of the umask, a chmod moves
+/// the mask, `setfacl -b` leaves the mode, and `cp -a` carries ACLs onto the mount.
 #[test]
 fn posix_acls_are_honoured_like_on_the_host() {
     if Command::new("setfacl").arg("--version").output().is_err() {
         panic!("setfacl is required (apt-get install acl; scripts/setup.sh does)");
     }
+    // A tree with ACLs, for cp -a to carry.
+    let origin = TempDir::new("acl-origin");
+    run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg(
+                "mkdir -p tree/sub && echo a > tree/a && echo b > tree/sub/b && \
+                 setfacl -m u:65534:rw,g:65534:r tree/a && setfacl -d -m u:65534:rx tree/sub && \
+                 setfacl -m u:65534:rwx tree/sub",
+            )
+            .current_dir(origin.path()),
+    );
+    let tree = origin.path().join("tree");
     let scenario = |root: &Path| -> String {
         std::fs::write(root.join("granted"), b"granted\n").unwrap();
         sys::chmod(&root.join("granted"), 0o600).unwrap();
@@ -403,11 +418,13 @@ fn posix_acls_are_honoured_like_on_the_host() {
         run_ok(
             Command::new("sh")
                 .arg("-c")
-                .arg(
+                .arg(format!(
                     "setfacl -m u:65534:r granted && setfacl -m u:65534:- denied && \
                      setfacl -d -m u:65534:rw inherit && setfacl -m u:65534:rwx inherit && \
-                     touch inherit/new",
-                )
+                     umask 077 && touch inherit/new && mkdir inherit/dir && \
+                     touch inherit/dir/deep && cp -a '{}' copied",
+                    tree.display()
+                ))
                 .current_dir(root),
         );
         let user = sh_as(
@@ -416,22 +433,40 @@ fn posix_acls_are_honoured_like_on_the_host() {
             &format!(
                 "cd '{}'; for f in granted denied; do cat $f 2>/dev/null || echo \"$f: refused\"; done; \
                  echo x > inherit/by-nobody 2>/dev/null && echo created || echo create refused; \
-                 echo y >> inherit/new 2>/dev/null && echo appended || echo append refused",
+                 echo y >> inherit/new 2>/dev/null && echo appended || echo append refused; \
+                 echo z >> copied/a 2>/dev/null && echo copied appended || echo copied refused",
                 root.display()
             ),
         );
-        let acl = run_ok(
-            Command::new("getfacl")
-                .args(["-c", "-p", "granted", "denied", "inherit/new"])
+        run_ok(
+            Command::new("sh")
+                .arg("-c")
+                .arg("chmod 604 granted && setfacl -b denied")
                 .current_dir(root),
         );
-        String::from_utf8_lossy(&user.stdout).into_owned() + &acl
+        // In name order: directories list in their own order natively.
+        let acl = run_ok(
+            Command::new("sh")
+                .arg("-c")
+                .arg("getfacl -p $(find granted denied inherit copied | sort)")
+                .current_dir(root),
+        );
+        let modes = run_ok(
+            Command::new("sh")
+                .arg("-c")
+                .arg("stat -c '%n %A' granted denied inherit/* copied/* | sort")
+                .current_dir(root),
+        );
+        String::from_utf8_lossy(&user.stdout).into_owned() + &acl + &modes
     };
     let native = TempDir::new("acl-native");
     sys::chmod(native.path(), 0o755).unwrap();
     let expected = scenario(native.path());
     assert!(
-        expected.contains("granted\n") && expected.contains("denied: refused"),
+        expected.contains("granted\n")
+            && expected.contains("denied: refused")
+            && expected.contains("user:nobody:rw-")
+            && expected.contains("copied appended"),
         "{expected}"
     );
     let mut failures = Vec::new();
@@ -445,5 +480,14 @@ fn posix_acls_are_honoured_like_on_the_host() {
         }
         m.unmount();
     }
+    let volume = common::volume::Volume::format("acl");
+    let m = volume.mount(&[]);
+    sys::chmod(&m.mountpoint, 0o755).unwrap();
+    let got = scenario(&m.mountpoint);
+    if got != expected {
+        failures.push(format!("volume:\nnative:\n{expected}\nmount:\n{got}"));
+    }
+    m.unmount();
+    volume.assert_clean();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

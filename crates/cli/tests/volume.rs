@@ -1217,6 +1217,100 @@ fn an_attribute_change_of_an_uncommitted_file_is_answered_before_its_commit() {
     m.unmount();
 }
 
+/// `cp -a` onto a volume sends, after each create, the file's owner and times and its access
+/// ACL, which for a file with none says only its mode: all of it is answered before its
+/// commit (nothing waits while the test holds the database's write lock), and lands as
+/// `cp -a` meant: the modes and times of the source, and no ACL xattr. A file with a real
+/// ACL carries it over once the lock is let go.
+#[test]
+fn cp_a_of_files_without_acls_waits_for_no_commit() {
+    use std::os::unix::fs::PermissionsExt;
+    let volume = Volume::format("cp-a-acl");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("warm"), b"w").unwrap();
+    std::fs::File::open(m.path("warm"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let src = TempDir::new("cp-a-src");
+    let tree = src.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..20u32 {
+        let f = tree.join(format!("f{i}"));
+        std::fs::write(&f, format!("file {i}")).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600 | (i % 8) << 3))
+            .unwrap();
+    }
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let before = m.counter("async_dirops");
+    let copy = {
+        let (from, to) = (tree.clone(), m.path("t"));
+        std::thread::spawn(move || {
+            Command::new("cp")
+                .arg("-a")
+                .arg(from)
+                .arg(to)
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    };
+    let copied = wait_until(Duration::from_secs(20), || copy.is_finished());
+    db.execute_batch("COMMIT").unwrap();
+    assert!(
+        copied,
+        "cp -a waited for a commit while the database was locked"
+    );
+    assert!(copy.join().unwrap(), "cp -a failed");
+    // The directory, 20 files with their bytes, and each one's times and ACL.
+    assert!(
+        m.counter("async_dirops") >= before + 1 + 20 * 4,
+        "answered early: {}",
+        m.counter("async_dirops") - before
+    );
+    let acl_rows: i64 = db
+        .query_row(
+            "SELECT count(*) FROM xattrs WHERE name LIKE 'system.posix_acl%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(acl_rows, 0, "a minimal ACL was stored as an xattr");
+    drop(db);
+    let (native, mounted) = (
+        common::tree_snapshot(&tree),
+        common::tree_snapshot(&m.path("t")),
+    );
+    assert_eq!(native, mounted);
+    for i in 0..20u32 {
+        let a = std::fs::metadata(tree.join(format!("f{i}"))).unwrap();
+        let b = std::fs::metadata(m.path(&format!("t/f{i}"))).unwrap();
+        assert_eq!(
+            (a.mode(), a.mtime(), a.mtime_nsec()),
+            (b.mode(), b.mtime(), b.mtime_nsec())
+        );
+    }
+    run_ok(
+        Command::new("setfacl")
+            .args(["-m", "u:65534:r"])
+            .arg(tree.join("f1")),
+    );
+    run_ok(
+        Command::new("cp")
+            .arg("-a")
+            .arg(tree.join("f1"))
+            .arg(m.path("with-acl")),
+    );
+    let acl = run_ok(
+        Command::new("getfacl")
+            .args(["-c", "-p"])
+            .arg(m.path("with-acl")),
+    );
+    assert!(acl.contains("user:nobody:r--"), "{acl}");
+    m.unmount();
+    volume.assert_clean();
+}
+
 /// Threads making, renaming and removing trees of their own and sharing one directory, all
 /// with changes answered before their commit: every step sees its own result, and what is
 /// left is exactly what the threads left, in the overlay and in the database after a remount.

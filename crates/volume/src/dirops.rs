@@ -45,6 +45,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
+use crate::acl;
 use crate::leases::{
     Held, LEASE_COOLDOWN, LeaseUse, Leases, RECALL_AGAIN, RECALL_POLL, RECALL_WAIT_MAX,
 };
@@ -114,6 +115,8 @@ struct PendingInode {
     /// Created by this mount with an early answer: it had no xattrs then, and unless `stale`
     /// its predicted attributes are exact (also once the create committed).
     created: bool,
+    /// Born with xattrs (an inherited ACL): its xattrs are read from the store.
+    born_with_xattrs: bool,
     /// Its create has not committed yet (one of `ops`).
     creation_pending: bool,
     /// A synchronous change was queued on it meanwhile: `rec` may be behind the database's
@@ -311,9 +314,8 @@ impl AsyncDirops {
     }
 
     /// Whether `ino` was created by a pending change and has had only changes answered
-    /// early since (its predicted attributes exact): then it has no xattrs either (a
-    /// setxattr goes the synchronous way and marks it stale; nothing else gives a new inode
-    /// any), which chown's capability check and tar's and cp's xattr probes ask.
+    /// early since (its predicted attributes exact; a setxattr goes the synchronous way and
+    /// marks it stale).
     fn created_exactly(&self, ino: u64) -> bool {
         self.enabled
             && self
@@ -321,6 +323,17 @@ impl AsyncDirops {
                 .shard(ino)
                 .get(&ino)
                 .is_some_and(|p| p.created && !p.stale)
+    }
+
+    /// Whether `ino` is `created_exactly` and was born without xattrs: then it has none
+    /// (what chown's capability check and tar's and cp's xattr probes ask).
+    fn known_without_xattrs(&self, ino: u64) -> bool {
+        self.enabled
+            && self
+                .inodes
+                .shard(ino)
+                .get(&ino)
+                .is_some_and(|p| p.created && !p.stale && !p.born_with_xattrs)
     }
 
     /// Waits for the committer if `ino` has changes pending (before a read the overlay
@@ -451,6 +464,7 @@ impl AsyncDirops {
                 rec: base,
                 ops: 0,
                 created: false,
+                born_with_xattrs: false,
                 creation_pending: false,
                 stale: false,
             });
@@ -887,6 +901,7 @@ impl AsyncDirops {
                 rec: InodeRec::default(),
                 ops: 0,
                 created: false,
+                born_with_xattrs: false,
                 creation_pending: false,
                 stale: true,
             });
@@ -1008,6 +1023,32 @@ impl AsyncDirops {
         Some((p.rec.clone(), lease))
     }
 
+    /// An access ACL that says no more than a mode, set on an inode this mount created
+    /// and that has no xattrs: only its mode changes (see `ops::setxattr`), so it is the
+    /// chmod that `cp -a` and `tar --acls` send after each create as an ACL, and goes as
+    /// one (answered early like one).
+    fn acl_as_chmod(&self, ino: u64, set: &XattrSet) -> Option<AttrChange> {
+        if set.name != acl::ACCESS_XATTR
+            || set.flags & libc::XATTR_REPLACE as u32 != 0
+            || !self.known_without_xattrs(ino)
+        {
+            return None;
+        }
+        let (bits, false) = acl::mode_bits(&set.value).ok()? else {
+            return None;
+        };
+        let mode = self.pending(ino)??.mode;
+        let dropped = 0o777 | if set.kill_sgid { libc::S_ISGID } else { 0 };
+        Some(AttrChange {
+            mode: Some(mode & !dropped | bits),
+            uid: None,
+            gid: None,
+            atime_ns: None,
+            mtime_ns: None,
+            ctime_ns: crate::now_ns(),
+        })
+    }
+
     /// Whether the remove of `name` in `parent` can be answered early: the inode, and the
     /// directory as read; an error where the synchronous remove would meet the same one (a
     /// lease on the directory to remove that another mount holds past its expiry: waiting
@@ -1114,7 +1155,7 @@ impl MetaStore for AsyncDirops {
     }
 
     fn getxattr(&self, queue: usize, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
-        if self.created_exactly(ino) {
+        if self.known_without_xattrs(ino) {
             return Err(libc::ENODATA);
         }
         self.settle_if_pending(ino);
@@ -1122,7 +1163,7 @@ impl MetaStore for AsyncDirops {
     }
 
     fn listxattr(&self, queue: usize, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
-        if self.created_exactly(ino) {
+        if self.known_without_xattrs(ino) {
             return Ok(Vec::new());
         }
         self.settle_if_pending(ino);
@@ -1165,6 +1206,7 @@ impl MetaStore for AsyncDirops {
                 rec: rec.clone(),
                 ops: 1,
                 created: true,
+                born_with_xattrs: !node.xattrs.is_empty(),
                 creation_pending: true,
                 stale: false,
             },
@@ -1377,12 +1419,20 @@ impl MetaStore for AsyncDirops {
         self.inner.update_data(update, done)
     }
 
-    fn setxattr(&self, ino: u64, name: Vec<u8>, value: Vec<u8>, flags: u32, done: Done<()>) {
+    fn setxattr(&self, ino: u64, set: XattrSet, done: Done<()>) {
+        if let Some(change) = self.acl_as_chmod(ino, &set) {
+            return self.setattr(ino, change, Box::new(move |r| done(r.map(|_| ()))));
+        }
         self.mark_stale(ino);
-        self.inner.setxattr(ino, name, value, flags, done)
+        self.inner.setxattr(ino, set, done)
     }
 
     fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>) {
+        // Nothing to remove (`cp -a` removes a new directory's default ACL when its source
+        // has none).
+        if self.known_without_xattrs(ino) {
+            return done(Err(libc::ENODATA));
+        }
         self.mark_stale(ino);
         self.inner.removexattr(ino, name, done)
     }

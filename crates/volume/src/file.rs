@@ -1043,6 +1043,7 @@ mod tests {
                         now_ns: 1,
                         lease_expires_ns: None,
                         unleased_at_ns: None,
+                        xattrs: Vec::new(),
                     },
                     done,
                 )
@@ -1323,6 +1324,7 @@ mod tests {
                                         now_ns: 1,
                                         lease_expires_ns: None,
                                         unleased_at_ns: None,
+                                        xattrs: Vec::new(),
                                     },
                                     done,
                                 )
@@ -1357,6 +1359,7 @@ mod tests {
                     now_ns: 1,
                     lease_expires_ns: None,
                     unleased_at_ns: None,
+                    xattrs: Vec::new(),
                 },
                 done,
             )

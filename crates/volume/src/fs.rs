@@ -14,6 +14,7 @@ use std::time::Duration;
 use lanefs_fuse::abi::{self, fattr, fopen, init_flags};
 use lanefs_fuse::{DirBuffer, DirEntry, Filesystem, InitRequest, Reply, Request};
 
+use crate::acl;
 use crate::dirops::{self, AsyncDirops, ErrorReport};
 use crate::file::{DataPath, FileState};
 use crate::meta::*;
@@ -275,6 +276,8 @@ pub struct VolumeFs {
     no_privileges: setid::NoPrivileges,
     /// flock and POSIX locks of a shared volume (see `locks`).
     locks: locks::Locks,
+    /// Directories' default ACLs, which a create inherits (see `acl::DefaultAcls`).
+    default_acls: Arc<acl::DefaultAcls>,
     /// The session's /dev/fuse fd, for notifications; set once the session is connected.
     session_fd: Arc<std::sync::OnceLock<i32>>,
     /// The volume's lock: let go at the very end of `destroy`, after the session ended and
@@ -359,6 +362,7 @@ impl VolumeFs {
                 .map(|_| Mutex::new(HashMap::new()))
                 .collect(),
         });
+        let default_acls = Arc::new(acl::DefaultAcls::new());
         {
             let store = store.clone();
             let leases = dirops.clone();
@@ -374,9 +378,9 @@ impl VolumeFs {
             } else {
                 interval
             };
-            let mut changes = options
-                .shared
-                .then(|| changes::Follower::new(session_fd.clone(), open.clone()));
+            let mut changes = options.shared.then(|| {
+                changes::Follower::new(session_fd.clone(), open.clone(), default_acls.clone())
+            });
             match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
                 .spawn(move || {
@@ -422,6 +426,7 @@ impl VolumeFs {
             atime_due: atime::AtimeDue::new(),
             fileattrs,
             no_privileges: setid::NoPrivileges::new(),
+            default_acls,
             session_fd,
             store,
             data,
@@ -689,13 +694,17 @@ impl VolumeFs {
     }
 
     /// A new inode named `name` in `parent`, owned by the caller (the store applies a
-    /// set-group-ID parent's group inside the create's transaction).
+    /// set-group-ID parent's group inside the create's transaction), its mode and ACLs
+    /// from the requested `mode` and the caller's `umask` (DONT_MASK: the kernel leaves
+    /// both to us) and the directory's default ACL (`acl::inherit`).
+    #[allow(clippy::too_many_arguments)]
     fn make_node(
         &self,
         req: &Request,
         parent: u64,
         name: &OsStr,
         mode: u32,
+        umask: u32,
         rdev: u32,
         target: Option<Vec<u8>>,
     ) -> Result<NewNode, Errno> {
@@ -703,6 +712,8 @@ impl VolumeFs {
             return Err(libc::ENAMETOOLONG);
         }
         self.fileattrs.may_add_to(parent)?;
+        let default = self.default_acl(req.queue, parent)?;
+        let (mode, xattrs) = acl::inherit(default.as_deref(), mode, umask);
         Ok(NewNode {
             ino: None,
             parent,
@@ -715,7 +726,33 @@ impl VolumeFs {
             now_ns: now_ns(),
             lease_expires_ns: None,
             unleased_at_ns: None,
+            xattrs,
         })
+    }
+
+    /// The default ACL of directory `dir`: remembered, or read (and remembered).
+    fn default_acl(&self, queue: usize, dir: u64) -> Result<Option<Arc<[u8]>>, Errno> {
+        if let Some(known) = self.default_acls.get(dir) {
+            return Ok(known);
+        }
+        let default = match self.store.getxattr(queue, dir, acl::DEFAULT_XATTR) {
+            Ok(value) => Some(Arc::from(value)),
+            Err(libc::ENODATA) => None,
+            Err(e) => return Err(e),
+        };
+        self.default_acls.set(dir, default.clone());
+        Ok(default)
+    }
+
+    /// Before a change of xattr `name` of `ino`: forgets the directory's default ACL if it
+    /// is that; the cache, to forget it again once the change is made (a create that read
+    /// the old one meanwhile must not leave it behind).
+    fn forget_default_acl(&self, ino: u64, name: &[u8]) -> Option<Arc<acl::DefaultAcls>> {
+        if name != acl::DEFAULT_XATTR {
+            return None;
+        }
+        self.default_acls.forget(ino);
+        Some(self.default_acls.clone())
     }
 
     fn reply_new_entry(&self, node: Result<NewNode, Errno>, reply: Reply) {
@@ -725,10 +762,23 @@ impl VolumeFs {
         };
         self.with_lease_waits(reply, move |fs, reply| {
             let out = fs.entry_template();
+            // A new directory's default ACL is known (its parent's, or none): creates in
+            // it read none, even before its own create commits.
+            let default_acls = fs.default_acls.clone();
+            let default: Option<Arc<[u8]>> = node
+                .xattrs
+                .iter()
+                .find(|(name, _)| name == acl::DEFAULT_XATTR)
+                .map(|(_, value)| Arc::from(&value[..]));
             fs.store.create(
                 node.clone(),
                 Box::new(move |r| match r {
-                    Ok(rec) => reply.ok().entry(&out.fill(&rec)),
+                    Ok(rec) => {
+                        if rec.is_dir() {
+                            default_acls.set(rec.ino, default);
+                        }
+                        reply.ok().entry(&out.fill(&rec))
+                    }
                     Err(e) => reply.error(e),
                 }),
             )
@@ -1087,9 +1137,16 @@ impl Filesystem for VolumeFs {
         }
         InitRequest {
             // HANDLE_KILLPRIV_V2: set-ID bits and capabilities are ours to drop (`setid`).
+            // POSIX_ACL: the kernel checks permissions with the ACLs it reads through
+            // getxattr (and caches); a new inode's ACL and mode (DONT_MASK: the umask comes
+            // beside the mode), the mode an access ACL implies and the ACL a chmod implies
+            // are ours (`acl`), and SETXATTR_EXT says when setting an ACL drops set-group-ID.
             want: init_flags::DO_READDIRPLUS
                 | init_flags::READDIRPLUS_AUTO
                 | init_flags::HANDLE_KILLPRIV_V2
+                | init_flags::POSIX_ACL
+                | init_flags::DONT_MASK
+                | init_flags::SETXATTR_EXT
                 | locks,
             max_stack_depth: 0,
         }
@@ -1336,13 +1393,14 @@ impl Filesystem for VolumeFs {
             name,
             libc::S_IFLNK | 0o777,
             0,
+            0,
             Some(target.as_bytes().to_vec()),
         );
         self.reply_new_entry(node, reply)
     }
 
     fn mknod(&self, req: &Request, parent: u64, name: &OsStr, arg: &abi::MknodIn, reply: Reply) {
-        let node = self.make_node(req, parent, name, arg.mode, arg.rdev, None);
+        let node = self.make_node(req, parent, name, arg.mode, arg.umask, arg.rdev, None);
         self.reply_new_entry(node, reply)
     }
 
@@ -1352,6 +1410,7 @@ impl Filesystem for VolumeFs {
             parent,
             name,
             libc::S_IFDIR | (arg.mode & 0o7777),
+            arg.umask,
             0,
             None,
         );
@@ -1468,6 +1527,7 @@ impl Filesystem for VolumeFs {
             parent,
             name,
             libc::S_IFREG | (arg.mode & 0o7777),
+            arg.umask,
             0,
             None,
         ) {
@@ -1704,7 +1764,7 @@ impl Filesystem for VolumeFs {
         name: &OsStr,
         value: &[u8],
         flags: u32,
-        _setxattr_flags: u32,
+        setxattr_flags: u32,
         reply: Reply,
     ) {
         if name.len() > NAME_MAX || name.is_empty() {
@@ -1713,10 +1773,7 @@ impl Filesystem for VolumeFs {
         if value.len() > XATTR_VALUE_MAX {
             return reply.error(libc::E2BIG);
         }
-        if !XATTR_NAMESPACES
-            .iter()
-            .any(|ns| name.as_bytes().starts_with(ns))
-        {
+        if !xattr_name_stored(name.as_bytes()) {
             return reply.error(libc::EOPNOTSUPP);
         }
         if let Err(e) = self.fileattrs.may_change_entry(ino) {
@@ -1729,14 +1786,25 @@ impl Filesystem for VolumeFs {
                 state.capability_absent.store(false, Ordering::SeqCst);
             }
         }
+        let set = XattrSet {
+            name: name.as_bytes().to_vec(),
+            value: value.to_vec(),
+            flags,
+            kill_sgid: setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0
+                && name.as_bytes() == acl::ACCESS_XATTR,
+        };
+        let default_acls = self.forget_default_acl(ino, name.as_bytes());
         self.store.setxattr(
             ino,
-            name.as_bytes().to_vec(),
-            value.to_vec(),
-            flags,
-            Box::new(move |r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
+            set,
+            Box::new(move |r| {
+                if let Some(acls) = default_acls {
+                    acls.forget(ino);
+                }
+                match r {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(e),
+                }
             }),
         )
     }
@@ -1784,21 +1852,24 @@ impl Filesystem for VolumeFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: u64, name: &OsStr, reply: Reply) {
-        if !XATTR_NAMESPACES
-            .iter()
-            .any(|ns| name.as_bytes().starts_with(ns))
-        {
+        if !xattr_name_stored(name.as_bytes()) {
             return reply.error(libc::EOPNOTSUPP);
         }
         if let Err(e) = self.fileattrs.may_change_entry(ino) {
             return reply.error(e);
         }
+        let default_acls = self.forget_default_acl(ino, name.as_bytes());
         self.store.removexattr(
             ino,
             name.as_bytes().to_vec(),
-            Box::new(move |r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
+            Box::new(move |r| {
+                if let Some(acls) = default_acls {
+                    acls.forget(ino);
+                }
+                match r {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(e),
+                }
             }),
         )
     }
@@ -1842,6 +1913,7 @@ impl Filesystem for VolumeFs {
             parent,
             OsStr::new(""),
             libc::S_IFREG | (arg.mode & 0o7777),
+            arg.umask,
             0,
             None,
         ) {
@@ -1917,9 +1989,12 @@ fn host_statvfs(path: &std::path::Path) -> Option<HostStatfs> {
     })
 }
 
-/// Namespaces of xattrs the volume stores (POSIX ACLs, `system.*`, need FUSE_POSIX_ACL, which
-/// the volume does not negotiate yet).
+/// Namespaces of xattrs the volume stores; of `system.`, only the two POSIX ACLs.
 const XATTR_NAMESPACES: &[&[u8]] = &[b"user.", b"trusted.", b"security."];
+
+fn xattr_name_stored(name: &[u8]) -> bool {
+    XATTR_NAMESPACES.iter().any(|ns| name.starts_with(ns)) || acl::is_acl(name)
+}
 
 #[cfg(test)]
 mod tests {
@@ -1988,6 +2063,7 @@ mod tests {
                     now_ns: 1,
                     lease_expires_ns: None,
                     unleased_at_ns: None,
+                    xattrs: Vec::new(),
                 },
                 done,
             )

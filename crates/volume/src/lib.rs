@@ -2,6 +2,7 @@
 //! one mount, PostgreSQL for many) and whose file data lives as immutable blocks in an object
 //! store (a local directory or an S3 bucket). See ARCHITECTURE.md, "Volume".
 
+pub mod acl;
 pub mod blocks;
 pub mod dirops;
 pub mod dump;

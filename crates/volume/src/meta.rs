@@ -50,6 +50,17 @@ impl InodeRec {
 /// lease on its directory (`MetaStore::lookup_and_foreign_lease`).
 pub type NameAndLease = (Result<InodeRec, Errno>, Option<u64>);
 
+/// A setxattr's terms.
+#[derive(Debug, Clone)]
+pub struct XattrSet {
+    pub name: Vec<u8>,
+    pub value: Vec<u8>,
+    /// XATTR_CREATE, XATTR_REPLACE.
+    pub flags: u32,
+    /// Setting an access ACL also clears the set-group-ID bit (see `ops::setxattr`).
+    pub kill_sgid: bool,
+}
+
 /// A new inode and its name.
 #[derive(Debug, Clone)]
 pub struct NewNode {
@@ -79,6 +90,9 @@ pub struct NewNode {
     /// the create (`ops::FOREIGN_LEASE`, nothing changed), checked in the statement that
     /// updates the directory's row instead of a read of its own before it.
     pub unleased_at_ns: Option<i64>,
+    /// Xattrs the inode is born with (name, value): the POSIX ACLs its directory's default
+    /// ACL hands down (`acl::inherit`), inserted in the create's own transaction.
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl NewNode {
@@ -326,7 +340,7 @@ pub trait MetaStore: Send + Sync + 'static {
     /// A file's data changed (flush, truncate); the blocks it refers to are durable already.
     fn update_data(&self, update: DataUpdate, done: Done<Vec<u64>>);
     /// XATTR_CREATE / XATTR_REPLACE in `flags`.
-    fn setxattr(&self, ino: u64, name: Vec<u8>, value: Vec<u8>, flags: u32, done: Done<()>);
+    fn setxattr(&self, ino: u64, set: XattrSet, done: Done<()>);
     fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>);
     /// Frees an orphan at its last release; its released blocks.
     fn free_orphan(&self, ino: u64, done: Done<Vec<u64>>);

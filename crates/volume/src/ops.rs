@@ -4,6 +4,7 @@
 //! everything they decide on inside it and change rows relative to what is there:
 //! `nlink = nlink - 1 … RETURNING nlink`, never a count read earlier).
 
+use crate::acl;
 use crate::meta::*;
 use crate::schema::counter;
 use crate::sql::{Arg, DbError, Row, Tx, args};
@@ -810,6 +811,10 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
             &args![ino, target],
         )?;
     }
+    for (name, value) in &node.xattrs {
+        w.tx()
+            .execute_later(UPSERT_XATTR_SQL, &args![ino, name, value])?;
+    }
     if let Some(expires_ns) = node.lease_expires_ns
         && dir
     {
@@ -1064,13 +1069,40 @@ pub fn rename<C: Tx>(
 }
 
 pub fn setattr<C: Tx>(w: &mut Writer<C>, ino: u64, c: &AttrChange) -> Result<InodeRec, Errno> {
-    let n = w.tx().execute(
+    let update = (
         "UPDATE inodes SET mode = coalesce(?, mode), uid = coalesce(?, uid), gid = coalesce(?, gid),
-         atime_ns = coalesce(?, atime_ns), mtime_ns = coalesce(?, mtime_ns), ctime_ns = ? WHERE ino = ?",
-        &args![c.mode, c.uid, c.gid, c.atime_ns, c.mtime_ns, c.ctime_ns, ino],
-    )?;
-    if n == 0 {
+         atime_ns = coalesce(?, atime_ns), mtime_ns = coalesce(?, mtime_ns), ctime_ns = ? WHERE ino = ?
+         RETURNING ino",
+        args![c.mode, c.uid, c.gid, c.atime_ns, c.mtime_ns, c.ctime_ns, ino],
+    );
+    let Some(mode) = c.mode else {
+        if w.tx().query(update.0, &update.1)?.is_empty() {
+            return Err(libc::ENOENT);
+        }
+        w.log(ChangeKind::Inode, ino, 0, None, c.ctime_ns)?;
+        return w.attr(ino);
+    };
+    // A chmod changes the access ACL's owner, mask (or group) and other entries too
+    // (posix_acl_chmod: the kernel leaves it to us under FUSE_POSIX_ACL); its read goes out
+    // with the update.
+    let [changed, acl] = <[Vec<Row>; 2]>::try_from(w.tx().queries(&[
+        (update.0, &update.1),
+        (
+            "SELECT value FROM xattrs WHERE ino = ? AND name = ?",
+            &args![ino, acl::ACCESS_XATTR],
+        ),
+    ])?)
+    .map_err(|_| DbError::Other("two queries, not two answers".into()))?;
+    if changed.is_empty() {
         return Err(libc::ENOENT);
+    }
+    if let Some(row) = acl.first()
+        && let Some(value) = acl::chmod(&row.bytes(0)?, mode)
+    {
+        w.tx().execute_later(
+            "UPDATE xattrs SET value = ? WHERE ino = ? AND name = ?",
+            &args![&value[..], ino, acl::ACCESS_XATTR],
+        )?;
     }
     w.log(ChangeKind::Inode, ino, 0, None, c.ctime_ns)?;
     w.attr(ino)
@@ -1120,21 +1152,33 @@ pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>,
     Ok(released)
 }
 
-pub fn setxattr<C: Tx>(
-    w: &mut Writer<C>,
-    ino: u64,
-    name: &[u8],
-    value: &[u8],
-    flags: u32,
-) -> Result<(), Errno> {
+/// `set.kill_sgid`: setting an access ACL also clears the set-group-ID bit (the kernel's
+/// SETXATTR_ACL_KILL_SGID: the caller is neither in the file's group nor privileged).
+pub fn setxattr<C: Tx>(w: &mut Writer<C>, ino: u64, set: &XattrSet) -> Result<(), Errno> {
+    let (name, value, flags, kill_sgid) = (&set.name[..], &set.value[..], set.flags, set.kill_sgid);
     let now_ns = crate::now_ns();
+    // An access ACL sets the mode's permission bits (posix_acl_update_mode), and one that
+    // says no more than they do is kept as no ACL at all.
+    let acl_mode = if name == acl::ACCESS_XATTR {
+        Some(acl::mode_bits(value)?)
+    } else {
+        None
+    };
+    let keep_bits = !(0o777 | if kill_sgid { libc::S_ISGID } else { 0 }) as i64;
+    let ctime: (&'static str, Vec<Arg>) = match acl_mode {
+        Some((bits, _)) => (
+            "UPDATE inodes SET ctime_ns = ?, mode = (mode & ?) | ? WHERE ino = ? RETURNING ino",
+            args![now_ns, keep_bits, bits, ino].into(),
+        ),
+        None => (
+            "UPDATE inodes SET ctime_ns = ? WHERE ino = ? RETURNING ino",
+            args![now_ns, ino].into(),
+        ),
+    };
     // The inode's ctime first (one round trip with the look): its row's lock orders two
     // mounts' XATTR_CREATE or XATTR_REPLACE of one name, and a freed inode is ENOENT.
     let [changed, found] = <[Vec<Row>; 2]>::try_from(w.tx().queries(&[
-        (
-            "UPDATE inodes SET ctime_ns = ? WHERE ino = ? RETURNING ino",
-            &args![now_ns, ino],
-        ),
+        (ctime.0, &ctime.1),
         (
             "SELECT 1 FROM xattrs WHERE ino = ? AND name = ?",
             &args![ino, name],
@@ -1151,7 +1195,14 @@ pub fn setxattr<C: Tx>(
     if flags & libc::XATTR_REPLACE as u32 != 0 && !exists {
         return Err(libc::ENODATA);
     }
-    w.tx().execute(UPSERT_XATTR_SQL, &args![ino, name, value])?;
+    if let Some((_, false)) = acl_mode {
+        w.tx().execute(
+            "DELETE FROM xattrs WHERE ino = ? AND name = ?",
+            &args![ino, name],
+        )?;
+    } else {
+        w.tx().execute(UPSERT_XATTR_SQL, &args![ino, name, value])?;
+    }
     w.log(ChangeKind::Inode, ino, 0, None, now_ns)
 }
 

@@ -560,6 +560,7 @@ mod tests {
             now_ns: 5,
             lease_expires_ns: None,
             unleased_at_ns,
+            xattrs: Vec::new(),
         }
     }
 
@@ -671,8 +672,16 @@ mod tests {
         let unwritten = || crate::testing::unwritten_pages(&wal);
         let change = |i: u8| {
             wait(|done| {
-                f.store
-                    .setxattr(ROOT_INO, b"user.x".to_vec(), vec![i; 100], 0, done)
+                f.store.setxattr(
+                    ROOT_INO,
+                    crate::meta::XattrSet {
+                        name: b"user.x".to_vec(),
+                        value: vec![i; 100],
+                        flags: 0,
+                        kill_sgid: false,
+                    },
+                    done,
+                )
             })
             .unwrap()
         };

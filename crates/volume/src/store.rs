@@ -883,12 +883,8 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.submit(false, move |w| ops::update_data(w, &update), done)
     }
 
-    fn setxattr(&self, ino: u64, name: Vec<u8>, value: Vec<u8>, flags: u32, done: Done<()>) {
-        self.submit(
-            false,
-            move |w| ops::setxattr(w, ino, &name, &value, flags),
-            done,
-        )
+    fn setxattr(&self, ino: u64, set: XattrSet, done: Done<()>) {
+        self.submit(false, move |w| ops::setxattr(w, ino, &set), done)
     }
 
     fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>) {

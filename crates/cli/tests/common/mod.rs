@@ -541,11 +541,14 @@ fn snapshot_into(root: &Path, p: &Path, out: &mut std::collections::BTreeMap<Str
     }
     if kind != "symlink" {
         for name in sys::llistxattr(p).unwrap_or_default() {
-            if name.starts_with("user.") || name.starts_with("trusted.") {
+            if name.starts_with("user.")
+                || name.starts_with("trusted.")
+                || name.starts_with("system.posix_acl_")
+            {
                 let v = sys::getxattr(p, &name, 65536)
                     .map(|(_, v)| v)
                     .unwrap_or_default();
-                desc += &format!(" {name}={}", String::from_utf8_lossy(&v));
+                desc += &format!(" {name}={}", String::from_utf8_lossy(&v).escape_debug());
             }
         }
     }

@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::sync::atomic::Ordering;
 
 use super::OpenTable;
+use crate::acl::DefaultAcls;
 use crate::meta::{ChangeKind, ChangeRec, MetaStore, wait};
 
 /// The reader of the change log: the last seq read of each other session.
@@ -20,15 +21,22 @@ pub(super) struct Follower {
     failing: bool,
     /// This mount's open files: one another mount unlinked is held (see `ops::hold_orphan`).
     open: Arc<OpenTable>,
+    /// Directories' default ACLs, forgotten for any inode another mount changed.
+    default_acls: Arc<DefaultAcls>,
 }
 
 impl Follower {
-    pub(super) fn new(session_fd: Arc<OnceLock<i32>>, open: Arc<OpenTable>) -> Follower {
+    pub(super) fn new(
+        session_fd: Arc<OnceLock<i32>>,
+        open: Arc<OpenTable>,
+        default_acls: Arc<DefaultAcls>,
+    ) -> Follower {
         Follower {
             cursors: HashMap::new(),
             session_fd,
             failing: false,
             open,
+            default_acls,
         }
     }
 
@@ -42,6 +50,7 @@ impl Follower {
                 self.failing = false;
                 for change in &changes {
                     invalidate(fd, change);
+                    self.default_acls.forget(change.ino);
                     if change.kind == ChangeKind::Entry as i64 {
                         self.hold_if_open(store, change.ino);
                     }
