@@ -1124,15 +1124,20 @@ mod cases {
             } else {
                 Command::new("sh")
             };
-            let ok = cmd
+            let status = cmd
                 .args(["-c", script])
                 .current_dir(root)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .status()
-                .is_ok_and(|s| s.success());
-            if ok { "ok" } else { "refused" }
+                .unwrap_or_else(|e| panic!("running {script:?} (setpriv, sh): {e}"));
+            if status.success() { "ok" } else { "refused" }
         };
+        // setfacl is needed below: "refused" on both sides would prove nothing.
+        assert!(
+            Command::new("setfacl").arg("--version").output().is_ok(),
+            "setfacl is required (apt-get install acl; scripts/setup.sh does)"
+        );
         sys::chmod(root, 0o755).unwrap();
         let f = root.join("f");
         put(&f, b"secret\n");

@@ -328,6 +328,20 @@ fn fsck_finds_and_repairs_injected_damage() {
     std::fs::create_dir_all(m.path("outer/inner")).unwrap();
     std::fs::write(m.path("outer/inner/kept"), b"kept").unwrap();
     std::fs::write(m.path("tiny"), b"tiny").unwrap();
+    // Two small rewrites of a stored file, each fsync'd: a slice in each of its chunks.
+    std::fs::write(m.path("sliced"), content(3, 2 * MIB)).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("sliced"))
+            .unwrap();
+        for at in [100, MIB + 100] {
+            f.write_all_at(&[0xab; 4096], at as u64).unwrap();
+            f.sync_all().unwrap();
+        }
+    }
+    let sliced = ino(&m.path("sliced"));
     let (small, linked, chunked) = (
         ino(&m.path("small")),
         ino(&m.path("linked")),
@@ -378,9 +392,24 @@ fn fsck_finds_and_repairs_injected_damage() {
         [tiny, chunked],
     )
     .unwrap();
+    // A slice whose block is missing (chunk 0's of `sliced`), and slice rows of an inode
+    // that is gone.
+    let slice_block: i64 = db
+        .query_row(
+            "SELECT block FROM slices WHERE ino = ? AND idx = 0",
+            [sliced],
+            |r| r.get(0),
+        )
+        .unwrap();
+    db.execute(
+        "INSERT INTO slices (ino, idx, seq, pos, len, block, crc) VALUES (888888, 0, 1, 0, 1, 1, 0)",
+        [],
+    )
+    .unwrap();
     drop(db);
     let key = |id: u64| block_path(&volume.data, id);
     std::fs::remove_file(key(block as u64)).unwrap();
+    std::fs::remove_file(key(slice_block as u64)).unwrap();
     // An unreferenced block.
     std::fs::create_dir_all(key(0xdead_beef).parent().unwrap()).unwrap();
     std::fs::write(key(0xdead_beef), b"stray").unwrap();
@@ -396,6 +425,8 @@ fn fsck_finds_and_repairs_injected_damage() {
         &format!("directory {outer} is not reachable from the root"),
         &format!("directory {inner} is not reachable from the root"),
         &format!("inode {tiny} has inline bytes and chunks"),
+        &format!("block {slice_block:016x} of inode {sliced} (chunk 0, slice 1) is missing"),
+        "slices rows for missing inode 888888",
     ] {
         assert!(
             report.contains(expected),
@@ -405,7 +436,7 @@ fn fsck_finds_and_repairs_injected_damage() {
     let (ok, report) = volume.fsck(true);
     // The loop is one problem per directory; named again from the root, it leaves no
     // wrong link count to repair.
-    assert!(ok && report.contains("repaired 8 problems"), "{report}");
+    assert!(ok && report.contains("repaired 10 problems"), "{report}");
     volume.assert_clean();
     assert!(!key(0xdead_beef).exists());
 
@@ -434,6 +465,10 @@ fn fsck_finds_and_repairs_injected_damage() {
         "the lost chunk reads as zeros"
     );
     assert_eq!(chunked_now[2 * MIB..], want[2 * MIB..]);
+    // The slice whose block was lost is gone: its chunk reads as before it; the other stays.
+    let mut want = content(3, 2 * MIB);
+    want[MIB + 100..MIB + 4196].fill(0xab);
+    assert!(std::fs::read(m.path("sliced")).unwrap() == want);
     m.unmount();
 }
 
@@ -715,8 +750,8 @@ fn a_second_mount_and_bad_volumes_are_refused_with_one_sentence() {
 /// table) undone. Step 1 is the same text in both binaries.
 /// The newest volume format.
 const NEWEST_FORMAT: i64 = lanefs_volume::schema::FORMAT_VERSION;
-/// Takes a new volume back to format 1: undoes steps 2 and 3 of the schema.
-const BACK_TO_FORMAT_1: &str = "DROP TABLE locks; DROP TABLE holds;
+/// Takes a new volume back to format 1: undoes steps 2 to 4 of the schema.
+const BACK_TO_FORMAT_1: &str = "DROP TABLE slices; DROP TABLE locks; DROP TABLE holds;
      ALTER TABLE orphans DROP COLUMN since_ns; DROP INDEX leases_by_session;
      ALTER TABLE leases DROP COLUMN recalled; DELETE FROM schema_migrations WHERE version >= 2;
      UPDATE settings SET value = '1' WHERE name = 'format_version';";
@@ -750,6 +785,10 @@ fn a_format_1_volume_is_upgraded_at_mount() {
         .query_row("SELECT count(*) FROM locks", [], |r| r.get(0))
         .unwrap();
     assert_eq!(locks, 0);
+    let slices: i64 = conn
+        .query_row("SELECT count(*) FROM slices", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(slices, 0);
     drop(conn);
     let status = lanefs(&["status", volume.source()]);
     assert!(
@@ -1101,7 +1140,13 @@ fn a_new_files_bytes_that_fail_at_commit_after_close_are_reported_to_fsync() {
     );
     // Taken by that fsync: neither the next one nor a close returns it again.
     f.sync_all().unwrap();
-    drop(f.try_clone().unwrap());
+    let dup = f.try_clone().unwrap().into_raw_fd();
+    // SAFETY: dup came from into_raw_fd above and is closed once, here.
+    assert_eq!(
+        unsafe { libc::close(dup) },
+        0,
+        "a close after the fsync failed"
+    );
     drop(f);
     assert_eq!(m.counter("async_dirop_errors"), 1);
     let logged = std::fs::read_to_string(&log).unwrap();
@@ -1256,12 +1301,55 @@ fn cp_a_of_files_without_acls_waits_for_no_commit() {
         })
     };
     let copied = wait_until(Duration::from_secs(20), || copy.is_finished());
+    // What cp sends, directly: a minimal ACL on a new file, and the removal of a new
+    // directory's default ACL, which it does not have.
+    let direct = m.path("direct");
+    std::fs::write(&direct, b"d").unwrap();
+    let mut minimal = 2u32.to_le_bytes().to_vec();
+    for (tag, perm) in [(1u16, 6u16), (4, 4), (0x20, 0)] {
+        minimal.extend_from_slice(&tag.to_le_bytes());
+        minimal.extend_from_slice(&perm.to_le_bytes());
+        minimal.extend_from_slice(&u32::MAX.to_le_bytes());
+    }
+    let hex: String = minimal.iter().map(|b| format!("{b:02x}")).collect();
+    let early_before = m.counter("async_dirops");
+    let set = Command::new("setfattr")
+        .args(["-n", "system.posix_acl_access", "-v"])
+        .arg(format!("0x{hex}"))
+        .arg(&direct)
+        .status()
+        .unwrap();
+    std::fs::create_dir(m.path("direct-dir")).unwrap();
+    let removed = Command::new("setfattr")
+        .args(["-x", "system.posix_acl_default"])
+        .arg(m.path("direct-dir"))
+        .output()
+        .unwrap();
+    let early_after = m.counter("async_dirops");
     db.execute_batch("COMMIT").unwrap();
     assert!(
         copied,
         "cp -a waited for a commit while the database was locked"
     );
     assert!(copy.join().unwrap(), "cp -a failed");
+    assert!(set.success(), "setting a minimal ACL failed");
+    assert!(
+        String::from_utf8_lossy(&removed.stderr).contains("No such attribute"),
+        "removing an absent default ACL: {removed:?}"
+    );
+    // The mkdir, and the ACL set as a chmod.
+    assert!(
+        early_after >= early_before + 2,
+        "answered early: {}",
+        early_after - early_before
+    );
+    assert_eq!(
+        std::fs::metadata(&direct).unwrap().mode() & 0o777,
+        0o640,
+        "the minimal ACL's mode"
+    );
+    // Everything committed before the rows are counted.
+    std::fs::File::open(&direct).unwrap().sync_all().unwrap();
     // The directory, 20 files with their bytes, and each one's times and ACL.
     assert!(
         m.counter("async_dirops") >= before + 1 + 20 * 4,
@@ -1276,7 +1364,6 @@ fn cp_a_of_files_without_acls_waits_for_no_commit() {
         )
         .unwrap();
     assert_eq!(acl_rows, 0, "a minimal ACL was stored as an xattr");
-    drop(db);
     let (native, mounted) = (
         common::tree_snapshot(&tree),
         common::tree_snapshot(&m.path("t")),
@@ -1307,6 +1394,19 @@ fn cp_a_of_files_without_acls_waits_for_no_commit() {
             .arg(m.path("with-acl")),
     );
     assert!(acl.contains("user:nobody:r--"), "{acl}");
+    std::fs::File::open(m.path("with-acl"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let acl_rows: i64 = db
+        .query_row(
+            "SELECT count(*) FROM xattrs WHERE name LIKE 'system.posix_acl%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(acl_rows, 1, "the copied ACL's row");
+    drop(db);
     m.unmount();
     volume.assert_clean();
 }
@@ -1484,11 +1584,29 @@ fn dump_and_load_round_trip_is_identical() {
             .args(["-n", "user.note", "-v", "kept"])
             .arg(m.path("tree/hard-f2")),
     );
+    // A file with a slice over its chunk (a small rewrite, fsync'd).
+    let mut sliced = content(9, MIB + 500);
+    std::fs::write(m.path("sliced"), &sliced).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("sliced"))
+            .unwrap();
+        f.write_all_at(b"rewritten", 1000).unwrap();
+        f.sync_all().unwrap();
+    }
+    sliced[1000..1009].copy_from_slice(b"rewritten");
     m.unmount();
     let (copy_volume, dump) = dump_and_load(&volume, "vol-dump-unused");
+    assert!(
+        String::from_utf8_lossy(&dump).contains("\"slices\":{\"columns\""),
+        "the dump has no slices"
+    );
     copy_volume.assert_clean();
     let m = copy_volume.mount(&[]);
     diff_r(&tree, &m.path("tree"));
+    assert!(std::fs::read(m.path("sliced")).unwrap() == sliced);
     let note = run_ok(
         Command::new("getfattr")
             .args(["--only-values", "-n", "user.note"])
@@ -1506,6 +1624,16 @@ fn dump_and_load_round_trip_is_identical() {
         stderr(&out)
     );
     assert!(!volume.dir.path().join("other.db").exists());
+    // A dump of format 3 (before slices) loads: it has no slices table.
+    let mut old: serde_json::Value = serde_json::from_slice(&dump).unwrap();
+    let doc = old.as_object_mut().unwrap();
+    doc.remove("slices");
+    doc.insert("lanefs_volume_dump".into(), 3.into());
+    let out = load(
+        &volume.dir.path().join("from-3.db"),
+        &serde_json::to_vec(&old).unwrap(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[test]

@@ -180,6 +180,8 @@ pub enum ErrorReport {
     Close,
     /// fsync or fsyncdir: returns it until one of them did (that one takes it).
     Sync,
+    /// A RELEASE, which has nobody to tell: sees it, takes nothing.
+    Peek,
 }
 
 /// The overlay and the store under it (see the module's comment).
@@ -284,6 +286,7 @@ impl AsyncDirops {
             return Some(errno);
         }
         match by {
+            ErrorReport::Peek => Some(errno),
             ErrorReport::Close if failed.closed_with => None,
             ErrorReport::Close => {
                 failed.closed_with = true;

@@ -22,8 +22,12 @@ const TABLES: &[&str] = &[
     "symlinks",
     "xattrs",
     "chunks",
+    "slices",
     "gc_blocks",
 ];
+
+/// Tables a dump of an older format may lack (they came later and start empty).
+const TABLES_SINCE: &[(&str, i64)] = &[("slices", 4)];
 
 fn sql(e: rusqlite::Error) -> String {
     format!("dump: {e}")
@@ -130,17 +134,17 @@ pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
     }
     let doc: serde_json::Value = serde_json::from_reader(input)
         .map_err(|e| format!("load: the input is not a dump: {e}"))?;
-    match doc.get("lanefs_volume_dump").and_then(|v| v.as_i64()) {
+    let version = match doc.get("lanefs_volume_dump").and_then(|v| v.as_i64()) {
         // Format 2 added only the locks table, which a dump leaves out (locks live with
         // mounts): a dump of format 1 loads as it is.
-        Some(v) if (1..=FORMAT_VERSION).contains(&v) => {}
+        Some(v) if (1..=FORMAT_VERSION).contains(&v) => v,
         Some(v) => {
             return Err(format!(
                 "load: the dump is of format {v}; this lanefs loads formats 1 to {FORMAT_VERSION}"
             ));
         }
         None => return Err("load: the input is not a lanefs volume dump".into()),
-    }
+    };
     let conn = rusqlite::Connection::open(db).map_err(|e| format!("{}: {e}", db.display()))?;
     let result = (|| -> Result<(), String> {
         conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
@@ -148,9 +152,14 @@ pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
         conn.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
         sqlite::create_schema(&conn, crate::now_ns()).map_err(sql)?;
         for table in TABLES {
-            let part = doc
-                .get(*table)
-                .ok_or_else(|| format!("load: the dump has no table {table}"))?;
+            let newer = TABLES_SINCE
+                .iter()
+                .any(|(t, since)| t == table && version < *since);
+            let part = match doc.get(*table) {
+                Some(part) => part,
+                None if newer => continue,
+                None => return Err(format!("load: the dump has no table {table}")),
+            };
             let columns: Vec<&str> = part["columns"]
                 .as_array()
                 .ok_or_else(|| format!("load: table {table} has no columns"))?

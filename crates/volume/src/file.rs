@@ -2,18 +2,26 @@
 //! not yet flushed, and what the store holds (inline bytes or the chunk map). Flushing turns
 //! dirty chunks into new immutable blocks and commits them as one metadata change.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
 use bytes::Bytes;
 
 use crate::blocks::{BlockStore, checksum};
-use crate::meta::{self, ChunkRec, DataUpdate, Errno, FileRec, MetaStore};
+use crate::meta::{self, ChunkRec, DataUpdate, Errno, FileRec, MetaStore, SliceRec};
 
 /// A file is cut into chunks of this size; each chunk's content is one block (see
 /// ARCHITECTURE.md, "Data", for why 1 MiB).
 pub const CHUNK_BYTES: u64 = 1 << 20;
+/// A flush stores the part of a stored chunk that writes changed as a slice (see schema step
+/// 4) when that part is at most this long; a longer one rewrites the chunk's block.
+pub const SLICE_MAX_BYTES: usize = 256 << 10;
+/// A chunk's slices, at most: the flush that would add one more writes a new base block
+/// instead, which drops them (compaction), so a read assembles at most this many pieces
+/// over its base, and a log fsync'd every few KiB writes a whole block once per this many
+/// fsyncs instead of at each.
+pub const SLICES_PER_CHUNK_MAX: usize = 16;
 /// Files up to this size with no chunks keep their bytes in the metadata.
 pub const INLINE_MAX_BYTES: u64 = 64 << 10;
 /// A file whose unflushed writes pass this is flushed by the write that passed it.
@@ -150,58 +158,48 @@ impl DataPath {
         self.next_block.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A chunk's block, checked against its checksum.
-    fn read_block(&self, ino: u64, chunk: &ChunkRec) -> Result<Bytes, Errno> {
-        if let Some(b) = self
-            .cache
-            .get(chunk.block)
-            .or_else(|| self.cache.wait_for_fetch(chunk.block))
-        {
+    /// A block of chunk `idx` (its base or a slice), checked against its checksum.
+    fn read_block(&self, ino: u64, idx: u64, block: BlockRef) -> Result<Bytes, Errno> {
+        let BlockRef { id, crc } = block;
+        if let Some(b) = self.cache.get(id).or_else(|| self.cache.wait_for_fetch(id)) {
             return Ok(b);
         }
-        let data = match self.blocks.get(chunk.block) {
+        let data = match self.blocks.get(id) {
             Ok(data) => data,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::error!(
-                    "volume: block {:016x} of inode {ino} (chunk {}) is missing from the block store",
-                    chunk.block,
-                    chunk.idx
+                    "volume: block {id:016x} of inode {ino} (chunk {idx}) is missing from the block store"
                 );
                 return Err(libc::EIO);
             }
             Err(e) => {
-                tracing::error!(
-                    "volume: reading block {:016x} of inode {ino}: {e}",
-                    chunk.block
-                );
+                tracing::error!("volume: reading block {id:016x} of inode {ino}: {e}");
                 return Err(libc::EIO);
             }
         };
-        if checksum(&data) != chunk.crc {
+        if checksum(&data) != crc {
             tracing::error!(
-                "volume: block {:016x} of inode {ino} (chunk {}) fails its checksum",
-                chunk.block,
-                chunk.idx
+                "volume: block {id:016x} of inode {ino} (chunk {idx}) fails its checksum"
             );
             return Err(libc::EIO);
         }
-        self.cache.insert(chunk.block, data.clone());
+        self.cache.insert(id, data.clone());
         Ok(data)
     }
 
     /// Starts fetching blocks into the cache in the background (read-ahead). A block that
     /// fails its checksum is not cached: the read that needs it fetches it again and reports.
-    fn prefetch(&self, chunks: Vec<ChunkRec>) {
-        for chunk in chunks {
-            if !self.cache.begin_fetch(chunk.block) {
+    fn prefetch(&self, blocks: Vec<BlockRef>) {
+        for BlockRef { id, crc } in blocks {
+            if !self.cache.begin_fetch(id) {
                 continue;
             }
             let cache = self.cache.clone();
             self.blocks.prefetch(
-                chunk.block,
+                id,
                 Box::new(move |data| {
-                    let good = data.ok().filter(|data| checksum(data) == chunk.crc);
-                    cache.end_fetch(chunk.block, good);
+                    let good = data.ok().filter(|data| checksum(data) == crc);
+                    cache.end_fetch(id, good);
                 }),
             );
         }
@@ -212,38 +210,143 @@ impl DataPath {
     }
 }
 
+/// A stored block as a read needs it: its id and the checksum of the whole object.
+#[derive(Clone, Copy)]
+struct BlockRef {
+    id: u64,
+    crc: u32,
+}
+
 /// What the store holds for a file.
 #[derive(Default)]
 struct Committed {
     inline: Option<Bytes>,
     chunks: BTreeMap<u64, ChunkRec>,
+    /// Chunk index → its slices, in commit order (laid over the base in this order).
+    slices: BTreeMap<u64, Vec<SliceRec>>,
 }
 
 impl Committed {
     /// A committed change, applied here as the store applied it (same fields, same order).
     fn apply(&mut self, u: DataUpdate) {
         self.inline = u.inline.map(Bytes::from);
+        if self.inline.is_some() {
+            self.chunks.clear();
+            self.slices.clear();
+        }
         if let Some(keep) = u.drop_from {
             self.chunks.retain(|idx, _| *idx < keep);
+            self.slices.retain(|idx, _| *idx < keep);
         }
-        if let Some((idx, len)) = u.trim
-            && let Some(chunk) = self.chunks.get_mut(&idx)
-        {
-            chunk.len = chunk.len.min(len);
+        if let Some((idx, len)) = u.trim {
+            if let Some(chunk) = self.chunks.get_mut(&idx) {
+                chunk.len = chunk.len.min(len);
+            }
+            if let Some(slices) = self.slices.get_mut(&idx) {
+                slices.retain(|s| s.pos < len);
+                for s in slices.iter_mut() {
+                    s.len = s.len.min(len - s.pos);
+                }
+            }
         }
         for idx in &u.holes {
             self.chunks.remove(idx);
+            self.slices.remove(idx);
         }
         for chunk in u.set {
+            self.slices.remove(&chunk.idx);
             self.chunks.insert(chunk.idx, chunk);
         }
+        for slice in u.slices {
+            self.slices.entry(slice.idx).or_default().push(slice);
+        }
+        self.slices.retain(|_, s| !s.is_empty());
+    }
+
+    /// Whether chunk `idx` holds anything stored (a base or slices).
+    fn holds(&self, idx: u64) -> bool {
+        self.chunks.contains_key(&idx) || self.slices.contains_key(&idx)
+    }
+
+    /// How far into chunk `idx` its stored bytes go.
+    fn extent(&self, idx: u64) -> u64 {
+        let base = self.chunks.get(&idx).map_or(0, |c| c.len);
+        self.slices
+            .get(&idx)
+            .into_iter()
+            .flatten()
+            .map(|s| s.pos + s.len)
+            .fold(base, u64::max)
+    }
+
+    /// The pieces of chunk `idx` to lay down in order: (where in the chunk, how many bytes,
+    /// the block whose first bytes they are).
+    fn pieces(&self, idx: u64) -> Vec<(u64, u64, BlockRef)> {
+        let base = self.chunks.get(&idx).map(|c| {
+            let block = BlockRef {
+                id: c.block,
+                crc: c.crc,
+            };
+            (0, c.len, block)
+        });
+        let slices = self.slices.get(&idx).into_iter().flatten().map(|s| {
+            let block = BlockRef {
+                id: s.block,
+                crc: s.crc,
+            };
+            (s.pos, s.len, block)
+        });
+        base.into_iter().chain(slices).collect()
     }
 }
 
 /// One chunk's unflushed bytes, shared so that a flush hands them to the block store without
 /// copying them: a write that finds a flush still holding them copies first (`Arc::make_mut`).
 type ChunkBytes = Arc<Vec<u8>>;
-type ChunkBuf = Arc<Mutex<ChunkBytes>>;
+type ChunkBuf = Arc<Mutex<DirtyChunk>>;
+
+/// A chunk being written: all its bytes as they read now (up to the last one written or
+/// stored; past them zeros), and the span that writes changed since they were read from the
+/// store, which a flush may store as a slice instead of rewriting the chunk.
+#[derive(Clone)]
+struct DirtyChunk {
+    bytes: ChunkBytes,
+    written: Span,
+}
+
+impl Default for DirtyChunk {
+    /// The whole chunk zeros (a hole punched over it).
+    fn default() -> Self {
+        DirtyChunk {
+            bytes: ChunkBytes::default(),
+            written: Span {
+                lo: 0,
+                hi: CHUNK_BYTES as usize,
+            },
+        }
+    }
+}
+
+/// [lo, hi) within a chunk; empty when lo >= hi.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    lo: usize,
+    hi: usize,
+}
+
+impl Span {
+    const EMPTY: Span = Span {
+        lo: usize::MAX,
+        hi: 0,
+    };
+
+    fn add(&mut self, lo: usize, hi: usize) {
+        if lo < hi {
+            self.lo = self.lo.min(lo);
+            self.hi = self.hi.max(hi);
+        }
+    }
+}
 
 /// A chunk's bytes as the `Bytes` of a block to store, without a copy.
 struct SharedChunk(ChunkBytes);
@@ -377,6 +480,9 @@ impl FileState {
             let mut c = write_lock(&self.committed);
             c.inline = rec.inline.map(Bytes::from);
             c.chunks = rec.chunks.into_iter().map(|c| (c.idx, c)).collect();
+            for slice in rec.slices {
+                c.slices.entry(slice.idx).or_default().push(slice);
+            }
             Ok(())
         })
     }
@@ -401,22 +507,53 @@ impl FileState {
 
     /// The bytes the store holds for a chunk (empty: a hole).
     fn base(&self, dp: &DataPath, idx: u64) -> Result<Vec<u8>, Errno> {
-        let chunk = {
+        let extent = {
             let c = read_lock(&self.committed);
             if idx == 0
                 && let Some(inline) = &c.inline
             {
                 return Ok(inline.to_vec());
             }
-            c.chunks.get(&idx).copied()
+            c.extent(idx)
         };
-        match chunk {
-            Some(chunk) => {
-                let block = dp.read_block(self.ino, &chunk)?;
-                Ok(block[..(chunk.len as usize).min(block.len())].to_vec())
-            }
-            None => Ok(Vec::new()),
+        let mut bytes = vec![0; extent as usize];
+        self.read_stored(dp, idx, 0, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Fills `dst` (zeros) with the stored bytes of chunk `idx` from `within` on: the
+    /// inline bytes, or its base and then its slices in order, each where it overlaps.
+    fn read_stored(
+        &self,
+        dp: &DataPath,
+        idx: u64,
+        within: usize,
+        dst: &mut [u8],
+    ) -> Result<(), Errno> {
+        let (inline, pieces) = {
+            let c = read_lock(&self.committed);
+            let inline = if idx == 0 { c.inline.clone() } else { None };
+            (inline, c.pieces(idx))
+        };
+        if let Some(inline) = inline {
+            copy_part(dst, &inline, within);
+            return Ok(());
         }
+        let end = within + dst.len();
+        for (pos, len, block) in pieces {
+            let (pos, len) = (pos as usize, len as usize);
+            let (lo, hi) = (pos.max(within), (pos + len).min(end));
+            if lo >= hi {
+                continue;
+            }
+            let bytes = dp.read_block(self.ino, idx, block)?;
+            let to = &mut dst[lo - within..hi - within];
+            // A block shorter than its piece reads as zeros past its end.
+            let from = &bytes[(lo - pos).min(bytes.len())..(hi - pos).min(bytes.len())];
+            to[..from.len()].copy_from_slice(from);
+            to[from.len()..].fill(0);
+        }
+        Ok(())
     }
 
     fn chunk_buf(&self, dp: &DataPath, idx: u64, whole: bool) -> Result<ChunkBuf, Errno> {
@@ -430,9 +567,12 @@ impl FileState {
             self.base(dp, idx)?
         };
         let mut dirty = lock(&self.dirty);
-        let buf = dirty
-            .entry(idx)
-            .or_insert_with(|| Arc::new(Mutex::new(Arc::new(base))));
+        let buf = dirty.entry(idx).or_insert_with(|| {
+            Arc::new(Mutex::new(DirtyChunk {
+                bytes: Arc::new(base),
+                written: Span::EMPTY,
+            }))
+        });
         Ok(buf.clone())
     }
 
@@ -470,7 +610,8 @@ impl FileState {
             let whole = within == 0 && n == CHUNK_BYTES as usize;
             let buf = self.chunk_buf(dp, idx, whole)?;
             let mut guard = lock(&buf);
-            let buf = Arc::make_mut(&mut guard);
+            guard.written.add(within, within + n);
+            let buf = Arc::make_mut(&mut guard.bytes);
             if buf.len() < within + n {
                 buf.resize(within + n, 0);
             }
@@ -506,20 +647,9 @@ impl FileState {
             let dst = &mut out[(pos - offset) as usize..(pos - offset) as usize + n];
             let dirty = lock(&self.dirty).get(&idx).cloned();
             if let Some(buf) = dirty {
-                copy_part(dst, &lock(&buf), within);
+                copy_part(dst, &lock(&buf).bytes, within);
             } else {
-                let (inline, chunk) = {
-                    let c = read_lock(&self.committed);
-                    let inline = if idx == 0 { c.inline.clone() } else { None };
-                    (inline, c.chunks.get(&idx).copied())
-                };
-                if let Some(inline) = inline {
-                    copy_part(dst, &inline, within);
-                } else if let Some(chunk) = chunk {
-                    let block = dp.read_block(self.ino, &chunk)?;
-                    let valid = (chunk.len as usize).min(block.len());
-                    copy_part(dst, &block[..valid], within);
-                }
+                self.read_stored(dp, idx, within, dst)?;
             }
             pos += n as u64;
         }
@@ -529,11 +659,21 @@ impl FileState {
     /// Prefetches the stored chunks after `from` that are not being rewritten.
     fn read_ahead(&self, dp: &DataPath, from: u64) {
         let first = from / CHUNK_BYTES;
-        let wanted: Vec<ChunkRec> = {
+        let wanted: Vec<(u64, BlockRef)> = {
             let c = read_lock(&self.committed);
-            c.chunks
+            let stored: BTreeSet<u64> = c
+                .chunks
                 .range(first..first + READ_AHEAD_CHUNKS)
-                .map(|(_, chunk)| *chunk)
+                .map(|(idx, _)| *idx)
+                .chain(
+                    c.slices
+                        .range(first..first + READ_AHEAD_CHUNKS)
+                        .map(|(idx, _)| *idx),
+                )
+                .collect();
+            stored
+                .into_iter()
+                .flat_map(|idx| c.pieces(idx).into_iter().map(move |(_, _, b)| (idx, b)))
                 .collect()
         };
         if wanted.is_empty() {
@@ -542,7 +682,8 @@ impl FileState {
         let dirty = lock(&self.dirty);
         let wanted = wanted
             .into_iter()
-            .filter(|c| !dirty.contains_key(&c.idx))
+            .filter(|(idx, _)| !dirty.contains_key(idx))
+            .map(|(_, block)| block)
             .collect();
         drop(dirty);
         dp.prefetch(wanted);
@@ -559,7 +700,7 @@ impl FileState {
     /// flush, seeing a different buffer afterwards, leaves that chunk dirty.
     pub fn flush(&self, dp: &DataPath, store: &dyn MetaStore) -> Result<Vec<u64>, Errno> {
         let _flushing = lock(&self.flushing);
-        let (dirty, writes, flushed_bytes, mtime, size, inline, committed_chunks) = {
+        let (dirty, writes, flushed_bytes, mtime, size, inline, stored_any) = {
             let _gate = write_lock(&self.gate);
             let Some(mtime) = self.dirty_mtime() else {
                 return Ok(Vec::new());
@@ -570,11 +711,16 @@ impl FileState {
                 return Ok(Vec::new());
             }
             self.early.forget();
-            let dirty: Vec<(u64, ChunkBytes)> = lock(&self.dirty)
-                .iter()
-                .map(|(i, b)| (*i, lock(b).clone()))
-                .collect();
             let c = read_lock(&self.committed);
+            // Each dirty chunk with what the store holds of it: None, nothing; else how
+            // many slices it has.
+            let dirty: Vec<(u64, DirtyChunk, Option<usize>)> = lock(&self.dirty)
+                .iter()
+                .map(|(i, b)| {
+                    let stored = c.holds(*i).then(|| c.slices.get(i).map_or(0, Vec::len));
+                    (*i, lock(b).clone(), stored)
+                })
+                .collect();
             (
                 dirty,
                 self.writes.load(Ordering::Relaxed),
@@ -582,7 +728,7 @@ impl FileState {
                 mtime,
                 self.size(),
                 c.inline.clone(),
-                c.chunks.keys().copied().collect::<Vec<u64>>(),
+                !c.chunks.is_empty() || !c.slices.is_empty(),
             )
         };
         let mut update = DataUpdate {
@@ -593,31 +739,67 @@ impl FileState {
             ..Default::default()
         };
         let mut uploaded = Vec::new();
-        if committed_chunks.is_empty() && size <= INLINE_MAX_BYTES {
-            let mut content = match dirty.iter().find(|(i, _)| *i == 0) {
-                Some((_, bytes)) => bytes.to_vec(),
+        if !stored_any && size <= INLINE_MAX_BYTES {
+            let mut content = match dirty.iter().find(|(i, ..)| *i == 0) {
+                Some((_, chunk, _)) => chunk.bytes.to_vec(),
                 None => inline.map(|b| b.to_vec()).unwrap_or_default(),
             };
             content.truncate(size as usize);
             update.inline = Some(content);
         } else {
-            let mut pieces: Vec<(u64, Bytes)> = dirty
+            let mut pieces: Vec<(u64, Bytes, Span, Option<usize>)> = dirty
                 .iter()
-                .map(|(i, b)| (*i, Bytes::from_owner(SharedChunk(b.clone()))))
+                .map(|(i, chunk, stored)| {
+                    let bytes = Bytes::from_owner(SharedChunk(chunk.bytes.clone()));
+                    (*i, bytes, chunk.written, *stored)
+                })
                 .collect();
             if let Some(inline) = inline
-                && !dirty.iter().any(|(i, _)| *i == 0)
+                && !dirty.iter().any(|(i, ..)| *i == 0)
             {
-                pieces.push((0, inline));
+                // The inline bytes become chunk 0's block.
+                pieces.push((0, inline, DirtyChunk::default().written, None));
             }
             let mut puts = Vec::new();
-            for (idx, bytes) in pieces {
+            for (idx, bytes, written, stored) in pieces {
                 let start = idx * CHUNK_BYTES;
                 if start >= size {
                     continue;
                 }
-                let bytes =
-                    bytes.slice(..bytes.len().min((size - start).min(CHUNK_BYTES) as usize));
+                let in_file = (size - start).min(CHUNK_BYTES) as usize;
+                let bytes = bytes.slice(..bytes.len().min(in_file));
+                // (Past the buffer's end the chunk reads as zeros: a span written there is
+                // zeros that a flush must store too.)
+                let changed = (written.lo, written.hi.min(in_file));
+                if changed.0 >= changed.1 && stored.is_some() {
+                    // Nothing within the file changed since it was read from the store.
+                    continue;
+                }
+                if let Some(slices) = stored
+                    && slices < SLICES_PER_CHUNK_MAX
+                    && changed.1 - changed.0 <= SLICE_MAX_BYTES
+                {
+                    // Only what changed, laid over what the store holds.
+                    let piece = if changed.1 <= bytes.len() {
+                        bytes.slice(changed.0..changed.1)
+                    } else {
+                        let mut padded = bytes[changed.0.min(bytes.len())..].to_vec();
+                        padded.resize(changed.1 - changed.0, 0);
+                        Bytes::from(padded)
+                    };
+                    let block = dp.new_block_id();
+                    update.slices.push(SliceRec {
+                        idx,
+                        pos: changed.0 as u64,
+                        len: piece.len() as u64,
+                        block,
+                        crc: checksum(&piece),
+                    });
+                    puts.push((block, piece));
+                    uploaded.push(block);
+                    continue;
+                }
+                // The whole chunk as a new block (dropping any slices: compaction).
                 if bytes.iter().all(|b| *b == 0) {
                     // A hole whether or not this mount knows of a chunk there: on a shared
                     // volume another mount may have stored one since this one read the file.
@@ -661,10 +843,10 @@ impl FileState {
         // Retire the chunks no write touched since the snapshot; the others stay dirty.
         {
             let mut map = lock(&self.dirty);
-            for (idx, bytes) in &dirty {
+            for (idx, chunk, _) in &dirty {
                 if map
                     .get(idx)
-                    .is_some_and(|buf| Arc::ptr_eq(&lock(buf), bytes))
+                    .is_some_and(|buf| Arc::ptr_eq(&lock(buf).bytes, &chunk.bytes))
                 {
                     map.remove(idx);
                 }
@@ -698,12 +880,12 @@ impl FileState {
         let size = self.size();
         let content = {
             let c = read_lock(&self.committed);
-            if !c.chunks.is_empty() || size > INLINE_MAX_BYTES {
+            if !c.chunks.is_empty() || !c.slices.is_empty() || size > INLINE_MAX_BYTES {
                 return false;
             }
             let dirty = lock(&self.dirty);
             let mut content = match dirty.get(&0) {
-                Some(buf) => lock(buf).to_vec(),
+                Some(buf) => lock(buf).bytes.to_vec(),
                 None => c.inline.as_ref().map(|b| b.to_vec()).unwrap_or_default(),
             };
             content.truncate(size as usize);
@@ -788,10 +970,10 @@ impl FileState {
             let within = (from % CHUNK_BYTES) as usize;
             let buf = self.chunk_buf(dp, idx, false)?;
             let mut guard = lock(&buf);
-            let buf = Arc::make_mut(&mut guard);
-            let stop = buf.len().min(within + (to - from) as usize);
+            let stop = guard.bytes.len().min(within + (to - from) as usize);
             if within < stop {
-                buf[within..stop].fill(0);
+                guard.written.add(within, stop);
+                Arc::make_mut(&mut guard.bytes)[within..stop].fill(0);
             }
         }
         if first_whole < end_whole {
@@ -802,11 +984,12 @@ impl FileState {
                     .then_some(0)
                     .into_iter()
                     .chain(c.chunks.range(first_whole..end_whole).map(|(i, _)| *i))
+                    .chain(c.slices.range(first_whole..end_whole).map(|(i, _)| *i))
                     .collect()
             };
             let mut dirty = lock(&self.dirty);
             for buf in dirty.range(first_whole..end_whole).map(|(_, b)| b) {
-                *lock(buf) = ChunkBytes::default();
+                *lock(buf) = DirtyChunk::default();
             }
             for idx in holding {
                 dirty.entry(idx).or_default();
@@ -865,7 +1048,9 @@ impl FileState {
             if rem != 0
                 && let Some(buf) = dirty.get(&(size / CHUNK_BYTES))
             {
-                Arc::make_mut(&mut lock(buf)).truncate(rem as usize);
+                let mut chunk = lock(buf);
+                Arc::make_mut(&mut chunk.bytes).truncate(rem as usize);
+                chunk.written.hi = chunk.written.hi.min(rem as usize);
             }
         }
         let (inline, trim) = {
@@ -914,16 +1099,17 @@ impl FileState {
             {
                 nonzero_pages(inline, 0, &mut ranges);
             }
-            for chunk in c.chunks.values() {
-                if dirty.iter().any(|(i, _)| *i == chunk.idx) {
+            let stored: BTreeSet<u64> = c.chunks.keys().chain(c.slices.keys()).copied().collect();
+            for idx in stored {
+                if dirty.iter().any(|(i, _)| *i == idx) {
                     continue;
                 }
-                let start = chunk.idx * CHUNK_BYTES;
-                ranges.push((start, start + chunk.len));
+                let start = idx * CHUNK_BYTES;
+                ranges.push((start, start + c.extent(idx)));
             }
         }
         for (idx, buf) in dirty {
-            nonzero_pages(&lock(&buf), idx * CHUNK_BYTES, &mut ranges);
+            nonzero_pages(&lock(&buf).bytes, idx * CHUNK_BYTES, &mut ranges);
         }
         ranges.retain(|(s, e)| e > s);
         ranges.sort_unstable();
@@ -1091,16 +1277,96 @@ mod tests {
         file.flush(&f.data, &*f.store).unwrap();
         expect(&file);
         expect(&f.reopen(file.ino));
-        // A small overwrite in the middle rewrites one chunk and releases its old block.
+        // A small overwrite in the middle is stored as a slice of its chunk: no block goes.
         file.write(&f.data, CHUNK_BYTES + 7, b"xyz", true, 6)
             .unwrap();
         let released = file.flush(&f.data, &*f.store).unwrap();
-        assert_eq!(released.len(), 1);
+        assert_eq!(released.len(), 0);
         let got = f
             .reopen(file.ino)
             .read(&f.data, CHUNK_BYTES + 7, 3)
             .unwrap();
         assert_eq!(got, b"xyz");
+    }
+
+    /// A small rewrite of a stored chunk is stored as a slice (no block released), laid over
+    /// the chunk in order, also past the base's end; the file reads as written before and
+    /// after a reopen; the flush that would make `SLICES_PER_CHUNK_MAX` + 1 rewrites the
+    /// chunk's block instead and releases the old one and every slice (compaction); a large
+    /// rewrite is a new block at once; a truncate drops slices past it and shortens the one
+    /// across it, and an extension after it reads zeros; SEEK_DATA and SEEK_HOLE see slices.
+    #[test]
+    fn small_rewrites_of_stored_chunks_are_slices_until_compacted() {
+        let f = Fixture::new("slices");
+        let file = f.new_file("s");
+        let mut model = pattern(CHUNK_BYTES as usize + 300_000, 3);
+        file.write(&f.data, 0, &model, true, 1).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
+        let slices_of = |idx: u64| {
+            f.store
+                .load_file(0, file.ino)
+                .unwrap()
+                .slices
+                .iter()
+                .filter(|s| s.idx == idx)
+                .count()
+        };
+        let check = |model: &[u8], what: &str| {
+            for state in [&file, &f.reopen(file.ino)] {
+                assert_eq!(state.size(), model.len() as u64, "{what}");
+                let got = state.read(&f.data, 0, model.len() as u32 + 10).unwrap();
+                assert!(got == model, "{what}: bytes differ");
+                // Unaligned reads across slice edges.
+                let got = state.read(&f.data, 36_990, 5000).unwrap();
+                assert!(got[..] == model[36_990..41_990], "{what}: a partial read");
+            }
+        };
+        let write = |model: &mut Vec<u8>, at: usize, bytes: &[u8], t: i64| {
+            file.write(&f.data, at as u64, bytes, true, t).unwrap();
+            if model.len() < at + bytes.len() {
+                model.resize(at + bytes.len(), 0);
+            }
+            model[at..at + bytes.len()].copy_from_slice(bytes);
+            file.flush(&f.data, &*f.store).unwrap()
+        };
+        for i in 0..SLICES_PER_CHUNK_MAX {
+            let at = i * 37_000 + 5;
+            let released = write(&mut model, at, &pattern(4096 + i, i as u8), 2 + i as i64);
+            assert!(released.is_empty(), "slice {i} released {released:?}");
+            check(&model, &format!("after slice {i}"));
+        }
+        assert_eq!(slices_of(0), SLICES_PER_CHUNK_MAX);
+        // Compaction: one more rewrites the block and drops the slices.
+        let released = write(&mut model, 900_000, b"compacted", 100);
+        assert_eq!(released.len(), SLICES_PER_CHUNK_MAX + 1);
+        assert_eq!(slices_of(0), 0);
+        check(&model, "after compaction");
+        // An append past chunk 1's base, and a rewrite across its end.
+        let end = model.len();
+        assert!(write(&mut model, end, &pattern(8192, 40), 101).is_empty());
+        assert!(write(&mut model, end - 100, &pattern(300, 41), 102).is_empty());
+        assert_eq!(slices_of(1), 2);
+        check(&model, "after appends");
+        // A rewrite larger than a slice may be is a new block.
+        let released = write(&mut model, 10, &pattern(SLICE_MAX_BYTES + 1, 42), 103);
+        assert_eq!(released.len(), 1);
+        check(&model, "after a large rewrite");
+        // Truncate into chunk 1's second slice: the first (past the cut) goes, the second
+        // is shortened.
+        let cut = end - 50;
+        let released = file.truncate(&f.data, &*f.store, cut as u64, 104).unwrap();
+        assert_eq!(released.len(), 1, "the slice past the cut");
+        assert_eq!(slices_of(1), 1);
+        model.truncate(cut);
+        check(&model, "after truncate");
+        assert!(write(&mut model, cut + 1000, b"past", 105).is_empty());
+        check(&model, "after extending past the cut");
+        let reopened = f.reopen(file.ino);
+        assert_eq!(
+            reopened.seek(CHUNK_BYTES, libc::SEEK_HOLE).unwrap(),
+            model.len() as u64
+        );
+        assert_eq!(reopened.seek(5, libc::SEEK_DATA).unwrap(), 5);
     }
 
     /// Every file under `dir`, recursively.
@@ -1179,7 +1445,10 @@ mod tests {
             keep_size: true,
         };
         file.fallocate(&f.data, &*f.store, punch, 4).unwrap();
-        let held: usize = lock(&file.dirty).values().map(|b| lock(b).capacity()).sum();
+        let held: usize = lock(&file.dirty)
+            .values()
+            .map(|b| lock(b).bytes.capacity())
+            .sum();
         assert!(
             held <= 2 * CHUNK_BYTES as usize,
             "the punch holds {held} bytes in memory"

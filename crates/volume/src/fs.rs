@@ -712,7 +712,11 @@ impl VolumeFs {
             return Err(libc::ENAMETOOLONG);
         }
         self.fileattrs.may_add_to(parent)?;
-        let default = self.default_acl(req.queue, parent)?;
+        let default = if mode & libc::S_IFMT == libc::S_IFLNK {
+            None
+        } else {
+            self.default_acl(req.queue, parent)?
+        };
         let (mode, xattrs) = acl::inherit(default.as_deref(), mode, umask);
         Ok(NewNode {
             ino: None,
@@ -732,15 +736,16 @@ impl VolumeFs {
 
     /// The default ACL of directory `dir`: remembered, or read (and remembered).
     fn default_acl(&self, queue: usize, dir: u64) -> Result<Option<Arc<[u8]>>, Errno> {
-        if let Some(known) = self.default_acls.get(dir) {
-            return Ok(known);
-        }
+        let since = match self.default_acls.get(dir) {
+            Ok(known) => return Ok(known),
+            Err(since) => since,
+        };
         let default = match self.store.getxattr(queue, dir, acl::DEFAULT_XATTR) {
             Ok(value) => Some(Arc::from(value)),
             Err(libc::ENODATA) => None,
             Err(e) => return Err(e),
         };
-        self.default_acls.set(dir, default.clone());
+        self.default_acls.set_read(dir, default.clone(), since);
         Ok(default)
     }
 
@@ -808,9 +813,9 @@ impl VolumeFs {
     /// holds the lease of the file's directory) (`echo x > new` then waits for no commit, nor
     /// does tar's futimens before its close; a failure is the next fsync's to report, see
     /// `dirops`); any other, as usual.
-    fn flush_new_early(&self, state: &FileState) -> Result<(), Errno> {
+    fn flush_new_early(&self, state: &FileState, by: ErrorReport) -> Result<(), Errno> {
         // A file whose create failed at its commit has nowhere to put its bytes.
-        self.early_answer_error(state.ino, ErrorReport::Close)?;
+        self.early_answer_error(state.ino, by)?;
         if self.queue_new_early(state) {
             return Ok(());
         }
@@ -902,8 +907,7 @@ impl VolumeFs {
         state.load(|| {
             Ok(FileRec {
                 attr: rec.clone(),
-                inline: None,
-                chunks: Vec::new(),
+                ..Default::default()
             })
         })?;
         // Inode numbers are never reused, so this state is the new inode's own.
@@ -1349,7 +1353,7 @@ impl Filesystem for VolumeFs {
         {
             // An explicit mtime wins over the write's (flushed later with the data): the
             // data is queued first.
-            if let Err(e) = self.flush_new_early(&state) {
+            if let Err(e) = self.flush_new_early(&state, ErrorReport::Close) {
                 return reply.error(e);
             }
         }
@@ -1611,7 +1615,7 @@ impl Filesystem for VolumeFs {
         // open racing with this release either shares the state or reads what was stored).
         if !self.options.flush_on_close
             && let Some(state) = self.open.get(ino)
-            && let Err(e) = self.flush_new_early(&state)
+            && let Err(e) = self.flush_new_early(&state, ErrorReport::Peek)
         {
             tracing::error!(
                 "volume: committing inode {} at close: {}",
@@ -2088,7 +2092,10 @@ mod tests {
         let dir = Dir::new("reap");
         let (store, data) = dir.open();
         let file = flushed_file(&store, &data, "f");
-        file.write(&data, 5, b"new", true, 3).unwrap();
+        // A whole chunk rewritten: a new block, the old one released (a small rewrite
+        // would be a slice, releasing nothing).
+        file.write(&data, 0, &vec![8u8; CHUNK_BYTES as usize], true, 3)
+            .unwrap();
         let released = file.flush(&data, &*store).unwrap();
         assert_eq!(released.len(), 1);
         let released_at = now_ns();

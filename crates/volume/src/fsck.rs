@@ -4,10 +4,10 @@
 //! entries naming a missing inode or a parent that is not a directory (removed); inodes no
 //! entry names, orphans of ended sessions included (freed); directories no path from the
 //! root reaches (named in the root as `lost+found-INO`); wrong link counts and wrong `..`
-//! of directories (set); rows of symlinks, xattrs and chunks whose inode is gone (removed);
-//! chunks of a file whose bytes are inline (removed);
-//! chunks whose block is missing from the block store (made holes); blocks nothing refers to
-//! (deleted). The checks are written once over [`Tx`] and run on SQLite and PostgreSQL alike.
+//! of directories (set); rows of symlinks, xattrs, chunks and slices whose inode is gone
+//! (removed); chunks and slices of a file whose bytes are inline (removed); chunks whose block
+//! is missing from the block store (made holes), slices whose block is (removed: the chunk
+//! reads as it did before them); blocks nothing refers to (deleted). The checks are written once over [`Tx`] and run on SQLite and PostgreSQL alike.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -169,8 +169,9 @@ fn problem(report: &mut Report, progress: &mut dyn FnMut(&str), line: String) {
 }
 
 /// Where a freed inode's rows are.
-const DELETE_INODE_ROWS: [&str; 5] = [
+const DELETE_INODE_ROWS: [&str; 6] = [
     "DELETE FROM chunks WHERE ino = ?",
+    "DELETE FROM slices WHERE ino = ?",
     "DELETE FROM inodes WHERE ino = ?",
     "DELETE FROM xattrs WHERE ino = ?",
     "DELETE FROM symlinks WHERE ino = ?",
@@ -178,7 +179,7 @@ const DELETE_INODE_ROWS: [&str; 5] = [
 ];
 
 /// Rows of inodes that are gone, by table: (table, find, delete).
-const STRAY_ROWS: [(&str, &str, &str); 3] = [
+const STRAY_ROWS: [(&str, &str, &str); 4] = [
     (
         "symlinks",
         "SELECT DISTINCT t.ino FROM symlinks t WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = t.ino)",
@@ -193,6 +194,11 @@ const STRAY_ROWS: [(&str, &str, &str); 3] = [
         "chunks",
         "SELECT DISTINCT t.ino FROM chunks t WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = t.ino)",
         "DELETE FROM chunks WHERE ino = ?",
+    ),
+    (
+        "slices",
+        "SELECT DISTINCT t.ino FROM slices t WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = t.ino)",
+        "DELETE FROM slices WHERE ino = ?",
     ),
 ];
 
@@ -263,8 +269,9 @@ fn check_all(
         if repair {
             exec(
                 conn,
-                "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks WHERE ino = ? ON CONFLICT (block) DO NOTHING",
-                &args![*ino],
+                "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks WHERE ino = ?
+                 UNION SELECT block, 0 FROM slices WHERE ino = ? ON CONFLICT (block) DO NOTHING",
+                &args![*ino, *ino],
             )?;
             for q in DELETE_INODE_ROWS {
                 exec(conn, q, &args![*ino])?;
@@ -405,7 +412,8 @@ fn check_all(
     // A file is inline or chunked, never both; reads go by the inline bytes, so those stay.
     for ino in ids(
         conn,
-        "SELECT DISTINCT c.ino FROM chunks c JOIN inodes i ON i.ino = c.ino WHERE i.inline_data IS NOT NULL",
+        "SELECT c.ino FROM chunks c JOIN inodes i ON i.ino = c.ino WHERE i.inline_data IS NOT NULL
+         UNION SELECT s.ino FROM slices s JOIN inodes i ON i.ino = s.ino WHERE i.inline_data IS NOT NULL",
         &[],
     )? {
         problem(
@@ -419,10 +427,13 @@ fn check_all(
                 // Not a block another file's chunk refers to (damage may share one).
                 "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks c WHERE ino = ?
                  AND NOT EXISTS (SELECT 1 FROM chunks o WHERE o.block = c.block AND o.ino <> c.ino)
+                 UNION SELECT block, 0 FROM slices s WHERE ino = ?
+                 AND NOT EXISTS (SELECT 1 FROM slices o WHERE o.block = s.block AND o.ino <> s.ino)
                  ON CONFLICT (block) DO NOTHING",
-                &args![ino],
+                &args![ino, ino],
             )?;
             exec(conn, "DELETE FROM chunks WHERE ino = ?", &args![ino])?;
+            exec(conn, "DELETE FROM slices WHERE ino = ?", &args![ino])?;
         }
     }
 
@@ -455,6 +466,35 @@ fn check_all(
                     conn,
                     "DELETE FROM chunks WHERE ino = ? AND idx = ?",
                     &args![ino, idx],
+                )?;
+            }
+        } else {
+            referenced.insert(block);
+        }
+    }
+    let slices = conn
+        .query("SELECT ino, idx, seq, block FROM slices", &[])
+        .map_err(sql)?;
+    for r in slices {
+        let (ino, idx, seq, block) = (
+            r.int(0).map_err(sql)?,
+            r.int(1).map_err(sql)?,
+            r.int(2).map_err(sql)?,
+            r.u64(3).map_err(sql)?,
+        );
+        if !stored.contains(&block) {
+            problem(
+                report,
+                progress,
+                format!(
+                    "block {block:016x} of inode {ino} (chunk {idx}, slice {seq}) is missing from the data directory; the chunk reads without it after repair"
+                ),
+            );
+            if repair {
+                exec(
+                    conn,
+                    "DELETE FROM slices WHERE ino = ? AND idx = ? AND seq = ?",
+                    &args![ino, idx, seq],
                 )?;
             }
         } else {
@@ -515,10 +555,14 @@ fn collect<C: Conn>(
         .blocks
         .list(None)
         .map_err(|e| format!("gc: listing the data directory: {e}"))?;
-    let referenced: HashSet<u64> = ids(&mut held.conn, "SELECT block FROM chunks", &[])?
-        .into_iter()
-        .map(|b| b as u64)
-        .collect();
+    let referenced: HashSet<u64> = ids(
+        &mut held.conn,
+        "SELECT block FROM chunks UNION ALL SELECT block FROM slices",
+        &[],
+    )?
+    .into_iter()
+    .map(|b| b as u64)
+    .collect();
     make_durable(&mut held.conn)?;
     let mut deleted = 0;
     for b in stored.into_iter().filter(|b| !referenced.contains(b)) {

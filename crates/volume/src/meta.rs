@@ -141,12 +141,26 @@ pub struct ChunkRec {
     pub crc: u32,
 }
 
-/// What an open needs to serve reads: the attributes, the inline bytes, the chunk map.
+/// Part of a chunk rewritten after its base: [pos, pos + len) of chunk `idx` is the first
+/// `len` bytes of `block` (see schema step 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SliceRec {
+    pub idx: u64,
+    pub pos: u64,
+    pub len: u64,
+    pub block: u64,
+    /// CRC-32 of the whole block object.
+    pub crc: u32,
+}
+
+/// What an open needs to serve reads: the attributes, the inline bytes, the chunk map and
+/// the chunks' slices (by chunk, then in commit order).
 #[derive(Debug, Clone, Default)]
 pub struct FileRec {
     pub attr: InodeRec,
     pub inline: Option<Vec<u8>>,
     pub chunks: Vec<ChunkRec>,
+    pub slices: Vec<SliceRec>,
 }
 
 /// One directory entry as a listing sees it.
@@ -166,13 +180,17 @@ pub struct DataUpdate {
     /// `Some(bytes)`: the file is inline with these bytes (and has no chunks).
     /// `None`: the file has no inline bytes.
     pub inline: Option<Vec<u8>>,
-    /// Chunks written (new blocks), replacing any earlier block of the same index.
+    /// Chunks written (new blocks), replacing any earlier block of the same index and its
+    /// slices.
     pub set: Vec<ChunkRec>,
-    /// Chunks that became holes.
+    /// Slices written, each laid over its chunk after the ones it has.
+    pub slices: Vec<SliceRec>,
+    /// Chunks that became holes (their slices go too).
     pub holes: Vec<u64>,
-    /// Chunks at or past this index are dropped (truncate).
+    /// Chunks (and slices) at or past this index are dropped (truncate).
     pub drop_from: Option<u64>,
-    /// A chunk shortened by a truncate: (idx, len).
+    /// A chunk shortened by a truncate: (idx, len); its slices past `len` go, one across it
+    /// is shortened.
     pub trim: Option<(u64, u64)>,
 }
 
@@ -376,7 +394,7 @@ pub trait MetaStore: Send + Sync + 'static {
     fn delegate_inodes(&self, done: Done<(u64, u64)>);
     /// The blocks were deleted from the block store: forget them.
     fn forget_blocks(&self, blocks: Vec<u64>, done: Done<()>);
-    /// Blocks in [lo, hi) that chunks refer to (what a crashed session's writes left in use).
+    /// Blocks in [lo, hi) that chunks or slices refer to (what a crashed session's writes left in use).
     fn blocks_between(&self, lo: u64, hi: u64) -> Result<Vec<u64>, Errno>;
     /// Sessions that ended without unmounting (found when this one started).
     fn crashed_sessions(&self) -> Vec<u64>;

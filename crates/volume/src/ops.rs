@@ -229,29 +229,51 @@ pub fn listxattr(tx: &mut dyn Tx, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
     Ok(rows.iter().map(|r| r.bytes(0)).collect::<Result<_, _>>()?)
 }
 
-/// The inode, its inline bytes and its chunk map (the caller makes it one snapshot).
+/// The inode, its inline bytes, its chunk map and its slices (the caller makes it one
+/// snapshot; the last three are read in one round trip).
 pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
     let attr = getattr(tx, ino)?;
-    let inline = tx
-        .query_opt("SELECT inline_data FROM inodes WHERE ino = ?", &args![ino])?
-        .ok_or(libc::ENOENT)?
-        .opt_bytes(0)?;
-    let mut chunks = Vec::new();
-    for r in tx.query(
-        "SELECT idx, block, len, crc FROM chunks WHERE ino = ? ORDER BY idx",
-        &args![ino],
-    )? {
-        chunks.push(ChunkRec {
-            idx: r.u64(0)?,
-            block: r.u64(1)?,
-            len: r.u64(2)?,
-            crc: r.u32(3)?,
-        });
-    }
+    let [inline, chunk_rows, slice_rows] = <[Vec<Row>; 3]>::try_from(tx.queries(&[
+        ("SELECT inline_data FROM inodes WHERE ino = ?", &args![ino]),
+        (
+            "SELECT idx, block, len, crc FROM chunks WHERE ino = ? ORDER BY idx",
+            &args![ino],
+        ),
+        (
+            "SELECT idx, pos, len, block, crc FROM slices WHERE ino = ? ORDER BY idx, seq",
+            &args![ino],
+        ),
+    ])?)
+    .map_err(|_| DbError::Other("three queries, not three answers".into()))?;
+    let inline = inline.first().ok_or(libc::ENOENT)?.opt_bytes(0)?;
+    let chunks = chunk_rows
+        .iter()
+        .map(|r| {
+            Ok(ChunkRec {
+                idx: r.u64(0)?,
+                block: r.u64(1)?,
+                len: r.u64(2)?,
+                crc: r.u32(3)?,
+            })
+        })
+        .collect::<Result<_, DbError>>()?;
+    let slices = slice_rows
+        .iter()
+        .map(|r| {
+            Ok(SliceRec {
+                idx: r.u64(0)?,
+                pos: r.u64(1)?,
+                len: r.u64(2)?,
+                block: r.u64(3)?,
+                crc: r.u32(4)?,
+            })
+        })
+        .collect::<Result<_, DbError>>()?;
     Ok(FileRec {
         attr,
         inline,
         chunks,
+        slices,
     })
 }
 
@@ -274,8 +296,9 @@ fn blocks_of(rows: Vec<Row>) -> Result<Vec<u64>, Errno> {
 
 pub fn blocks_between(tx: &mut dyn Tx, lo: u64, hi: u64) -> Result<Vec<u64>, Errno> {
     blocks_of(tx.query(
-        "SELECT block FROM chunks WHERE block >= ? AND block < ?",
-        &args![lo, hi],
+        "SELECT block FROM chunks WHERE block >= ? AND block < ?
+         UNION ALL SELECT block FROM slices WHERE block >= ? AND block < ?",
+        &args![lo, hi, lo, hi],
     )?)
 }
 
@@ -654,8 +677,8 @@ impl<C: Tx> Writer<C> {
         Ok(entries.is_empty())
     }
 
-    /// Moves chunks' blocks to gc_blocks; returns them. `only`: one chunk; else every chunk
-    /// from `from_idx` on.
+    /// Moves chunks' blocks and their slices' to gc_blocks; returns them. `only`: one
+    /// chunk; else every chunk from `from_idx` on.
     fn release_chunks(
         &mut self,
         ino: u64,
@@ -663,30 +686,46 @@ impl<C: Tx> Writer<C> {
         only: Option<u64>,
         now_ns: i64,
     ) -> Result<Vec<u64>, Errno> {
-        let (select, delete, arg2) = match only {
+        let (select, deletes, arg2) = match only {
             Some(idx) => (
-                "SELECT block FROM chunks WHERE ino = ? AND idx = ?",
-                "DELETE FROM chunks WHERE ino = ? AND idx = ?",
+                "SELECT block FROM chunks WHERE ino = ? AND idx = ?
+                 UNION ALL SELECT block FROM slices WHERE ino = ? AND idx = ?",
+                [
+                    "DELETE FROM chunks WHERE ino = ? AND idx = ?",
+                    "DELETE FROM slices WHERE ino = ? AND idx = ?",
+                ],
                 idx,
             ),
             None => (
-                "SELECT block FROM chunks WHERE ino = ? AND idx >= ?",
-                "DELETE FROM chunks WHERE ino = ? AND idx >= ?",
+                "SELECT block FROM chunks WHERE ino = ? AND idx >= ?
+                 UNION ALL SELECT block FROM slices WHERE ino = ? AND idx >= ?",
+                [
+                    "DELETE FROM chunks WHERE ino = ? AND idx >= ?",
+                    "DELETE FROM slices WHERE ino = ? AND idx >= ?",
+                ],
                 from_idx,
             ),
         };
-        let blocks = blocks_of(self.tx().query(select, &args![ino, arg2])?)?;
+        let blocks = blocks_of(self.tx().query(select, &args![ino, arg2, ino, arg2])?)?;
         if blocks.is_empty() {
             return Ok(blocks);
         }
-        for b in &blocks {
+        self.hand_to_gc(&blocks, now_ns)?;
+        for delete in deletes {
+            self.tx().execute_later(delete, &args![ino, arg2])?;
+        }
+        Ok(blocks)
+    }
+
+    /// Hands blocks to gc_blocks (sent with the next statement).
+    fn hand_to_gc(&mut self, blocks: &[u64], now_ns: i64) -> Result<(), Errno> {
+        for b in blocks {
             self.tx().execute_later(
                 "INSERT INTO gc_blocks (block, since_ns) VALUES (?, ?) ON CONFLICT (block) DO NOTHING",
                 &args![*b, now_ns],
             )?;
         }
-        self.tx().execute_later(delete, &args![ino, arg2])?;
-        Ok(blocks)
+        Ok(())
     }
 
     /// Deletes an inode and everything hanging off it; returns its released blocks.
@@ -1128,6 +1167,13 @@ pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>,
         )?;
         w.tx()
             .execute_later("DELETE FROM chunks WHERE ino = ?", &args![u.ino])?;
+        w.tx().execute_later(
+            "INSERT INTO gc_blocks (block, since_ns) SELECT block, ? FROM slices WHERE ino = ?
+             ON CONFLICT (block) DO NOTHING",
+            &args![u.ctime_ns, u.ino],
+        )?;
+        w.tx()
+            .execute_later("DELETE FROM slices WHERE ino = ?", &args![u.ino])?;
     }
     let mut released = Vec::new();
     if let Some(from) = u.drop_from {
@@ -1138,6 +1184,23 @@ pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>,
             "UPDATE chunks SET len = CASE WHEN len < ? THEN len ELSE ? END WHERE ino = ? AND idx = ?",
             &args![len, len, u.ino, idx],
         )?;
+        // The chunk's slices past the new end go, one across it is shortened.
+        let gone = blocks_of(w.tx().query(
+            "SELECT block FROM slices WHERE ino = ? AND idx = ? AND pos >= ?",
+            &args![u.ino, idx, len],
+        )?)?;
+        if !gone.is_empty() {
+            w.hand_to_gc(&gone, u.ctime_ns)?;
+            w.tx().execute_later(
+                "DELETE FROM slices WHERE ino = ? AND idx = ? AND pos >= ?",
+                &args![u.ino, idx, len],
+            )?;
+            released.extend(gone);
+        }
+        w.tx().execute_later(
+            "UPDATE slices SET len = ? - pos WHERE ino = ? AND idx = ? AND pos + len > ?",
+            &args![len, u.ino, idx, len],
+        )?;
     }
     for idx in &u.holes {
         released.extend(w.release_chunks(u.ino, 0, Some(*idx), u.ctime_ns)?);
@@ -1147,6 +1210,15 @@ pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>,
         w.tx().execute(
             "INSERT INTO chunks (ino, idx, block, len, crc) VALUES (?, ?, ?, ?, ?)",
             &args![u.ino, c.idx, c.block, c.len, c.crc],
+        )?;
+    }
+    for s in &u.slices {
+        // Over the chunk's slices so far: its seq is theirs plus one (the inode's row,
+        // updated first, orders two mounts' commits).
+        w.tx().execute_later(
+            "INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
+             SELECT ?, ?, coalesce(max(seq), 0) + 1, ?, ?, ?, ? FROM slices WHERE ino = ? AND idx = ?",
+            &args![u.ino, s.idx, s.pos, s.len, s.block, s.crc, u.ino, s.idx],
         )?;
     }
     Ok(released)

@@ -700,6 +700,7 @@ const VOLUME_TABLES: &[&str] = &[
     "symlinks",
     "xattrs",
     "chunks",
+    "slices",
     "gc_blocks",
     "orphans",
     "changes",

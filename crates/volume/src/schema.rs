@@ -6,7 +6,7 @@
 //! was made by a newer lanefs and is refused.
 
 /// The newest schema step this binary knows; also the volume's format version.
-pub const FORMAT_VERSION: i64 = 3;
+pub const FORMAT_VERSION: i64 = 4;
 
 /// Step 1: the whole first schema (see ARCHITECTURE.md, "Volume", for what each table is).
 const STEP_1: &str = "
@@ -71,8 +71,24 @@ ALTER TABLE leases ADD COLUMN recalled BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX leases_by_session ON leases (session);
 ";
 
+/// Step 4: slices (issue 13's compaction). A chunk's bytes are its base block (`chunks`,
+/// none for a hole) overlaid, in `seq` order, by slices: [pos, pos + len) of the chunk read
+/// from the first `len` bytes of `block` (whose whole object `crc` covers). A flush that
+/// rewrote a small part of a stored chunk (an fsync'd 8 KiB append of a database's log)
+/// stores just that part as a slice instead of a new 1 MiB block; a flush of a chunk with
+/// `file::SLICES_PER_CHUNK_MAX` slices writes a new base instead, which drops them
+/// (compaction). `seq` orders a chunk's slices by commit: each is max + 1 of its chunk's,
+/// under the inode row's lock that every data commit takes first.
+const STEP_4: &str = "
+CREATE TABLE slices (
+    ino BIGINT NOT NULL, idx BIGINT NOT NULL, seq BIGINT NOT NULL, pos BIGINT NOT NULL,
+    len BIGINT NOT NULL, block BIGINT NOT NULL, crc BIGINT NOT NULL,
+    PRIMARY KEY (ino, idx, seq));
+CREATE INDEX slices_by_block ON slices (block);
+";
+
 /// Every step, in order: `STEPS[i]` takes the schema from version `i` to `i + 1`.
-pub const STEPS: &[&str] = &[STEP_1, STEP_2, STEP_3];
+pub const STEPS: &[&str] = &[STEP_1, STEP_2, STEP_3, STEP_4];
 
 /// The step's text for an engine whose byte-string type is `bytes`.
 pub fn step_for(step: &str, bytes: &str) -> String {

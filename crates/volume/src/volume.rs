@@ -681,6 +681,7 @@ fn report(
         q("SELECT count(*) FROM inodes WHERE inline_data IS NOT NULL")?
     );
     out += &format!("  blocks         {}\n", q("SELECT count(*) FROM chunks")?);
+    out += &format!("  slices         {}\n", q("SELECT count(*) FROM slices")?);
     out += &format!(
         "  blocks to gc   {}\n",
         q("SELECT count(*) FROM gc_blocks")?
