@@ -1262,6 +1262,62 @@ fn an_attribute_change_of_an_uncommitted_file_is_answered_before_its_commit() {
     m.unmount();
 }
 
+/// fio writes 4 KiB blocks at random into one stored file from two jobs, each fsync'ing
+/// every 4 writes (every flush then stores slices, and every 17th of a chunk compacts it),
+/// and checks crc32c of every block it wrote; after a remount (nothing cached) the same
+/// blocks are checked again from the store, and fsck finds nothing.
+#[test]
+fn fio_verify_of_fsynced_random_rewrites_reads_back_after_remount() {
+    let volume = Volume::format("fio-slices");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("f"), content(4, 16 * MIB)).unwrap();
+    let args = |m: &common::Mount, verify_only: bool| -> Vec<String> {
+        let mut args = vec![
+            "--name=slices".into(),
+            format!("--filename={}", m.path("f").display()),
+            "--ioengine=psync".into(),
+            "--rw=randwrite".into(),
+            "--bs=4k".into(),
+            "--size=8M".into(),
+            "--offset_increment=8M".into(),
+            "--numjobs=2".into(),
+            "--fsync=4".into(),
+            "--verify=crc32c".into(),
+            "--verify_fatal=1".into(),
+            "--verify_state_save=0".into(),
+            "--group_reporting".into(),
+        ];
+        if verify_only {
+            args.push("--verify_only".into());
+        }
+        args
+    };
+    let report = common::fio(&args(&m, false));
+    assert_eq!(report["jobs"][0]["error"], 0, "{report}");
+    assert_eq!(
+        report["jobs"][0]["read"]["io_bytes"].as_u64(),
+        Some(16 * MIB as u64),
+        "the verification read"
+    );
+    m.unmount();
+    volume.assert_clean();
+    let slices: i64 = rusqlite::Connection::open(&volume.db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM slices", [], |r| r.get(0))
+        .unwrap();
+    assert!(slices > 0, "no slices were stored");
+    let m = volume.mount(&[]);
+    let report = common::fio(&args(&m, true));
+    assert_eq!(report["jobs"][0]["error"], 0, "{report}");
+    assert_eq!(
+        report["jobs"][0]["read"]["io_bytes"].as_u64(),
+        Some(16 * MIB as u64),
+        "the verification read after the remount"
+    );
+    m.unmount();
+    volume.assert_clean();
+}
+
 /// `cp -a` onto a volume sends, after each create, the file's owner and times and its access
 /// ACL, which for a file with none says only its mode: all of it is answered before its
 /// commit (nothing waits while the test holds the database's write lock), and lands as
