@@ -775,7 +775,11 @@ impl FileState {
                     // Nothing within the file changed since it was read from the store.
                     continue;
                 }
+                // A change over all the chunk holds (a punch to its end) goes the whole-chunk
+                // way, where zeros become a hole that frees the block.
+                let covers_all = changed.0 == 0 && changed.1 >= bytes.len();
                 if let Some(slices) = stored
+                    && !covers_all
                     && slices < SLICES_PER_CHUNK_MAX
                     && changed.1 - changed.0 <= SLICE_MAX_BYTES
                 {
@@ -1042,17 +1046,6 @@ impl FileState {
         self.early.forget();
         let rem = size % CHUNK_BYTES;
         let keep = size.div_ceil(CHUNK_BYTES);
-        {
-            let mut dirty = lock(&self.dirty);
-            dirty.retain(|idx, _| *idx < keep);
-            if rem != 0
-                && let Some(buf) = dirty.get(&(size / CHUNK_BYTES))
-            {
-                let mut chunk = lock(buf);
-                Arc::make_mut(&mut chunk.bytes).truncate(rem as usize);
-                chunk.written.hi = chunk.written.hi.min(rem as usize);
-            }
-        }
         let (inline, trim) = {
             let c = read_lock(&self.committed);
             let inline = c
@@ -1077,6 +1070,20 @@ impl FileState {
         let applied = update.clone();
         let released = meta::wait(|done| store.update_data(update, done))?;
         write_lock(&self.committed).apply(applied);
+        // The unflushed bytes past the new size go only once the store agreed (the gate,
+        // held throughout, keeps anyone from seeing the two disagree): a failed truncate
+        // leaves them as they were, and with them the file its old size.
+        {
+            let mut dirty = lock(&self.dirty);
+            dirty.retain(|idx, _| *idx < keep);
+            if rem != 0
+                && let Some(buf) = dirty.get(&(size / CHUNK_BYTES))
+            {
+                let mut chunk = lock(buf);
+                Arc::make_mut(&mut chunk.bytes).truncate(rem as usize);
+                chunk.written.hi = chunk.written.hi.min(rem as usize);
+            }
+        }
         self.size.store(size, Ordering::Relaxed);
         for b in &released {
             dp.forget_cached(*b);
@@ -1419,6 +1426,40 @@ mod tests {
                 "block {name} was committed while its bytes were only in the page cache"
             );
         }
+    }
+
+    /// A punch over the whole stored part of a chunk (to the end of the file) frees its
+    /// block and leaves a hole, as before slices: not a slice of zeros over it.
+    #[test]
+    fn punching_to_the_end_of_a_stored_chunk_makes_a_hole() {
+        let f = Fixture::new("punch-end");
+        let file = f.new_file("p");
+        let len = CHUNK_BYTES + 100 * 1024;
+        file.write(&f.data, 0, &pattern(len as usize, 4), true, 1)
+            .unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
+        let punch = Fallocate {
+            offset: CHUNK_BYTES,
+            len: len - CHUNK_BYTES,
+            zero: true,
+            keep_size: true,
+        };
+        file.fallocate(&f.data, &*f.store, punch, 2).unwrap();
+        let released = file.flush(&f.data, &*f.store).unwrap();
+        assert_eq!(released.len(), 1, "chunk 1's block");
+        let rec = f.store.load_file(0, file.ino).unwrap();
+        assert!(rec.slices.is_empty(), "{:?}", rec.slices);
+        assert_eq!(rec.chunks.len(), 1);
+        let again = f.reopen(file.ino);
+        assert_eq!(again.size(), len);
+        assert_eq!(again.seek(CHUNK_BYTES, libc::SEEK_DATA), Err(libc::ENXIO));
+        assert!(
+            again
+                .read(&f.data, CHUNK_BYTES, 4096)
+                .unwrap()
+                .iter()
+                .all(|b| *b == 0)
+        );
     }
 
     /// A punch of 1 TiB over a sparse file costs what the chunks holding data there cost,

@@ -749,15 +749,20 @@ impl VolumeFs {
         Ok(default)
     }
 
-    /// Before a change of xattr `name` of `ino`: forgets the directory's default ACL if it
-    /// is that; the cache, to forget it again once the change is made (a create that read
-    /// the old one meanwhile must not leave it behind).
-    fn forget_default_acl(&self, ino: u64, name: &[u8]) -> Option<Arc<acl::DefaultAcls>> {
-        if name != acl::DEFAULT_XATTR {
-            return None;
-        }
-        self.default_acls.forget(ino);
-        Some(self.default_acls.clone())
+    /// Before a change of xattr `name` of `ino`: the change's answer; when it is a
+    /// directory's default ACL, forgotten now and again once the change is made (a create
+    /// that read the old one meanwhile must not leave it behind).
+    fn xattr_change_done(&self, ino: u64, name: &[u8], reply: Reply) -> Done<()> {
+        let default_acls = (name == acl::DEFAULT_XATTR).then(|| {
+            self.default_acls.forget(ino);
+            self.default_acls.clone()
+        });
+        Box::new(move |r| {
+            if let Some(acls) = default_acls {
+                acls.forget(ino);
+            }
+            answer(reply, r)
+        })
     }
 
     fn reply_new_entry(&self, node: Result<NewNode, Errno>, reply: Reply) {
@@ -1797,20 +1802,8 @@ impl Filesystem for VolumeFs {
             kill_sgid: setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0
                 && name.as_bytes() == acl::ACCESS_XATTR,
         };
-        let default_acls = self.forget_default_acl(ino, name.as_bytes());
-        self.store.setxattr(
-            ino,
-            set,
-            Box::new(move |r| {
-                if let Some(acls) = default_acls {
-                    acls.forget(ino);
-                }
-                match r {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(e),
-                }
-            }),
-        )
+        let done = self.xattr_change_done(ino, name.as_bytes(), reply);
+        self.store.setxattr(ino, set, done)
     }
 
     fn getxattr(&self, req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {
@@ -1862,20 +1855,8 @@ impl Filesystem for VolumeFs {
         if let Err(e) = self.fileattrs.may_change_entry(ino) {
             return reply.error(e);
         }
-        let default_acls = self.forget_default_acl(ino, name.as_bytes());
-        self.store.removexattr(
-            ino,
-            name.as_bytes().to_vec(),
-            Box::new(move |r| {
-                if let Some(acls) = default_acls {
-                    acls.forget(ino);
-                }
-                match r {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(e),
-                }
-            }),
-        )
+        let done = self.xattr_change_done(ino, name.as_bytes(), reply);
+        self.store.removexattr(ino, name.as_bytes().to_vec(), done)
     }
 
     fn fallocate(&self, req: &Request, ino: u64, arg: &abi::FallocateIn, reply: Reply) {

@@ -458,7 +458,7 @@ fn check_all(
                 report,
                 progress,
                 format!(
-                    "block {block:016x} of inode {ino} (chunk {idx}) is missing from the data directory; its bytes read as zeros after repair"
+                    "block {block:016x} of inode {ino} (chunk {idx}) is missing from the data directory; after repair its bytes read as zeros, but where the chunk's slices lie"
                 ),
             );
             if repair {
