@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{Mount, TempDir, drop_caches, fio, run_ok, wait_until};
+use common::{Mount, TempDir, drop_caches, fio, kernel_tarball, listing, run_ok, wait_until};
 
 const MIB: u64 = 1 << 20;
 
@@ -158,32 +158,6 @@ fn assert_nothing_leaked(m: &Mount, what: &str) {
          inodes known",
         last.0, last.1
     );
-}
-
-fn kernel_tarball() -> Option<PathBuf> {
-    let mut found: Vec<_> = std::fs::read_dir("/usr/src")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().unwrap().to_string_lossy();
-            name.starts_with("linux-source-") && name.ends_with(".tar.xz")
-        })
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-/// `find ROOT -printf` of type, mode, size and link target, sorted: metadata to compare.
-fn listing(root: &Path) -> String {
-    let out = run_ok(
-        Command::new("find")
-            .arg(".")
-            .args(["-printf", "%P %y %m %s %l\n"])
-            .current_dir(root),
-    );
-    let mut lines: Vec<_> = out.lines().collect();
-    lines.sort_unstable();
-    lines.join("\n")
 }
 
 /// The whole kernel tree (~84,000 entries, 1.5 GB) untarred onto the mount, compared with a
@@ -397,98 +371,9 @@ fn a_small_c_program_builds_runs_and_rebuilds_by_mtime() {
 /// on the mount (each set passes natively on Debian 12's stress-ng 0.15).
 #[test]
 fn stress_ng_file_system_stressors_pass() {
-    if Command::new("stress-ng").arg("--version").output().is_err() {
-        panic!("stress-ng is not installed (scripts/setup.sh installs it)");
-    }
-    let sets: [&[&str]; 2] = [
-        &[
-            "--dir",
-            "1",
-            "--dentry",
-            "1",
-            "--fallocate",
-            "1",
-            "--hdd",
-            "1",
-            "--link",
-            "1",
-            "--symlink",
-            "1",
-            "--rename",
-            "1",
-            "--chmod",
-            "1",
-            "--xattr",
-            "1",
-            "--lockf",
-            "1",
-            "--flock",
-            "1",
-            "--seek",
-            "1",
-            "-t",
-            "5s",
-        ],
-        &[
-            "--chown",
-            "1",
-            "--copy-file",
-            "1",
-            "--fstat",
-            "1",
-            "--getdent",
-            "1",
-            "--mknod",
-            "1",
-            "--open",
-            "1",
-            "--utime",
-            "1",
-            "--sync-file",
-            "1",
-            "--filename",
-            "1",
-            "--fcntl",
-            "1",
-            "--locka",
-            "1",
-            "--mmap",
-            "1",
-            "--mmap-file",
-            "--io",
-            "1",
-            "--readahead",
-            "1",
-            "--dirdeep",
-            "1",
-            "-t",
-            "4s",
-        ],
-    ];
     let source = TempDir::new("stress-src");
     let m = Mount::passthrough(source.path(), &[]);
-    for set in sets {
-        let start = Instant::now();
-        let out = Command::new("stress-ng")
-            .args(set)
-            .arg("--verify")
-            .arg("--temp-path")
-            .arg(&m.mountpoint)
-            .current_dir(&m.mountpoint)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && text.contains("successful run completed"),
-            "stress-ng {set:?} on the mount failed ({}):\n{text}",
-            out.status
-        );
-        for bad in ["fail:", "error:", "verification"] {
-            assert!(!text.contains(bad), "{bad:?} in stress-ng output:\n{text}");
-        }
-        eprintln!("stress-ng set took {:?}", start.elapsed());
-    }
+    common::stress_ng_file_system(&m.mountpoint);
     assert_nothing_leaked(&m, "stress-ng");
     m.unmount();
 }

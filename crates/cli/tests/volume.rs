@@ -126,6 +126,67 @@ fn untar_round_trip(volume: &Volume, src: &Path, tree: &Path) {
     assert_eq!(block_files(&volume.data), Vec::<PathBuf>::new());
 }
 
+/// The whole kernel tree (~84,000 entries, 1.1 GB) untarred onto a volume, with early answers
+/// and slices as they come, compares with a native extraction after a remount (the bytes from
+/// the store alone): contents by `diff -r`, types, modes, sizes and link targets by `find`;
+/// fsck is clean, and removing it leaves no block. Runs once in CI (io_uring), not again over
+/// /dev/fuse: it tests the volume's store, not the transport.
+#[test]
+fn volume_kernel_tree_untars_and_compares_after_remount() {
+    let Some(tarball) = common::kernel_tarball() else {
+        eprintln!(
+            "\n!!! SKIPPED: no /usr/src/linux-source-*.tar.xz (apt-get install linux-source; \
+             scripts/setup.sh does) !!!\n"
+        );
+        return;
+    };
+    let native = TempDir::new("vol-ktree-native");
+    run_ok(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(&tarball)
+            .current_dir(native.path()),
+    );
+    let volume = Volume::format("ktree");
+    let m = volume.mount(&[]);
+    let started = std::time::Instant::now();
+    run_ok(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(&tarball)
+            .current_dir(&m.mountpoint),
+    );
+    let untar = started.elapsed();
+    m.unmount();
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    let top = std::fs::read_dir(native.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name();
+    diff_r(&native.path().join(&top), &m.mountpoint.join(&top));
+    let (got, want) = (
+        common::listing_but_dir_sizes(&m.mountpoint),
+        common::listing_but_dir_sizes(native.path()),
+    );
+    if got != want {
+        let differ: Vec<_> = got
+            .lines()
+            .zip(want.lines())
+            .filter(|(g, w)| g != w)
+            .take(5)
+            .collect();
+        panic!("metadata through the volume differs from the native extraction: {differ:?}");
+    }
+    run_ok(Command::new("rm").arg("-rf").arg(m.mountpoint.join(&top)));
+    m.unmount();
+    volume.assert_clean();
+    assert_eq!(block_files(&volume.data), Vec::<PathBuf>::new());
+    eprintln!("kernel tree onto a volume: untar {untar:?}");
+}
+
 /// kill -9 runs in CI: each costs ~1 s (a mount, up to 0.7 s of writes, a remount, fsck).
 const KILL9_RUNS: u64 = 20;
 /// kill -9 runs of the slow test (`cargo test -- --ignored kill_9_many`).
@@ -1263,9 +1324,10 @@ fn an_attribute_change_of_an_uncommitted_file_is_answered_before_its_commit() {
 }
 
 /// fio writes 4 KiB blocks at random into one stored file from two jobs, each fsync'ing
-/// every 4 writes (every flush then stores slices, and every 17th of a chunk compacts it),
-/// and checks crc32c of every block it wrote; after a remount (nothing cached) the same
-/// blocks are checked again from the store, and fsck finds nothing.
+/// every 4 writes (every flush then stores slices, every 17th of a chunk compacts it, and
+/// the last close compacts what is left), and checks crc32c of every block it wrote; after
+/// a remount (nothing cached) the same blocks are checked again from the store, and fsck
+/// finds nothing.
 #[test]
 fn fio_verify_of_fsynced_random_rewrites_reads_back_after_remount() {
     let volume = Volume::format("fio-slices");
@@ -1301,11 +1363,6 @@ fn fio_verify_of_fsynced_random_rewrites_reads_back_after_remount() {
     );
     m.unmount();
     volume.assert_clean();
-    let slices: i64 = rusqlite::Connection::open(&volume.db)
-        .unwrap()
-        .query_row("SELECT count(*) FROM slices", [], |r| r.get(0))
-        .unwrap();
-    assert!(slices > 0, "no slices were stored");
     let m = volume.mount(&[]);
     let report = common::fio(&args(&m, true));
     assert_eq!(report["jobs"][0]["error"], 0, "{report}");
@@ -1314,6 +1371,60 @@ fn fio_verify_of_fsynced_random_rewrites_reads_back_after_remount() {
         Some(16 * MIB as u64),
         "the verification read after the remount"
     );
+    m.unmount();
+    volume.assert_clean();
+}
+
+/// A file fsync'd in small pieces gathers slices over its chunk; its last close compacts them
+/// in the background (off the queue, after close returned): soon after, the chunk has no
+/// slices in the database, and the file reads back the same, also after a remount.
+#[test]
+fn a_fragmented_files_last_close_compacts_it() {
+    use std::os::unix::fs::FileExt;
+    let volume = Volume::format("compact-close");
+    let m = volume.mount(&[]);
+    let mut want = content(5, 2 * MIB);
+    std::fs::write(m.path("log"), &want).unwrap();
+    let slices = |db: &rusqlite::Connection| -> i64 {
+        db.query_row("SELECT count(*) FROM slices", [], |r| r.get(0))
+            .unwrap()
+    };
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("log"))
+            .unwrap();
+        for i in 0..6u8 {
+            let at = i as usize * 8192 + 100;
+            f.write_all_at(&[i + 1; 8192], at as u64).unwrap();
+            want[at..at + 8192].fill(i + 1);
+            f.sync_all().unwrap();
+        }
+        assert_eq!(slices(&db), 6, "each fsync'd rewrite a slice");
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || slices(&db) == 0),
+        "the last close did not compact the file ({} slices left)",
+        slices(&db)
+    );
+    drop(db);
+    assert!(std::fs::read(m.path("log")).unwrap() == want);
+    m.unmount();
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    assert!(std::fs::read(m.path("log")).unwrap() == want);
+    m.unmount();
+}
+
+/// stress-ng's file-system stressors (the passthrough's sets: directories, links, renames,
+/// xattrs, locks, fallocate, mmap, sync_file_range, hdd and io with verification) pass on a
+/// volume, and leave it consistent (fsck clean).
+#[test]
+fn stress_ng_file_system_stressors_pass_on_a_volume() {
+    let volume = Volume::format("stress");
+    let m = volume.mount(&[]);
+    common::stress_ng_file_system(&m.mountpoint);
     m.unmount();
     volume.assert_clean();
 }

@@ -22,6 +22,9 @@ pub const SLICE_MAX_BYTES: usize = 256 << 10;
 /// over its base, and a log fsync'd every few KiB writes a whole block once per this many
 /// fsyncs instead of at each.
 pub const SLICES_PER_CHUNK_MAX: usize = 16;
+/// A file's last close compacts its chunks that have at least this many slices, in the
+/// background (`FileState::compact`).
+pub const COMPACT_AT_CLOSE_SLICES: usize = 4;
 /// Files up to this size with no chunks keep their bytes in the metadata.
 pub const INLINE_MAX_BYTES: u64 = 64 << 10;
 /// A file whose unflushed writes pass this is flushed by the write that passed it.
@@ -820,19 +823,7 @@ impl FileState {
                 puts.push((block, bytes));
                 uploaded.push(block);
             }
-            if let Err(e) = dp.blocks.put(puts) {
-                tracing::error!("volume: writing blocks of inode {}: {e}", self.ino);
-                self.discard(dp, &uploaded);
-                return Err(e.raw_os_error().unwrap_or(libc::EIO));
-            }
-            // Durable before the commit that refers to them is written: SQLite's WAL may
-            // reach the disk at any time after (the kernel's writeback, a checkpoint, the
-            // next sync's fsync), and a row must never outlive its block.
-            if let Err(e) = dp.blocks.sync(&uploaded) {
-                tracing::error!("volume: syncing blocks of inode {}: {e}", self.ino);
-                self.discard(dp, &uploaded);
-                return Err(e.raw_os_error().unwrap_or(libc::EIO));
-            }
+            self.store_blocks(dp, puts, &uploaded)?;
         }
         let applied = update.clone();
         let released = match meta::wait(|done| store.update_data(update, done)) {
@@ -860,6 +851,111 @@ impl FileState {
         if self.writes.load(Ordering::Relaxed) == writes {
             self.dirty_mtime_ns.store(0, Ordering::Relaxed);
         }
+        for b in &released {
+            dp.forget_cached(*b);
+        }
+        Ok(released)
+    }
+
+    /// Writes new blocks and makes them durable, before the commit that refers to them:
+    /// SQLite's WAL may reach the disk at any time after (the kernel's writeback, a
+    /// checkpoint, the next sync's fsync), and a row must never outlive its block. On failure
+    /// they are discarded.
+    fn store_blocks(
+        &self,
+        dp: &DataPath,
+        puts: Vec<(u64, Bytes)>,
+        uploaded: &[u64],
+    ) -> Result<(), Errno> {
+        let stored = dp
+            .blocks
+            .put(puts)
+            .map_err(|e| ("writing", e))
+            .and_then(|()| dp.blocks.sync(uploaded).map_err(|e| ("syncing", e)));
+        stored.map_err(|(what, e)| {
+            tracing::error!("volume: {what} blocks of inode {}: {e}", self.ino);
+            self.discard(dp, uploaded);
+            e.raw_os_error().unwrap_or(libc::EIO)
+        })
+    }
+
+    /// Whether a stored chunk has at least `slices` slices (and nothing unflushed over it).
+    pub fn fragmented(&self, slices: usize) -> bool {
+        let c = read_lock(&self.committed);
+        let dirty = lock(&self.dirty);
+        c.slices
+            .iter()
+            .any(|(idx, s)| s.len() >= slices && !dirty.contains_key(idx))
+    }
+
+    /// Background compaction: each stored chunk with at least `slices` slices and nothing
+    /// unflushed over it is stored again as one block, its base and slices released; the
+    /// file's bytes, size and times stay as they are. A write meanwhile makes its own dirty
+    /// chunk from what it reads then (the same bytes either way), and its flush waits for
+    /// this one (`flushing`). Returns the released blocks.
+    pub fn compact(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        slices: usize,
+    ) -> Result<Vec<u64>, Errno> {
+        let _flushing = lock(&self.flushing);
+        let wanted: Vec<u64> = {
+            let c = read_lock(&self.committed);
+            let dirty = lock(&self.dirty);
+            c.slices
+                .iter()
+                .filter(|(idx, s)| s.len() >= slices && !dirty.contains_key(idx))
+                .map(|(idx, _)| *idx)
+                .collect()
+        };
+        let size = self.size();
+        let mut update = DataUpdate {
+            ino: self.ino,
+            size,
+            keep_times: true,
+            ..Default::default()
+        };
+        let (mut puts, mut uploaded) = (Vec::new(), Vec::new());
+        for idx in wanted {
+            let start = idx * CHUNK_BYTES;
+            if start >= size {
+                continue;
+            }
+            let mut bytes = self.base(dp, idx)?;
+            bytes.truncate((size - start).min(CHUNK_BYTES) as usize);
+            if bytes.iter().all(|b| *b == 0) {
+                update.holes.push(idx);
+                continue;
+            }
+            let block = dp.new_block_id();
+            update.set.push(ChunkRec {
+                idx,
+                block,
+                len: bytes.len() as u64,
+                crc: checksum(&bytes),
+            });
+            puts.push((block, Bytes::from(bytes)));
+            uploaded.push(block);
+        }
+        if update.set.is_empty() && update.holes.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.store_blocks(dp, puts, &uploaded)?;
+        let applied = update.clone();
+        let released = match meta::wait(|done| store.update_data(update, done)) {
+            Ok(released) => released,
+            Err(e) => {
+                self.discard_unreferenced(dp, store, &uploaded);
+                return Err(e);
+            }
+        };
+        let _gate = write_lock(&self.gate);
+        let mut c = write_lock(&self.committed);
+        let inline = c.inline.take();
+        c.apply(applied);
+        c.inline = inline;
+        drop(c);
         for b in &released {
             dp.forget_cached(*b);
         }
@@ -1425,6 +1521,50 @@ mod tests {
                 0,
                 "block {name} was committed while its bytes were only in the page cache"
             );
+        }
+    }
+
+    /// Background compaction stores a chunk's base and slices as one block again: the same
+    /// bytes (also after a reopen), its size and times unchanged, the old blocks released;
+    /// a chunk with fewer slices than asked for is left alone.
+    #[test]
+    fn compaction_stores_a_fragmented_chunk_as_one_block_keeping_its_times() {
+        let f = Fixture::new("compact");
+        let file = f.new_file("c");
+        let mut model = pattern(CHUNK_BYTES as usize + 5000, 8);
+        file.write(&f.data, 0, &model, true, 1).unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
+        for i in 0..6 {
+            let at = i * 50_000 + 7;
+            let bytes = pattern(100, 20 + i as u8);
+            file.write(&f.data, at as u64, &bytes, true, 2 + i as i64)
+                .unwrap();
+            model[at..at + 100].copy_from_slice(&bytes);
+            file.flush(&f.data, &*f.store).unwrap();
+        }
+        // Chunk 1: two slices, fewer than asked for.
+        for i in 0..2 {
+            let at = CHUNK_BYTES as usize + 10 + i * 100;
+            file.write(&f.data, at as u64, b"kept", true, 9).unwrap();
+            model[at..at + 4].copy_from_slice(b"kept");
+            file.flush(&f.data, &*f.store).unwrap();
+        }
+        let before = f.store.getattr(0, file.ino).unwrap();
+        assert!(file.fragmented(4));
+        let released = file.compact(&f.data, &*f.store, 4).unwrap();
+        assert_eq!(released.len(), 7, "chunk 0's base and its six slices");
+        assert!(!file.fragmented(4));
+        let rec = f.store.load_file(0, file.ino).unwrap();
+        assert_eq!(rec.slices.iter().filter(|s| s.idx == 0).count(), 0);
+        assert_eq!(rec.slices.iter().filter(|s| s.idx == 1).count(), 2);
+        let after = f.store.getattr(0, file.ino).unwrap();
+        assert_eq!(
+            (after.size, after.mtime_ns, after.ctime_ns),
+            (before.size, before.mtime_ns, before.ctime_ns)
+        );
+        for state in [&file, &f.reopen(file.ino)] {
+            let got = state.read(&f.data, 0, model.len() as u32).unwrap();
+            assert!(got == model, "bytes differ after compaction");
         }
     }
 

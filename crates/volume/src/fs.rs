@@ -854,6 +854,18 @@ impl VolumeFs {
         }
     }
 
+    /// A release's end: one open fewer, and the last one's cleanup.
+    fn release_open(&self, ino: u64) {
+        if let Some(last) = self.open.release(ino) {
+            // No process of this mount has the file open: none can hold a lock on it, so
+            // whatever an owner's FLUSH or RELEASE did not name goes now.
+            if self.locks.forget_inode(ino) {
+                self.release_locks(ino, None);
+            }
+            self.last_release(last);
+        }
+    }
+
     /// The last release of an inode: flush, and free it if it lost its last name.
     fn last_release(&self, state: Arc<FileState>) {
         self.forget_privileges(state.ino);
@@ -1633,14 +1645,29 @@ impl Filesystem for VolumeFs {
         {
             self.release_locks(ino, Some((arg.lock_owner, LockKind::Flock)));
         }
-        if let Some(last) = self.open.release(ino) {
-            // No process of this mount has the file open: none can hold a lock on it, so
-            // whatever an owner's FLUSH or RELEASE did not name goes now.
-            if self.locks.forget_inode(ino) {
-                self.release_locks(ino, None);
-            }
-            self.last_release(last);
+        // The last close of a file whose chunks gathered slices (a log fsync'd in small
+        // pieces): compacted off the queue before the state leaves the open table, so that an
+        // open meanwhile shares it (and sees the compaction). The application's close
+        // returned already (RELEASE is asynchronous). Not on a shared volume: another mount
+        // may be adding slices to a chunk this mount would rewrite from its own view.
+        if !self.options.shared
+            && let Some(state) = self.open.get(ino)
+            && state.opens.load(Ordering::Relaxed) == 1
+            && state.fragmented(crate::file::COMPACT_AT_CLOSE_SLICES)
+        {
+            return self.answer_off_queue(reply, move |fs, reply| {
+                match state.compact(&fs.data, &*fs.store, crate::file::COMPACT_AT_CLOSE_SLICES) {
+                    Ok(released) => fs.reap(released),
+                    Err(e) => tracing::warn!(
+                        "volume: compacting inode {ino} at its last close: {} (its next flush of those chunks will)",
+                        errno_name(e)
+                    ),
+                }
+                fs.release_open(ino);
+                reply.ok()
+            });
         }
+        self.release_open(ino);
         reply.ok()
     }
 

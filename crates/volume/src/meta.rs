@@ -192,6 +192,8 @@ pub struct DataUpdate {
     /// A chunk shortened by a truncate: (idx, len); its slices past `len` go, one across it
     /// is shortened.
     pub trim: Option<(u64, u64)>,
+    /// The bytes are the same, only stored otherwise (a compaction): size and times stay.
+    pub keep_times: bool,
 }
 
 /// Attribute changes of a SETATTR (sizes go through [`DataUpdate`]).

@@ -1148,10 +1148,18 @@ pub fn setattr<C: Tx>(w: &mut Writer<C>, ino: u64, c: &AttrChange) -> Result<Ino
 }
 
 pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>, Errno> {
-    let n = w.tx().execute(
-        "UPDATE inodes SET size = ?, mtime_ns = ?, ctime_ns = ?, inline_data = ? WHERE ino = ?",
-        &args![u.size, u.mtime_ns, u.ctime_ns, u.inline.as_ref(), u.ino],
-    )?;
+    let n = if u.keep_times {
+        // The inode row's lock only (it orders this against other data commits).
+        w.tx().execute(
+            "UPDATE inodes SET nlink = nlink WHERE ino = ?",
+            &args![u.ino],
+        )?
+    } else {
+        w.tx().execute(
+            "UPDATE inodes SET size = ?, mtime_ns = ?, ctime_ns = ?, inline_data = ? WHERE ino = ?",
+            &args![u.size, u.mtime_ns, u.ctime_ns, u.inline.as_ref(), u.ino],
+        )?
+    };
     if n == 0 {
         return Err(libc::ENOENT);
     }

@@ -424,6 +424,145 @@ pub fn find_number(v: &serde_json::Value, key: &str) -> Option<u64> {
 }
 
 /// Runs `command`, asserting it exits 0; returns its stdout.
+/// stress-ng's file-system stressors, with verification where they have it, on `dir` (each
+/// set passes natively on Debian 12's stress-ng 0.15): every one must pass.
+pub fn stress_ng_file_system(dir: &Path) {
+    if Command::new("stress-ng").arg("--version").output().is_err() {
+        panic!("stress-ng is not installed (scripts/setup.sh installs it)");
+    }
+    let sets: [&[&str]; 2] = [
+        &[
+            "--dir",
+            "1",
+            "--dentry",
+            "1",
+            "--fallocate",
+            "1",
+            "--hdd",
+            "1",
+            "--link",
+            "1",
+            "--symlink",
+            "1",
+            "--rename",
+            "1",
+            "--chmod",
+            "1",
+            "--xattr",
+            "1",
+            "--lockf",
+            "1",
+            "--flock",
+            "1",
+            "--seek",
+            "1",
+            "-t",
+            "5s",
+        ],
+        &[
+            "--chown",
+            "1",
+            "--copy-file",
+            "1",
+            "--fstat",
+            "1",
+            "--getdent",
+            "1",
+            "--mknod",
+            "1",
+            "--open",
+            "1",
+            "--utime",
+            "1",
+            "--sync-file",
+            "1",
+            "--filename",
+            "1",
+            "--fcntl",
+            "1",
+            "--locka",
+            "1",
+            "--mmap",
+            "1",
+            "--mmap-file",
+            "--io",
+            "1",
+            "--readahead",
+            "1",
+            "--dirdeep",
+            "1",
+            "-t",
+            "4s",
+        ],
+    ];
+    for set in sets {
+        let start = std::time::Instant::now();
+        let out = Command::new("stress-ng")
+            .args(set)
+            .arg("--verify")
+            .arg("--temp-path")
+            .arg(dir)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("successful run completed"),
+            "stress-ng {set:?} on the mount failed ({}):\n{text}",
+            out.status
+        );
+        for bad in ["fail:", "error:", "verification"] {
+            assert!(!text.contains(bad), "{bad:?} in stress-ng output:\n{text}");
+        }
+        eprintln!("stress-ng set took {:?}", start.elapsed());
+    }
+}
+
+/// Debian's kernel source tarball (`apt-get install linux-source`), the newest there is.
+pub fn kernel_tarball() -> Option<PathBuf> {
+    let mut found: Vec<_> = std::fs::read_dir("/usr/src")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with("linux-source-") && name.ends_with(".tar.xz")
+        })
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// `find ROOT -printf` of type, mode, size and link target, sorted: metadata to compare.
+pub fn listing(root: &Path) -> String {
+    listing_printf(root, &["-printf", "%P %y %m %s %l\n"])
+}
+
+/// `listing` without the sizes of directories (a volume's are 4096, ext4's grow with them).
+pub fn listing_but_dir_sizes(root: &Path) -> String {
+    listing_printf(
+        root,
+        &[
+            "(",
+            "-type",
+            "d",
+            "-printf",
+            "%P %y %m\n",
+            ")",
+            "-o",
+            "-printf",
+            "%P %y %m %s %l\n",
+        ],
+    )
+}
+
+fn listing_printf(root: &Path, printf: &[&str]) -> String {
+    let out = run_ok(Command::new("find").arg(".").args(printf).current_dir(root));
+    let mut lines: Vec<_> = out.lines().collect();
+    lines.sort_unstable();
+    lines.join("\n")
+}
+
 pub fn run_ok(command: &mut Command) -> String {
     let out = command
         .output()
