@@ -1,6 +1,7 @@
 //! One open file's data: its size (an atomic), its write gate, the chunk buffers written and
-//! not yet flushed, and what the store holds (inline bytes or the chunk map). Flushing turns
-//! dirty chunks into new immutable blocks and commits them as one metadata change.
+//! not yet flushed, and what the store holds (inline bytes, or the chunk map and the chunks'
+//! slices). Flushing turns dirty chunks into new immutable blocks (a whole chunk, or the span
+//! that changed as a slice) and commits them as one metadata change.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -11,8 +12,8 @@ use bytes::Bytes;
 use crate::blocks::{BlockStore, checksum};
 use crate::meta::{self, ChunkRec, DataUpdate, Errno, FileRec, MetaStore, SliceRec};
 
-/// A file is cut into chunks of this size; each chunk's content is one block (see
-/// ARCHITECTURE.md, "Data", for why 1 MiB).
+/// A file is cut into chunks of this size; a chunk's content is one block and the slices
+/// laid over it (see ARCHITECTURE.md, "Data", for why 1 MiB).
 pub const CHUNK_BYTES: u64 = 1 << 20;
 /// A flush stores the part of a stored chunk that writes changed as a slice (see schema step
 /// 4) when that part is at most this long; a longer one rewrites the chunk's block.
