@@ -349,7 +349,7 @@ impl AsyncDirops {
 
     /// Marks an inode a synchronous change is about to change: its predicted attributes
     /// are no longer to be answered from.
-    fn mark_stale(&self, ino: u64) {
+    pub(crate) fn mark_stale(&self, ino: u64) {
         if !self.enabled {
             return;
         }
@@ -1523,9 +1523,8 @@ impl MetaStore for AsyncDirops {
         self.inner.close()
     }
 
-    fn touch_atime(&self, ino: u64, atime_ns: i64, done: Done<()>) {
-        self.mark_stale(ino);
-        self.inner.touch_atime(ino, atime_ns, done)
+    fn touch_atimes(&self, take: AtimeTake, done: Done<Vec<(u64, i64)>>) {
+        self.inner.touch_atimes(take, done)
     }
 
     fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno> {

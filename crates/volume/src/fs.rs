@@ -270,6 +270,8 @@ pub struct VolumeFs {
     atime: AtimeSwitch,
     /// Opens whose first read has yet to apply the relatime rule (see `atime`).
     atime_due: atime::AtimeDue,
+    /// Atimes moved and not yet committed, overlaid on every attribute answer (see `atime`).
+    pending_atimes: Arc<atime::PendingAtimes>,
     /// chattr's flags of the inodes that have any (see `fileattr`).
     fileattrs: fileattr::FileAttrs,
     /// Open inodes known to have no set-ID bits and no capability (see `setid`).
@@ -424,6 +426,7 @@ impl VolumeFs {
             locks,
             atime: AtimeSwitch::new(options.atime),
             atime_due: atime::AtimeDue::new(),
+            pending_atimes: Arc::new(atime::PendingAtimes::new()),
             fileattrs,
             no_privileges: setid::NoPrivileges::new(),
             default_acls,
@@ -646,6 +649,7 @@ impl VolumeFs {
 
     fn attr(&self, rec: &InodeRec) -> abi::Attr {
         let mut rec = rec.clone();
+        self.pending_atimes.overlay(&mut rec);
         if let Some(state) = self.open.get(rec.ino) {
             rec.size = state.size();
             if let Some(t) = state.dirty_mtime() {
@@ -800,6 +804,7 @@ impl VolumeFs {
         EntryTemplate {
             entry_timeout: self.options.entry_timeout,
             attr_timeout: self.options.attr_timeout,
+            pending_atimes: self.pending_atimes.clone(),
         }
     }
 
@@ -914,6 +919,38 @@ impl VolumeFs {
         }
     }
 
+    /// Opens regular file `ino`. The first open of a file reads its record with its content
+    /// (one read transaction), and its checks use that record; a file open already is read
+    /// again for them.
+    fn open_file(&self, req: &Request, ino: u64, flags: u32) -> Result<abi::OpenOut, Errno> {
+        let state = self.open.open(ino);
+        let mut read_now = None;
+        let loaded = state.load(|| {
+            let file = self.store.load_file(req.queue, ino)?;
+            read_now = Some(file.attr.clone());
+            Ok(file)
+        });
+        let checked = loaded
+            .and_then(|()| match read_now {
+                Some(rec) => Ok(rec),
+                None => self.store.getattr(req.queue, ino),
+            })
+            .and_then(|rec| match rec {
+                rec if rec.is_dir() => Err(libc::EISDIR),
+                rec if !rec.is_reg() => Err(libc::EINVAL),
+                rec => self.fileattrs.may_open(ino, flags).map(|()| rec),
+            });
+        match checked {
+            Ok(rec) => Ok(self.open_out(&rec, flags)),
+            Err(e) => {
+                if let Some(last) = self.open.release(ino) {
+                    drop(last);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Opens an inode this request has just created, without reading it back from the store:
     /// its content is the create's own record (empty, no chunks). Nothing can have written it
     /// in between: its number is new, and its name is reachable only once the kernel has our
@@ -974,12 +1011,15 @@ impl VolumeFs {
 struct EntryTemplate {
     entry_timeout: Duration,
     attr_timeout: Duration,
+    pending_atimes: Arc<atime::PendingAtimes>,
 }
 
 impl EntryTemplate {
     fn fill(&self, rec: &InodeRec) -> abi::EntryOut {
         let (ev, evn) = split_duration(self.entry_timeout);
         let (av, avn) = split_duration(self.attr_timeout);
+        let mut rec = rec.clone();
+        self.pending_atimes.overlay(&mut rec);
         abi::EntryOut {
             nodeid: rec.ino,
             generation: 0,
@@ -987,7 +1027,7 @@ impl EntryTemplate {
             entry_valid_nsec: evn,
             attr_valid: av,
             attr_valid_nsec: avn,
-            attr: to_attr(rec),
+            attr: to_attr(&rec),
         }
     }
 }
@@ -1374,6 +1414,9 @@ impl Filesystem for VolumeFs {
                 return reply.error(e);
             }
         }
+        if change.atime_ns.is_some() {
+            self.pending_atimes.forget(ino);
+        }
         let fs_open = self.open.clone();
         let tmpl = self.entry_template();
         self.store.setattr(
@@ -1526,19 +1569,12 @@ impl Filesystem for VolumeFs {
     }
 
     fn open(&self, req: &Request, ino: u64, arg: &abi::OpenIn, reply: Reply) {
-        let rec = match self.store.getattr(req.queue, ino) {
-            Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
-            Ok(rec) if !rec.is_reg() => return reply.error(libc::EINVAL),
-            Ok(rec) => rec,
-            Err(e) => return reply.error(e),
-        };
-        if let Err(e) = self.fileattrs.may_open(ino, arg.flags) {
-            return reply.error(e);
-        }
         let (req, flags) = (*req, arg.flags);
-        self.with_lease_waits(reply, move |fs, reply| match fs.open_state(&req, ino) {
-            Ok(_) => reply.ok().open(&fs.open_out(&rec, flags)),
-            Err(e) => reply.error(e),
+        self.with_lease_waits(reply, move |fs, reply| {
+            match fs.open_file(&req, ino, flags) {
+                Ok(out) => reply.ok().open(&out),
+                Err(e) => reply.error(e),
+            }
         })
     }
 

@@ -16,6 +16,10 @@ pub type Done<T> = Box<dyn FnOnce(Result<T, Errno>) + Send>;
 /// Whether an inode is open on this mount (an unlinked open inode becomes an orphan).
 pub type IsOpen = std::sync::Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
+/// Gives the (inode, atime) pairs an atime change commits, when it runs (so that accesses
+/// made while it waited in the queue ride along).
+pub type AtimeTake = Box<dyn FnMut() -> Vec<(u64, i64)> + Send>;
+
 /// The root directory's inode number (FUSE's root nodeid).
 pub const ROOT_INO: u64 = 1;
 
@@ -414,8 +418,10 @@ pub trait MetaStore: Send + Sync + 'static {
     fn close(&self);
 
     // Access times and file attributes (issue 17).
-    /// Sets an inode's atime alone (a read or a listing moved it): ctime stays.
-    fn touch_atime(&self, ino: u64, atime_ns: i64, done: Done<()>);
+    /// Sets inodes' atimes alone (reads or listings moved them; ctime stays) in one change
+    /// queued for the committer's thread: nothing waits for it but `done`, which gets the
+    /// pairs committed. An inode gone by then is skipped.
+    fn touch_atimes(&self, take: AtimeTake, done: Done<Vec<(u64, i64)>>);
     /// Every inode with file-attribute flags (chattr's), and its flags.
     fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno>;
     /// Sets an inode's file-attribute flags (none: 0) and its ctime, in one change.

@@ -26,6 +26,14 @@ macro_rules! attr_columns {
     };
 }
 const GETATTR_SQL: &str = concat!("SELECT ", attr_columns!(), " FROM inodes i WHERE i.ino = ?");
+/// `attr_columns!`'s count: the column after them is at this index.
+const ATTR_COLUMN_COUNT: usize = 11;
+/// An open's read of a file: its attributes and inline bytes in one row.
+const LOAD_FILE_SQL: &str = concat!(
+    "SELECT ",
+    attr_columns!(),
+    ", i.inline_data FROM inodes i WHERE i.ino = ?"
+);
 /// The same columns, unqualified, for a RETURNING clause of a statement on `inodes`.
 macro_rules! returning_attr_columns {
     () => {
@@ -232,9 +240,8 @@ pub fn listxattr(tx: &mut dyn Tx, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
 /// The inode, its inline bytes, its chunk map and its slices (the caller makes it one
 /// snapshot; the last three are read in one round trip).
 pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
-    let attr = getattr(tx, ino)?;
-    let [inline, chunk_rows, slice_rows] = <[Vec<Row>; 3]>::try_from(tx.queries(&[
-        ("SELECT inline_data FROM inodes WHERE ino = ?", &args![ino]),
+    let [inode, chunk_rows, slice_rows] = <[Vec<Row>; 3]>::try_from(tx.queries(&[
+        (LOAD_FILE_SQL, &args![ino]),
         (
             "SELECT idx, block, len, crc FROM chunks WHERE ino = ? ORDER BY idx",
             &args![ino],
@@ -245,7 +252,9 @@ pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
         ),
     ])?)
     .map_err(|_| DbError::Other("three queries, not three answers".into()))?;
-    let inline = inline.first().ok_or(libc::ENOENT)?.opt_bytes(0)?;
+    let inode = inode.first().ok_or(libc::ENOENT)?;
+    let attr = attr_from_row(inode, 0)?;
+    let inline = inode.opt_bytes(ATTR_COLUMN_COUNT)?;
     let chunks = chunk_rows
         .iter()
         .map(|r| {
@@ -1479,14 +1488,18 @@ pub fn changes_since(
     Ok(out)
 }
 
-pub fn touch_atime<C: Tx>(w: &mut Writer<C>, ino: u64, atime_ns: i64) -> Result<(), Errno> {
-    if w.log_changes {
-        w.attr_events.push((ino, None));
+/// Sets the atimes of `atimes`' inodes (an inode gone since matches no row). One statement
+/// each, sent together on PostgreSQL.
+pub fn touch_atimes<C: Tx>(w: &mut Writer<C>, atimes: &[(u64, i64)]) -> Result<(), Errno> {
+    for &(ino, atime_ns) in atimes {
+        if w.log_changes {
+            w.attr_events.push((ino, None));
+        }
+        w.tx().execute_later(
+            "UPDATE inodes SET atime_ns = ? WHERE ino = ?",
+            &args![atime_ns, ino],
+        )?;
     }
-    w.tx().execute(
-        "UPDATE inodes SET atime_ns = ? WHERE ino = ?",
-        &args![atime_ns, ino],
-    )?;
     Ok(())
 }
 
@@ -1820,4 +1833,12 @@ pub fn release_locks<C: Tx>(
         )?,
     };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn attr_column_count_is_the_columns_attr_from_row_reads() {
+        assert_eq!(super::ATTR_COLUMN_COUNT, attr_columns!().split(',').count());
+    }
 }

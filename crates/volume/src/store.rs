@@ -1000,8 +1000,17 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         }
     }
 
-    fn touch_atime(&self, ino: u64, atime_ns: i64, done: Done<()>) {
-        self.submit(false, move |w| ops::touch_atime(w, ino, atime_ns), done)
+    fn touch_atimes(&self, mut take: AtimeTake, done: Done<Vec<(u64, i64)>>) {
+        self.queue(
+            false,
+            false,
+            move |w| {
+                let atimes = take();
+                ops::touch_atimes(w, &atimes)?;
+                Ok(atimes)
+            },
+            done,
+        )
     }
 
     fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno> {

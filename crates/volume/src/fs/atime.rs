@@ -9,11 +9,18 @@
 //! without FOPEN_KEEP_CACHE, which makes the kernel drop the file's cached pages and send
 //! that read here, and gets a handle of its own with [`FH_ATIME_DUE`] set. Under relatime
 //! the first read of such an open applies the rule (one store read) and later ones cost
-//! nothing (`AtimeDue`); under strictatime every read moves atime. The atime is committed
-//! before the read is answered, so a stat right after it sees the new time.
+//! nothing (`AtimeDue`); under strictatime every read moves atime.
+//!
+//! A read does not wait for its atime's commit (`cp -a` out of a volume paid one commit per
+//! file on its reads): the new atime goes to [`PendingAtimes`], which every attribute answer
+//! of this mount overlays, so a stat right after the read sees it, and one queued change
+//! commits every pending atime at once. fsync, fsyncdir and syncfs queue behind it, so
+//! they make the atimes of reads before them durable like any change; a kill -9 before its
+//! commit loses those atimes (never anything else). A setattr that sets atime drops the
+//! inode's pending one first: the commit order is the requests' order either way.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use lanefs_fuse::Reply;
@@ -90,6 +97,84 @@ impl AtimeDue {
     }
 }
 
+/// Atimes this mount moved that are not committed yet: ino → atime.
+pub(crate) struct PendingAtimes {
+    /// Each mutex protects one shard's map; leaf locks, held for one map operation (the
+    /// commit's `take` holds one shard at a time).
+    shards: Vec<Mutex<HashMap<u64, i64>>>,
+    /// Entries in all shards: attribute answers look at no shard while there are none.
+    len: AtomicUsize,
+    /// A change that commits them is queued and has not taken them yet.
+    queued: AtomicBool,
+}
+
+impl PendingAtimes {
+    pub(super) fn new() -> PendingAtimes {
+        PendingAtimes {
+            shards: (0..OPEN_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+            len: AtomicUsize::new(0),
+            queued: AtomicBool::new(false),
+        }
+    }
+
+    fn shard(&self, ino: u64) -> MutexGuard<'_, HashMap<u64, i64>> {
+        self.shards[(ino as usize) % OPEN_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `rec` as this mount sees it: with its pending atime.
+    pub(crate) fn overlay(&self, rec: &mut InodeRec) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if let Some(&atime) = self.shard(rec.ino).get(&rec.ino) {
+            rec.atime_ns = atime;
+        }
+    }
+
+    /// Records `ino`'s new atime; true when no queued change will take it, so the caller
+    /// must queue one.
+    fn record(&self, ino: u64, atime_ns: i64) -> bool {
+        if self.shard(ino).insert(ino, atime_ns).is_none() {
+            self.len.fetch_add(1, Ordering::AcqRel);
+        }
+        !self.queued.swap(true, Ordering::AcqRel)
+    }
+
+    /// A setattr sets `ino`'s atime: its pending one must not be committed after it.
+    pub(super) fn forget(&self, ino: u64) {
+        if self.len.load(Ordering::Acquire) != 0 && self.shard(ino).remove(&ino).is_some() {
+            self.len.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// For the queued change, when it runs: every pending atime. An atime recorded after
+    /// `queued` is cleared queues a change of its own (at worst one with nothing to do).
+    fn take(&self) -> Vec<(u64, i64)> {
+        self.queued.store(false, Ordering::Release);
+        let mut all = Vec::with_capacity(self.len.load(Ordering::Acquire));
+        for shard in &self.shards {
+            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(shard.iter().map(|(&ino, &atime)| (ino, atime)));
+        }
+        all
+    }
+
+    /// `atimes` are committed: each stops being overlaid unless it was moved again since.
+    fn committed(&self, atimes: &[(u64, i64)]) {
+        for &(ino, atime) in atimes {
+            let mut shard = self.shard(ino);
+            if shard.get(&ino) == Some(&atime) {
+                shard.remove(&ino);
+                self.len.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
 impl VolumeFs {
     /// The handle of the mount's atime flags, for following remounts.
     pub fn atime_switch(&self) -> AtimeSwitch {
@@ -98,6 +183,8 @@ impl VolumeFs {
 
     /// Whether an access now moves `rec`'s atime (its times as the kernel sees them).
     fn atime_moves(&self, rec: &InodeRec, now: i64) -> bool {
+        let mut rec = rec.clone();
+        self.pending_atimes.overlay(&mut rec);
         let mtime = self
             .open
             .get(rec.ino)
@@ -167,21 +254,25 @@ impl VolumeFs {
         self.touch_then_reply(rec.ino, now, bytes.to_vec(), reply);
     }
 
-    /// Commits `ino`'s atime `now`, then answers with `bytes` (a failed commit is logged:
-    /// the read itself succeeded).
+    /// Moves `ino`'s atime to `now` and answers with `bytes` at once: the atime is pending
+    /// (overlaid on this mount's answers) until the queued change commits it.
     fn touch_then_reply(&self, ino: u64, now: i64, bytes: Vec<u8>, reply: Reply) {
-        self.store.touch_atime(
-            ino,
-            now,
-            Box::new(move |r| {
-                if let Err(e) = r {
-                    tracing::warn!(
-                        "volume: moving the atime of inode {ino}: {}",
+        // An inode answered early keeps a predicted record: it is read back after this.
+        self.dirops.mark_stale(ino);
+        if self.pending_atimes.record(ino, now) {
+            let (take_from, done_in) = (self.pending_atimes.clone(), self.pending_atimes.clone());
+            self.store.touch_atimes(
+                Box::new(move || take_from.take()),
+                Box::new(move |r| match r {
+                    Ok(atimes) => done_in.committed(&atimes),
+                    // Left pending: the next change queued takes them again.
+                    Err(e) => tracing::warn!(
+                        "volume: committing access times: {}; tried again with the next",
                         std::io::Error::from_raw_os_error(e)
-                    );
-                }
-                reply.data(&bytes)
-            }),
-        )
+                    ),
+                }),
+            );
+        }
+        reply.data(&bytes)
     }
 }
