@@ -138,15 +138,22 @@ impl PendingAtimes {
     /// Records `ino`'s new atime; true when no queued change will take it, so the caller
     /// must queue one.
     fn record(&self, ino: u64, atime_ns: i64) -> bool {
-        if self.shard(ino).insert(ino, atime_ns).is_none() {
+        // `len` changes under the shard's lock with the entry, so it never goes below 0.
+        let mut shard = self.shard(ino);
+        if shard.insert(ino, atime_ns).is_none() {
             self.len.fetch_add(1, Ordering::AcqRel);
         }
+        drop(shard);
         !self.queued.swap(true, Ordering::AcqRel)
     }
 
     /// A setattr sets `ino`'s atime: its pending one must not be committed after it.
     pub(super) fn forget(&self, ino: u64) {
-        if self.len.load(Ordering::Acquire) != 0 && self.shard(ino).remove(&ino).is_some() {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut shard = self.shard(ino);
+        if shard.remove(&ino).is_some() {
             self.len.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -155,7 +162,7 @@ impl PendingAtimes {
     /// `queued` is cleared queues a change of its own (at worst one with nothing to do).
     fn take(&self) -> Vec<(u64, i64)> {
         self.queued.store(false, Ordering::Release);
-        let mut all = Vec::with_capacity(self.len.load(Ordering::Acquire));
+        let mut all = Vec::new();
         for shard in &self.shards {
             let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             all.extend(shard.iter().map(|(&ino, &atime)| (ino, atime)));
