@@ -102,6 +102,11 @@ const CHUNKS_SQL: &str =
     "SELECT idx, block, len, crc FROM chunks WHERE ino = CAST(? AS BIGINT) ORDER BY idx";
 const SLICES_SQL: &str =
     "SELECT idx, pos, len, block, crc FROM slices WHERE ino = CAST(? AS BIGINT) ORDER BY idx, seq";
+/// A slice laid over the chunk's others (CAST: as `CHUNKS_SQL`'s; a max() over a key prefix
+/// is planned by the bound values too).
+const INSERT_SLICE_SQL: &str = "INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
+     SELECT ?, ?, coalesce(max(seq), 0) + 1, ?, ?, ?, ? FROM slices
+     WHERE ino = CAST(? AS BIGINT) AND idx = CAST(? AS BIGINT)";
 /// A freed inode's rows, besides its chunks.
 const FREE_INODE_SQL: [&str; 4] = [
     "DELETE FROM inodes WHERE ino = ?",
@@ -1237,8 +1242,7 @@ pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>,
         // Over the chunk's slices so far: its seq is theirs plus one (the inode's row,
         // updated first, orders two mounts' commits).
         w.tx().execute_later(
-            "INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
-             SELECT ?, ?, coalesce(max(seq), 0) + 1, ?, ?, ?, ? FROM slices WHERE ino = ? AND idx = ?",
+            INSERT_SLICE_SQL,
             &args![u.ino, s.idx, s.pos, s.len, s.block, s.crc, u.ino, s.idx],
         )?;
     }
@@ -1861,9 +1865,9 @@ mod tests {
             .get_status(rusqlite::StatementStatus::RePrepare)
     }
 
-    /// The reads every OPEN, LISTXATTR and READDIR make are planned once per connection
-    /// (see `CHUNKS_SQL`'s comment); the plain `= ?` form of the same statement, which they
-    /// used to be, is prepared again at every use.
+    /// The reads every OPEN, LISTXATTR and READDIR make, and a flush's slice insert, are
+    /// planned once per connection (see `CHUNKS_SQL`'s comment); the plain `= ?` form of the
+    /// same statement, which they used to be, is prepared again at every use.
     #[test]
     fn reads_are_never_prepared_again() {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
@@ -1875,6 +1879,19 @@ mod tests {
         assert!(
             prepared_again(&conn, &plain) > 0,
             "SQLite no longer prepares `{plain}` again: the casts can go"
+        );
+        // Every flush that lays a slice.
+        for seq in 1..=3i64 {
+            conn.prepare_cached(INSERT_SLICE_SQL)
+                .unwrap()
+                .execute([7, 0, 0, 4096, seq, 0, 7, 0])
+                .unwrap();
+        }
+        let statement = conn.prepare_cached(INSERT_SLICE_SQL).unwrap();
+        assert_eq!(
+            statement.get_status(rusqlite::StatementStatus::RePrepare),
+            0,
+            "{INSERT_SLICE_SQL}"
         );
     }
 }
