@@ -203,12 +203,7 @@ fn kernel_tree_untars_compares_and_removes() {
     );
     let (nout, _) = natively.join().unwrap();
     assert!(nout.status.success());
-    let top = std::fs::read_dir(native.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .file_name();
+    let top = common::top_entry(native.path());
     let entries = run_ok(Command::new("find").arg(".").current_dir(native.path()))
         .lines()
         .count();

@@ -160,12 +160,7 @@ fn volume_kernel_tree_untars_and_compares_after_remount() {
     m.unmount();
     volume.assert_clean();
     let m = volume.mount(&[]);
-    let top = std::fs::read_dir(native.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .file_name();
+    let top = common::top_entry(native.path());
     diff_r(&native.path().join(&top), &m.mountpoint.join(&top));
     let (got, want) = (
         common::listing_but_dir_sizes(&m.mountpoint),

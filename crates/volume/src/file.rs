@@ -808,32 +808,11 @@ impl FileState {
                     continue;
                 }
                 // The whole chunk as a new block (dropping any slices: compaction).
-                if bytes.iter().all(|b| *b == 0) {
-                    // A hole whether or not this mount knows of a chunk there: on a shared
-                    // volume another mount may have stored one since this one read the file.
-                    update.holes.push(idx);
-                    continue;
-                }
-                let block = dp.new_block_id();
-                update.set.push(ChunkRec {
-                    idx,
-                    block,
-                    len: bytes.len() as u64,
-                    crc: checksum(&bytes),
-                });
-                puts.push((block, bytes));
-                uploaded.push(block);
+                stage_whole_chunk(dp, idx, bytes, &mut update, &mut puts, &mut uploaded);
             }
             self.store_blocks(dp, puts, &uploaded)?;
         }
-        let applied = update.clone();
-        let released = match meta::wait(|done| store.update_data(update, done)) {
-            Ok(released) => released,
-            Err(e) => {
-                self.discard_unreferenced(dp, store, &uploaded);
-                return Err(e);
-            }
-        };
+        let (applied, released) = self.commit_data(dp, store, update, &uploaded)?;
         let _gate = write_lock(&self.gate);
         write_lock(&self.committed).apply(applied);
         // Retire the chunks no write touched since the snapshot; the others stay dirty.
@@ -878,6 +857,25 @@ impl FileState {
             self.discard(dp, uploaded);
             e.raw_os_error().unwrap_or(libc::EIO)
         })
+    }
+
+    /// Commits `update`, whose new blocks are `uploaded` (deleted if the commit fails): what
+    /// the committed view applies, and the blocks the commit released.
+    fn commit_data(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        update: DataUpdate,
+        uploaded: &[u64],
+    ) -> Result<(DataUpdate, Vec<u64>), Errno> {
+        let applied = update.clone();
+        match meta::wait(|done| store.update_data(update, done)) {
+            Ok(released) => Ok((applied, released)),
+            Err(e) => {
+                self.discard_unreferenced(dp, store, uploaded);
+                Err(e)
+            }
+        }
     }
 
     /// Whether a stored chunk has at least `slices` slices (and nothing unflushed over it).
@@ -925,38 +923,17 @@ impl FileState {
             }
             let mut bytes = self.base(dp, idx)?;
             bytes.truncate((size - start).min(CHUNK_BYTES) as usize);
-            if bytes.iter().all(|b| *b == 0) {
-                update.holes.push(idx);
-                continue;
-            }
-            let block = dp.new_block_id();
-            update.set.push(ChunkRec {
-                idx,
-                block,
-                len: bytes.len() as u64,
-                crc: checksum(&bytes),
-            });
-            puts.push((block, Bytes::from(bytes)));
-            uploaded.push(block);
+            let bytes = Bytes::from(bytes);
+            stage_whole_chunk(dp, idx, bytes, &mut update, &mut puts, &mut uploaded);
         }
         if update.set.is_empty() && update.holes.is_empty() {
             return Ok(Vec::new());
         }
         self.store_blocks(dp, puts, &uploaded)?;
-        let applied = update.clone();
-        let released = match meta::wait(|done| store.update_data(update, done)) {
-            Ok(released) => released,
-            Err(e) => {
-                self.discard_unreferenced(dp, store, &uploaded);
-                return Err(e);
-            }
-        };
+        let (applied, released) = self.commit_data(dp, store, update, &uploaded)?;
+        // (A file with slices has no inline bytes: the update's none leaves it so.)
         let _gate = write_lock(&self.gate);
-        let mut c = write_lock(&self.committed);
-        let inline = c.inline.take();
-        c.apply(applied);
-        c.inline = inline;
-        drop(c);
+        write_lock(&self.committed).apply(applied);
         for b in &released {
             dp.forget_cached(*b);
         }
@@ -1287,6 +1264,33 @@ fn copy_part(dst: &mut [u8], src: &[u8], within: usize) {
         let n = dst.len().min(src.len() - within);
         dst[..n].copy_from_slice(&src[within..within + n]);
     }
+}
+
+/// Stages chunk `idx`'s whole content `bytes` for a flush or a compaction: a new block (in
+/// `update.set`, `puts` and `uploaded`), or a hole when it is all zeros, whether or not this
+/// mount knows of a chunk there (on a shared volume another mount may have stored one since
+/// this one read the file).
+fn stage_whole_chunk(
+    dp: &DataPath,
+    idx: u64,
+    bytes: Bytes,
+    update: &mut DataUpdate,
+    puts: &mut Vec<(u64, Bytes)>,
+    uploaded: &mut Vec<u64>,
+) {
+    if bytes.iter().all(|b| *b == 0) {
+        update.holes.push(idx);
+        return;
+    }
+    let block = dp.new_block_id();
+    update.set.push(ChunkRec {
+        idx,
+        block,
+        len: bytes.len() as u64,
+        crc: checksum(&bytes),
+    });
+    puts.push((block, bytes));
+    uploaded.push(block);
 }
 
 #[cfg(test)]

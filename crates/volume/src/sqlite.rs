@@ -176,10 +176,7 @@ impl Tx for SqliteConn {
 impl Conn for SqliteConn {
     fn begin(&mut self, sync: bool) -> Result<(), DbError> {
         if sync {
-            // A PRAGMA acts when it is prepared: never from the statement cache.
-            self.0
-                .execute_batch("PRAGMA synchronous=FULL")
-                .map_err(error_of)?;
+            self.run("PRAGMA synchronous=FULL")?;
         }
         let mut tries = 0;
         let begun = loop {
@@ -249,11 +246,15 @@ impl Conn for SqliteConn {
 }
 
 impl SqliteConn {
-    /// Runs one statement of ours (not a PRAGMA, which acts when prepared) from the
-    /// connection's cache of prepared statements: `execute_batch` would parse it again each
-    /// time (BEGIN and COMMIT of every read and batch, the committer's SAVEPOINTs: 4 % of a
-    /// worker's time in `cp -a` off a volume).
+    /// Runs one statement of ours from the connection's cache of prepared statements:
+    /// `execute_batch` would parse it again each time (BEGIN and COMMIT of every read and
+    /// batch, the committer's SAVEPOINTs: 4 % of a worker's time in `cp -a` off a volume).
+    /// A PRAGMA acts when it is prepared, so a cached one would do nothing the second time
+    /// (a sync commit's `synchronous=FULL` among them): those are parsed each time.
     fn run(&mut self, sql: &str) -> Result<(), DbError> {
+        if sql.starts_with("PRAGMA") {
+            return self.0.execute_batch(sql).map_err(error_of);
+        }
         self.0
             .prepare_cached(sql)
             .and_then(|mut s| s.raw_execute())
@@ -262,7 +263,7 @@ impl SqliteConn {
     }
 
     fn normal(&mut self) {
-        if let Err(e) = self.0.execute_batch("PRAGMA synchronous=NORMAL") {
+        if let Err(e) = self.run("PRAGMA synchronous=NORMAL") {
             tracing::warn!("volume: PRAGMA synchronous=NORMAL: {e}");
         }
     }

@@ -519,6 +519,16 @@ pub fn stress_ng_file_system(dir: &Path) {
     }
 }
 
+/// The name of the one entry an extracted tarball leaves in `dir` (its top directory).
+pub fn top_entry(dir: &Path) -> std::ffi::OsString {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .next()
+        .expect("an empty directory")
+        .unwrap()
+        .file_name()
+}
+
 /// Debian's kernel source tarball (`apt-get install linux-source`), the newest there is.
 pub fn kernel_tarball() -> Option<PathBuf> {
     let mut found: Vec<_> = std::fs::read_dir("/usr/src")
