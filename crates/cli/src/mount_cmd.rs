@@ -130,6 +130,12 @@ pub struct MountArgs {
     /// commit that then failed. `-o sync` and `-o dirsync` imply it.
     #[arg(long)]
     pub no_async_dirops: bool,
+    /// Volume: the local directory of the session's intent log, the changes answered before
+    /// their commit, which the next mount on this machine applies after a crash [default:
+    /// beside an SQLite database (`DB-intent`), /var/lib/lanefs/intent/VOLUME-ID for
+    /// PostgreSQL].
+    #[arg(long, value_name = "DIR")]
+    pub intent_dir: Option<PathBuf>,
     /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -335,6 +341,7 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
             flush_on_close: !args.no_flush_on_close,
             async_dirops: !args.no_async_dirops
                 && options::mount_flags(args) & (libc::MS_SYNCHRONOUS | libc::MS_DIRSYNC) == 0,
+            intent_dir: args.intent_dir.clone(),
             ..VolumeOptions::default()
         };
         if let Some(secs) = args.attr_timeout {

@@ -163,6 +163,7 @@ pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
             "no_file_handles" => args.no_file_handles = true,
             "no_flush_on_close" | "noflush" => args.no_flush_on_close = true,
             "no_async_dirops" => args.no_async_dirops = true,
+            "intent_dir" => args.intent_dir = Some(need("DIR")?.into()),
             "allow_other" => args.allow_other = true,
             "default_permissions" => args.default_permissions = true,
             "fsname" => args.fsname = Some(need("NAME")?.to_owned()),
@@ -301,6 +302,22 @@ mod tests {
         assert!(w.args.no_async_dirops);
         let w = Wrapper::parse_from(["t", "--no-async-dirops", "/srv", "/mnt"]);
         assert!(w.args.no_async_dirops);
+    }
+
+    #[test]
+    fn intent_dir_as_flag_and_option() {
+        let mut w = Wrapper::parse_from(["t", "/srv", "/mnt"]);
+        assert_eq!(w.args.intent_dir, None);
+        apply(&mut w.args, &["rw,intent_dir=/var/tmp/il".into()]).unwrap();
+        assert_eq!(
+            w.args.intent_dir.as_deref(),
+            Some(std::path::Path::new("/var/tmp/il"))
+        );
+        let w = Wrapper::parse_from(["t", "--intent-dir", "/l", "/srv", "/mnt"]);
+        assert_eq!(
+            w.args.intent_dir.as_deref(),
+            Some(std::path::Path::new("/l"))
+        );
     }
 
     #[test]

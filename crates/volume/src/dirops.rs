@@ -896,7 +896,7 @@ impl AsyncDirops {
     /// (an open reads the store only after); its predicted attributes, where it has them,
     /// take the new size and times, else none are answered until the commit; a failure is
     /// logged, counted and reported by the file's next fsync.
-    pub fn update_data_early(&self, update: DataUpdate, failed: Box<dyn FnOnce(Errno) + Send>) {
+    pub fn update_data_early(&self, update: InlineUpdate, failed: Box<dyn FnOnce(Errno) + Send>) {
         let ino = update.ino;
         {
             let mut inodes = self.inodes.shard(ino);
@@ -1465,7 +1465,7 @@ impl MetaStore for AsyncDirops {
             .remove_in_background(parent, name, dir, now_ns, is_open, done)
     }
 
-    fn update_data_in_background(&self, update: DataUpdate, done: Done<Vec<u64>>) {
+    fn update_data_in_background(&self, update: InlineUpdate, done: Done<Vec<u64>>) {
         self.inner.update_data_in_background(update, done)
     }
 

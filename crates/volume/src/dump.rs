@@ -145,6 +145,7 @@ pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
         }
         None => return Err("load: the input is not a lanefs volume dump".into()),
     };
+    volume::forget_intent_logs(db)?;
     let conn = rusqlite::Connection::open(db).map_err(|e| format!("{}: {e}", db.display()))?;
     let result = (|| -> Result<(), String> {
         conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))

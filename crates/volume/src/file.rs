@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use bytes::Bytes;
 
 use crate::blocks::{BlockStore, checksum};
-use crate::meta::{self, ChunkRec, DataUpdate, Errno, FileRec, MetaStore, SliceRec};
+use crate::meta::{self, ChunkRec, DataUpdate, Errno, FileRec, InlineUpdate, MetaStore, SliceRec};
 
 /// A file is cut into chunks of this size; a chunk's content is one block and the slices
 /// laid over it (see ARCHITECTURE.md, "Data", for why 1 MiB).
@@ -438,7 +438,7 @@ impl EarlyCommit {
 
 /// Queues a file's data change for commit without waiting; the callback runs with the
 /// errno if the commit fails.
-pub type QueueEarly<'a> = &'a dyn Fn(DataUpdate, Box<dyn FnOnce(Errno) + Send>);
+pub type QueueEarly<'a> = &'a dyn Fn(InlineUpdate, Box<dyn FnOnce(Errno) + Send>);
 
 fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|e| e.into_inner())
@@ -969,13 +969,12 @@ impl FileState {
             content.truncate(size as usize);
             content
         };
-        let update = DataUpdate {
+        let update = InlineUpdate {
             ino: self.ino,
             size,
             mtime_ns: mtime,
             ctime_ns: mtime,
-            inline: Some(content),
-            ..Default::default()
+            bytes: content,
         };
         self.early.failed.store(false, Ordering::Release);
         self.early.writes.store(writes, Ordering::Release);

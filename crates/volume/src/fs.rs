@@ -78,6 +78,9 @@ pub struct VolumeOptions {
     /// Answer creates, mkdirs, unlinks and rmdirs before they commit where the answer is
     /// known (see `dirops`); only on a volume one mount holds. Off: `--no-async-dirops`.
     pub async_dirops: bool,
+    /// Where the session's intent log goes (see `intent`); None: beside an SQLite
+    /// database, or /var/lib/lanefs/intent/<volume id> for a shared volume.
+    pub intent_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for VolumeOptions {
@@ -92,6 +95,7 @@ impl Default for VolumeOptions {
             heartbeat_interval: HEARTBEAT_INTERVAL,
             flush_on_close: true,
             async_dirops: true,
+            intent_dir: None,
         }
     }
 }

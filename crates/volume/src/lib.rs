@@ -9,6 +9,7 @@ pub mod dump;
 pub mod file;
 pub mod fs;
 pub mod fsck;
+pub mod intent;
 pub mod leases;
 pub mod location;
 pub mod meta;

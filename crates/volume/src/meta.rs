@@ -66,7 +66,7 @@ pub struct XattrSet {
 }
 
 /// A new inode and its name.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct NewNode {
     /// The inode number, when the caller chose it from a range the store delegated to it
     /// (`MetaStore::delegate_inodes`); None: the store picks one.
@@ -200,8 +200,32 @@ pub struct DataUpdate {
     pub keep_times: bool,
 }
 
+/// A new small file's bytes, committed after its close returned (`FileState::flush_early`):
+/// the file is inline with these bytes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InlineUpdate {
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub bytes: Vec<u8>,
+}
+
+impl InlineUpdate {
+    pub fn to_data_update(&self) -> DataUpdate {
+        DataUpdate {
+            ino: self.ino,
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            ctime_ns: self.ctime_ns,
+            inline: Some(self.bytes.clone()),
+            ..DataUpdate::default()
+        }
+    }
+}
+
 /// Attribute changes of a SETATTR (sizes go through [`DataUpdate`]).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AttrChange {
     pub mode: Option<u32>,
     pub uid: Option<u32>,
@@ -386,9 +410,9 @@ pub trait MetaStore: Send + Sync + 'static {
         is_open: IsOpen,
         done: Done<Removed>,
     );
-    /// A data change (a small file's inline bytes) that nobody waits for, queued as
+    /// A new small file's inline bytes that nobody waits for, queued as
     /// `create_in_background` is.
-    fn update_data_in_background(&self, update: DataUpdate, done: Done<Vec<u64>>);
+    fn update_data_in_background(&self, update: InlineUpdate, done: Done<Vec<u64>>);
     /// An attribute change of an inode created here and not committed yet, that nobody
     /// waits for, queued as `create_in_background` is.
     fn setattr_in_background(&self, ino: u64, change: AttrChange, done: Done<InodeRec>);

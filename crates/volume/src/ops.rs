@@ -1611,6 +1611,12 @@ pub fn expire_sessions<C: Tx>(
     Ok(dead)
 }
 
+/// Moves a session's intent-log watermark (see `intent`).
+pub const INTENT_APPLIED_SQL: &str =
+    "UPDATE intent_logs SET applied = ?, above = ? WHERE session = ?";
+/// Drops a session's intent-log row, once its file is gone.
+pub const DROP_INTENT_LOG_SQL: &str = "DELETE FROM intent_logs WHERE session = ?";
+
 /// Ends this session (unmount): its locks, leases, ranges and row (inside the caller's
 /// transaction).
 pub fn end_session(tx: &mut dyn Tx, session: u64) -> Result<(), DbError> {

@@ -6,7 +6,7 @@
 //! was made by a newer lanefs and is refused.
 
 /// The newest schema step this binary knows; also the volume's format version.
-pub const FORMAT_VERSION: i64 = 4;
+pub const FORMAT_VERSION: i64 = 5;
 
 /// Step 1: the whole first schema (see ARCHITECTURE.md, "Volume", for what each table is).
 const STEP_1: &str = "
@@ -87,8 +87,21 @@ CREATE TABLE slices (
 CREATE INDEX slices_by_block ON slices (block);
 ";
 
+/// Step 5: intent logs (issue 15). A row is one session's log of changes answered before
+/// their commit, kept on local disk at `path` on `host`; which of them are finished
+/// (`intent::Watermark`: every number up to `applied`, and the numbers listed in `above`,
+/// separated by commas), written in the same transaction as the batch that committed them,
+/// so a replay after a crash applies exactly the others. Only a mount on the log's machine
+/// replays it and drops the row (after the file), so another machine's cleanup of a dead
+/// session leaves the row alone.
+const STEP_5: &str = "
+CREATE TABLE intent_logs (
+    session BIGINT PRIMARY KEY, host TEXT NOT NULL, path TEXT NOT NULL,
+    applied BIGINT NOT NULL, above TEXT NOT NULL);
+";
+
 /// Every step, in order: `STEPS[i]` takes the schema from version `i` to `i + 1`.
-pub const STEPS: &[&str] = &[STEP_1, STEP_2, STEP_3, STEP_4];
+pub const STEPS: &[&str] = &[STEP_1, STEP_2, STEP_3, STEP_4, STEP_5];
 
 /// The step's text for an engine whose byte-string type is `bytes`.
 pub fn step_for(step: &str, bytes: &str) -> String {

@@ -7,13 +7,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::intent::{self, Intent, IntentLog, Watermark};
 use crate::meta::*;
 use crate::ops::{self, Writer};
-use crate::sql::{DbError, Tx};
+use crate::sql::{DbError, Tx, args};
 
 /// Changes joined into one transaction at most.
 pub const BATCH_OPS_MAX: usize = 256;
@@ -118,6 +119,8 @@ trait Job<C: Conn>: Send {
     /// After the commit (`Ok`) or its failure (the errno): answers.
     fn finish(self: Box<Self>, committed: Result<(), Errno>);
     fn sync(&self) -> bool;
+    /// Its number in the intent log (0: not logged).
+    fn logged(&self) -> u64;
 }
 
 struct Change<T, F> {
@@ -126,6 +129,7 @@ struct Change<T, F> {
     result: Option<Result<T, Errno>>,
     done: Done<T>,
     sync: bool,
+    logged: u64,
 }
 
 impl<C: Conn, T: Send, F: FnMut(&mut Writer<C>) -> Result<T, Errno> + Send> Job<C>
@@ -189,6 +193,10 @@ impl<C: Conn, T: Send, F: FnMut(&mut Writer<C>) -> Result<T, Errno> + Send> Job<
 
     fn sync(&self) -> bool {
         self.sync
+    }
+
+    fn logged(&self) -> u64 {
+        self.logged
     }
 }
 
@@ -325,6 +333,9 @@ pub struct SqlStore<C: Conn> {
     contact: Arc<Contact>,
     clock: Arc<VolumeClock>,
     recent_dirs: Option<Arc<RecentDirs>>,
+    /// The session's intent log, once `keep_intent_log` opened it (a mount that answers
+    /// changes before their commit); shared with the committer.
+    intent: Arc<OnceLock<IntentLog>>,
 }
 
 /// This session's contact with the database, as its heartbeats saw it.
@@ -340,6 +351,7 @@ impl<C: Conn> SqlStore<C> {
     /// Starts the committer's thread over an engine's opened parts.
     pub fn start(parts: EngineParts<C>) -> Result<SqlStore<C>, String> {
         let session = parts.writer.session;
+        let intent = Arc::new(OnceLock::new());
         let (jobs, rx) = std::sync::mpsc::channel();
         let recent_dirs = parts
             .recent_dir_ttl
@@ -351,6 +363,9 @@ impl<C: Conn> SqlStore<C> {
             closed: false,
             at_close: parts.at_close,
             recent_dirs: recent_dirs.clone(),
+            intent: intent.clone(),
+            finished: Watermark::default(),
+            unrecorded: false,
         }));
         let (wake, wake_rx) = std::sync::mpsc::channel();
         let writer = {
@@ -373,6 +388,7 @@ impl<C: Conn> SqlStore<C> {
             contact: Arc::new(Contact::default()),
             clock: Arc::new(parts.clock),
             recent_dirs,
+            intent,
         })
     }
 
@@ -386,6 +402,222 @@ impl<C: Conn> SqlStore<C> {
         self.readers[queue % n]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether changes answered before their commit go to an intent log.
+    fn logging(&self) -> bool {
+        self.intent.get().is_some()
+    }
+
+    /// Starts this session's intent log in `dir` (see `intent`): the file, and its row
+    /// (watermark 0) committed before any change is logged.
+    pub fn keep_intent_log(&self, dir: &std::path::Path, host: &str) -> Result<(), String> {
+        let log = IntentLog::create(dir, self.session)?;
+        let path = log.path().to_string_lossy().into_owned();
+        let (session, host) = (self.session, host.to_owned());
+        wait(|done| {
+            self.submit(
+                true,
+                move |w| {
+                    Ok(w.conn.execute(
+                        "INSERT INTO intent_logs (session, host, path, applied, above) VALUES (?, ?, ?, 0, '')",
+                        &args![session, host.as_str(), path.as_str()],
+                    )?)
+                },
+                done,
+            )
+        })
+        .map_err(|e| {
+            let _ = log.remove();
+            format!(
+                "recording the intent log {}: {}",
+                log.path().display(),
+                std::io::Error::from_raw_os_error(e)
+            )
+        })?;
+        let _ = self.intent.set(log);
+        Ok(())
+    }
+
+    /// Applies what crashed mounts of this machine answered and did not commit: every dead
+    /// session's log in `dir` (one whose lock can be taken), from past its watermark, in
+    /// order, each change in one transaction with the watermark's advance; then removes the
+    /// log and its row. A change that no longer fits is logged with its cause and skipped.
+    /// Also drops rows whose log in `dir` is gone (an end cut short between the two). Runs
+    /// before the mount serves anything. Returns (applied, skipped).
+    pub fn replay_intent_logs(&self, dir: &std::path::Path) -> Result<(u64, u64), String> {
+        let mut totals = (0, 0);
+        for log in intent::dead_logs(dir, Some(self.session))? {
+            let dead = log.session;
+            let mut watermark = self
+                .read(0, |c| {
+                    let row = c.query_opt(
+                        "SELECT applied, above FROM intent_logs WHERE session = ?",
+                        &args![dead],
+                    )?;
+                    Ok(match row {
+                        Some(r) => Watermark::parse(r.u64(0)?, &r.text(1)?),
+                        None => Watermark::default(),
+                    })
+                })
+                .map_err(|e| {
+                    format!(
+                        "reading the watermark of {}: {}",
+                        log.path.display(),
+                        std::io::Error::from_raw_os_error(e)
+                    )
+                })?;
+            // The dead session's leases go first (its process is gone: its log's lock was
+            // free), so that its own directories do not refuse its changes; another mount's
+            // lease still does.
+            wait(|done| {
+                self.submit(
+                    false,
+                    move |w| {
+                        Ok(w.conn
+                            .execute("DELETE FROM leases WHERE session = ?", &args![dead])?)
+                    },
+                    done,
+                )
+            })
+            .map_err(|e| {
+                format!(
+                    "dropping the leases of session {dead}: {}",
+                    std::io::Error::from_raw_os_error(e)
+                )
+            })?;
+            let pending: Vec<&(u64, Intent)> = log
+                .records
+                .iter()
+                .filter(|(seq, _)| !watermark.covers(*seq))
+                .collect();
+            let mut results = Vec::with_capacity(pending.len());
+            for (seq, intent) in pending {
+                // Each record commits with the dead log's watermark past it.
+                watermark = watermark.with([*seq]);
+                let (done_to, done_above) = (watermark.applied, watermark.above_text());
+                let intent = intent.clone();
+                let shared = self.session_expiry.is_some();
+                let clock = self.clock.clone();
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                let what = intent.describe();
+                self.submit(
+                    false,
+                    move |w| {
+                        w.conn.batch("SAVEPOINT replay")?;
+                        let outcome = apply_intent(w, &intent, shared.then(|| clock.now_ns()));
+                        let end = match outcome {
+                            Ok(()) => "RELEASE replay",
+                            Err(_) => "ROLLBACK TO replay; RELEASE replay",
+                        };
+                        w.conn.batch(end)?;
+                        w.conn.execute(
+                            ops::INTENT_APPLIED_SQL,
+                            &args![done_to, done_above.as_str(), dead],
+                        )?;
+                        Ok(outcome)
+                    },
+                    Box::new(move |r| {
+                        let _ = tx.send(r);
+                    }),
+                );
+                results.push((what, rx));
+            }
+            let (mut applied, mut skipped) = (0, 0);
+            for (what, rx) in results {
+                match rx.recv().unwrap_or(Err(libc::EIO)) {
+                    Ok(Ok(())) => applied += 1,
+                    Ok(Err(e)) => {
+                        skipped += 1;
+                        tracing::error!(
+                            "volume: {} (answered by crashed session {dead}, never committed) cannot be applied now: {}; skipped",
+                            what,
+                            std::io::Error::from_raw_os_error(e)
+                        );
+                    }
+                    Err(e) => {
+                        return Err(format!(
+                            "applying {} from {}: {}; the log stays for the next mount",
+                            what,
+                            log.path.display(),
+                            std::io::Error::from_raw_os_error(e)
+                        ));
+                    }
+                }
+            }
+            wait(|done| self.sync(done)).map_err(|e| {
+                format!(
+                    "committing what {} held: {}",
+                    log.path.display(),
+                    std::io::Error::from_raw_os_error(e)
+                )
+            })?;
+            std::fs::remove_file(&log.path)
+                .map_err(|e| format!("removing {}: {e}", log.path.display()))?;
+            wait(|done| {
+                self.submit(
+                    false,
+                    move |w| Ok(w.conn.execute(ops::DROP_INTENT_LOG_SQL, &args![dead])?),
+                    done,
+                )
+            })
+            .map_err(|e| {
+                format!(
+                    "dropping the row of {}: {}",
+                    log.path.display(),
+                    std::io::Error::from_raw_os_error(e)
+                )
+            })?;
+            if log.torn_bytes > 0 {
+                tracing::warn!(
+                    "volume: {} ended in {} bytes that are not a whole record (a write cut short by the crash): ignored",
+                    log.path.display(),
+                    log.torn_bytes
+                );
+            }
+            if applied + skipped > 0 {
+                tracing::info!(
+                    "volume: applied {applied} changes that crashed session {dead} answered before their commit ({skipped} skipped, logged above)"
+                );
+            }
+            totals.0 += applied;
+            totals.1 += skipped;
+        }
+        self.drop_orphaned_intent_rows(dir)?;
+        Ok(totals)
+    }
+
+    /// Rows of logs in `dir` whose file is gone (a clean end cut short after removing it).
+    fn drop_orphaned_intent_rows(&self, dir: &std::path::Path) -> Result<(), String> {
+        let rows = self
+            .read(0, |c| {
+                let rows = c.query("SELECT session, path FROM intent_logs", &[])?;
+                let mut found = Vec::with_capacity(rows.len());
+                for r in rows {
+                    found.push((r.u64(0)?, r.text(1)?));
+                }
+                Ok(found)
+            })
+            .map_err(|e| {
+                format!(
+                    "reading intent_logs: {}",
+                    std::io::Error::from_raw_os_error(e)
+                )
+            })?;
+        for (session, path) in rows {
+            let path = std::path::Path::new(&path);
+            if session == self.session || path.parent() != Some(dir) || path.exists() {
+                continue;
+            }
+            let _ = wait(|done| {
+                self.submit(
+                    false,
+                    move |w| Ok(w.conn.execute(ops::DROP_INTENT_LOG_SQL, &args![session])?),
+                    done,
+                )
+            });
+        }
+        Ok(())
     }
 
     /// Runs a read on a read connection; once more after reconnecting if the connection was
@@ -413,25 +645,40 @@ impl<C: Conn> SqlStore<C> {
         op: impl FnMut(&mut Writer<C>) -> Result<T, Errno> + Send + 'static,
         done: Done<T>,
     ) {
-        self.queue(sync, true, op, done)
+        self.queue(sync, true, None, op, done)
     }
 
     /// Queues a change; `inline`: the caller may commit it itself when nobody is committing
-    /// (it waits for the answer anyway), else only the writer thread does.
+    /// (it waits for the answer anyway), else only the writer thread does. `intent`: the
+    /// change is answered before its commit; it goes to the intent log, if the session keeps
+    /// one, before this returns.
     fn queue<T: Send + 'static>(
         &self,
         sync: bool,
         inline: bool,
+        intent: Option<Intent>,
         op: impl FnMut(&mut Writer<C>) -> Result<T, Errno> + Send + 'static,
         done: Done<T>,
     ) {
-        let job = Box::new(Change {
+        let mut job = Box::new(Change {
             op,
             result: None,
             done,
             sync,
+            logged: 0,
         });
-        if let Err(std::sync::mpsc::SendError(Msg::Job(job))) = self.jobs.send(Msg::Job(job)) {
+        let sent = match (intent, self.intent.get()) {
+            (Some(intent), Some(log)) => {
+                let mut sent = Ok(());
+                log.append(intent.encode(), |seq| {
+                    job.logged = seq;
+                    sent = self.jobs.send(Msg::Job(job));
+                });
+                sent
+            }
+            _ => self.jobs.send(Msg::Job(job)),
+        };
+        if let Err(std::sync::mpsc::SendError(Msg::Job(job))) = sent {
             // The writer is gone (unmounted): nothing can be committed.
             job.finish(Err(libc::EIO));
             return;
@@ -472,6 +719,12 @@ struct Committer<C: Conn> {
     at_close: fn(&mut C),
     /// Where committed batches' directory attributes go (see `RecentDirs`).
     recent_dirs: Option<Arc<RecentDirs>>,
+    /// The session's intent log (see `SqlStore::intent`).
+    intent: Arc<OnceLock<IntentLog>>,
+    /// The logged changes finished (committed, or failed at their commit).
+    finished: Watermark,
+    /// A batch of logged changes failed whole and no commit since has recorded `finished`.
+    unrecorded: bool,
 }
 
 impl<C: Conn> Committer<C> {
@@ -497,7 +750,26 @@ impl<C: Conn> Committer<C> {
             }
             let full = batch.len() == BATCH_OPS_MAX;
             match &mut self.w {
-                Some(w) if !batch.is_empty() => commit_batch(w, batch, self.recent_dirs.as_deref()),
+                Some(w) if !batch.is_empty() => {
+                    let logged: Vec<u64> = batch
+                        .iter()
+                        .map(|j| j.logged())
+                        .filter(|&s| s > 0)
+                        .collect();
+                    let finished =
+                        (!logged.is_empty() || self.unrecorded).then(|| self.finished.with(logged));
+                    let committed =
+                        commit_batch(w, batch, self.recent_dirs.as_deref(), finished.as_ref());
+                    if let Some(finished) = finished {
+                        self.finished = finished;
+                        self.unrecorded = committed.is_err();
+                        if committed.is_ok()
+                            && let Some(log) = self.intent.get()
+                        {
+                            log.committed(&self.finished);
+                        }
+                    }
+                }
                 _ => return false,
             }
             committed += 1;
@@ -527,10 +799,33 @@ fn run_writer<C: Conn>(committer: Arc<Mutex<Committer<C>>>, wake: Receiver<bool>
         let mut c = committer.lock().unwrap_or_else(|e| e.into_inner());
         c.drain(None);
         if c.closed {
+            // The log goes before its row: a row without its log is only a leftover, a log
+            // without its row would be replayed whole. A log with changes that never
+            // committed (the database was gone) stays, for the next mount to apply.
+            let log_gone = match c.intent.get() {
+                None => true,
+                Some(log) if c.unrecorded || !c.finished.covers(log.last()) => {
+                    tracing::error!(
+                        "volume: changes answered before their commit could not be committed; {} keeps them for the next mount of the volume on this machine",
+                        log.path().display()
+                    );
+                    false
+                }
+                Some(log) => match log.remove() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!("volume: removing {}: {e}", log.path().display());
+                        false
+                    }
+                },
+            };
             if let Some(mut w) = c.w.take() {
                 let session = w.session;
                 let ended = w.conn.begin(false).and_then(|()| {
                     ops::end_session(&mut w.conn, session)?;
+                    if log_gone {
+                        w.conn.execute(ops::DROP_INTENT_LOG_SQL, &args![session])?;
+                    }
                     w.conn.commit(false)
                 });
                 if let Err(e) = ended {
@@ -561,6 +856,7 @@ fn run_batch<C: Conn>(
     batch: &mut [Box<dyn Job<C>>],
     sync: bool,
     savepoints: bool,
+    finished: Option<&Watermark>,
 ) -> Run {
     w.attr_events.clear();
     if let Err(e) = w.conn.begin(sync) {
@@ -612,6 +908,19 @@ fn run_batch<C: Conn>(
             break;
         }
     }
+    // The intent log's watermark commits with the changes (with savepoints, the batch
+    // commits even when one of them failed: the watermark passes it, a failure being final).
+    let mut watermark_failed = None;
+    if (all_ok || savepoints)
+        && let Some(finished) = finished
+        && let Err(e) = w.conn.execute_later(
+            ops::INTENT_APPLIED_SQL,
+            &args![finished.applied, finished.above_text().as_str(), w.session],
+        )
+    {
+        watermark_failed = Some(e);
+        all_ok = false;
+    }
     if all_ok && let Err(e) = w.write_deferred_log() {
         // A failure to retry or reconnect is taken below; any other is one of the changes'
         // rows, found by running them again one savepoint each.
@@ -626,6 +935,11 @@ fn run_batch<C: Conn>(
     if let Some(e) = w.conn.take_failure() {
         roll_back(w);
         return Run::Again(e);
+    }
+    if let Some(e) = watermark_failed.filter(|_| savepoints) {
+        roll_back(w);
+        tracing::error!("volume: recording the intent log's watermark: {e}");
+        return Run::Done(Err(e.errno()));
     }
     if !savepoints && !all_ok {
         roll_back(w);
@@ -665,11 +979,14 @@ fn run_batch<C: Conn>(
     }
 }
 
+/// Commits a batch (with the intent log's watermark `finished`, when given) and answers its
+/// changes; whether it committed.
 fn commit_batch<C: Conn>(
     w: &mut Writer<C>,
     mut batch: Vec<Box<dyn Job<C>>>,
     recent_dirs: Option<&RecentDirs>,
-) {
+    finished: Option<&Watermark>,
+) -> Result<(), Errno> {
     let sync = batch.iter().any(|j| j.sync());
     let foreign_changes_before = recent_dirs.map_or(0, RecentDirs::foreign_changes);
     // A savepoint per change costs two statements (on PostgreSQL two round trips, a fifth of
@@ -680,7 +997,7 @@ fn commit_batch<C: Conn>(
     let mut tries = 0;
     let committed = loop {
         tries += 1;
-        match run_batch(w, &mut batch, sync, savepoints) {
+        match run_batch(w, &mut batch, sync, savepoints, finished) {
             Run::Done(result) => break result,
             Run::Isolate => {
                 savepoints = true;
@@ -718,6 +1035,7 @@ fn commit_batch<C: Conn>(
         _ => drop(events),
     }
     answer(batch, committed);
+    committed
 }
 
 /// Answers every job of a batch. An answer that panics (a bug in a completion) is logged and
@@ -733,6 +1051,37 @@ fn answer<C: Conn>(batch: Vec<Box<dyn Job<C>>>, committed: Result<(), Errno>) {
                 panic_text(&*panic)
             );
         }
+    }
+}
+
+/// One change of a dead session's intent log, by the code its synchronous form runs
+/// (`ops`), with the same checks. `unleased_at_ns`: on a shared volume, the volume clock's
+/// now, so that a create in a directory another mount leases now is refused.
+fn apply_intent<C: Conn>(
+    w: &mut Writer<C>,
+    intent: &Intent,
+    unleased_at_ns: Option<i64>,
+) -> Result<(), Errno> {
+    match intent {
+        Intent::Create(node) => {
+            let node = NewNode {
+                unleased_at_ns,
+                ..node.clone()
+            };
+            ops::create(w, &node).map(drop)
+        }
+        Intent::Remove {
+            parent,
+            name,
+            dir,
+            now_ns,
+        } => {
+            // Nothing is open on a mount that has not started serving.
+            let none_open: IsOpen = Arc::new(|_| false);
+            ops::remove(w, *parent, name, *dir, *now_ns, None, &none_open).map(drop)
+        }
+        Intent::Inline(update) => ops::update_data(w, &update.to_data_update()).map(drop),
+        Intent::Setattr { ino, change } => ops::setattr(w, *ino, change).map(drop),
     }
 }
 
@@ -791,7 +1140,8 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn create_in_background(&self, node: NewNode, done: Done<InodeRec>) {
-        self.queue(false, false, move |w| ops::create(w, &node), done)
+        let intent = self.logging().then(|| Intent::Create(node.clone()));
+        self.queue(false, false, intent, move |w| ops::create(w, &node), done)
     }
 
     fn remove_in_background(
@@ -803,20 +1153,45 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         is_open: IsOpen,
         done: Done<Removed>,
     ) {
+        let intent = self.logging().then(|| Intent::Remove {
+            parent,
+            name: name.clone(),
+            dir,
+            now_ns,
+        });
         self.queue(
             false,
             false,
+            intent,
             move |w| ops::remove(w, parent, &name, dir, now_ns, None, &is_open),
             done,
         )
     }
 
-    fn update_data_in_background(&self, update: DataUpdate, done: Done<Vec<u64>>) {
-        self.queue(false, false, move |w| ops::update_data(w, &update), done)
+    fn update_data_in_background(&self, update: InlineUpdate, done: Done<Vec<u64>>) {
+        let data = update.to_data_update();
+        let intent = self.logging().then_some(Intent::Inline(update));
+        self.queue(
+            false,
+            false,
+            intent,
+            move |w| ops::update_data(w, &data),
+            done,
+        )
     }
 
     fn setattr_in_background(&self, ino: u64, change: AttrChange, done: Done<InodeRec>) {
-        self.queue(false, false, move |w| ops::setattr(w, ino, &change), done)
+        let intent = self.logging().then(|| Intent::Setattr {
+            ino,
+            change: change.clone(),
+        });
+        self.queue(
+            false,
+            false,
+            intent,
+            move |w| ops::setattr(w, ino, &change),
+            done,
+        )
     }
 
     fn barrier(&self, done: Done<()>) {
@@ -825,7 +1200,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
 
     fn delegate_inodes(&self, done: Done<(u64, u64)>) {
         // The writer thread's: an early create asks for the next range without waiting.
-        self.queue(false, false, |w| Ok(w.take_range()?), done)
+        self.queue(false, false, None, |w| Ok(w.take_range()?), done)
     }
 
     fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
@@ -1004,6 +1379,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.queue(
             false,
             false,
+            None,
             move |w| {
                 let atimes = take();
                 ops::touch_atimes(w, &atimes)?;
@@ -1070,7 +1446,13 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn change_lease(&self, change: LeaseChange, done: Done<bool>) {
-        self.queue(false, false, move |w| ops::change_lease(w, change), done)
+        self.queue(
+            false,
+            false,
+            None,
+            move |w| ops::change_lease(w, change),
+            done,
+        )
     }
 
     fn changes_since(

@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rusqlite::Connection;
@@ -481,6 +481,7 @@ pub fn format_at(db: &Path, data: DataLocation, force: bool) -> Result<String, S
         }
     }
     data.clear()?;
+    forget_intent_logs(db)?;
     let now = now_ns();
     let conn = Connection::open(db).map_err(|e| format!("{shown}: {e}"))?;
     conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
@@ -567,6 +568,11 @@ pub fn open_for_mount(
     lock.cover_data(&settings.data)?;
     let store = SqliteStore::open(db, &hostname(), &mountpoint.to_string_lossy(), now_ns())
         .map_err(|e| format!("{}: starting a session: {e}", db.display()))?;
+    let intent_dir = options
+        .intent_dir
+        .clone()
+        .unwrap_or_else(|| intent_dir_of(db));
+    start_intent_log(&store, &intent_dir, options.async_dirops)?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
     Ok(VolumeFs::new(
         Arc::new(store),
@@ -600,6 +606,11 @@ pub fn open_for_mount_postgres(
         async_commit,
         options.attr_timeout,
     )?;
+    let intent_dir = match options.intent_dir.clone() {
+        Some(dir) => dir,
+        None => default_shared_intent_dir(&settings.uuid)?,
+    };
+    start_intent_log(&store, &intent_dir, options.async_dirops)?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
     options.shared = true;
     options.heartbeat_interval = postgres::HEARTBEAT_INTERVAL;
@@ -610,6 +621,61 @@ pub fn open_for_mount_postgres(
         options,
         VolumeLock::shared(),
     ))
+}
+
+/// Where an SQLite volume's intent logs live: beside the database, as SQLite's own
+/// `-wal` file is (`vol.db` → `vol.db-intent/`).
+pub fn intent_dir_of(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push("-intent");
+    PathBuf::from(name)
+}
+
+/// Removes what an earlier volume at `db` left in its intent log directory: a new database
+/// there must not be handed the old one's changes.
+pub fn forget_intent_logs(db: &Path) -> Result<(), String> {
+    let dir = intent_dir_of(db);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("removing {}: {e}", dir.display())),
+    }
+}
+
+/// Where a shared volume's intent logs live on this machine when no `intent_dir` was given:
+/// /var/lib/lanefs/intent/<volume id> for root, else under $XDG_STATE_HOME (or
+/// ~/.local/state).
+fn default_shared_intent_dir(uuid: &str) -> Result<PathBuf, String> {
+    // SAFETY: geteuid has no preconditions.
+    let base = if unsafe { libc::geteuid() } == 0 {
+        PathBuf::from("/var/lib/lanefs")
+    } else if let Some(state) = std::env::var_os("XDG_STATE_HOME") {
+        PathBuf::from(state).join("lanefs")
+    } else if let Some(home) = std::env::var_os("HOME") {
+        PathBuf::from(home).join(".local/state/lanefs")
+    } else {
+        return Err(
+            "no place for the volume's intent log: set -o intent_dir=DIR (a local directory)"
+                .into(),
+        );
+    };
+    Ok(base.join("intent").join(uuid))
+}
+
+/// Applies what crashed mounts of this machine left in their intent logs in `dir`, then
+/// (when changes are answered before their commit) starts this session's.
+fn start_intent_log<C: crate::store::Conn>(
+    store: &crate::store::SqlStore<C>,
+    dir: &Path,
+    async_dirops: bool,
+) -> Result<(), String> {
+    store
+        .replay_intent_logs(dir)
+        .map_err(|e| format!("replaying the intent logs in {}: {e}", dir.display()))?;
+    if async_dirops {
+        store.keep_intent_log(dir, &hostname())?;
+    }
+    Ok(())
 }
 
 fn hostname() -> String {
@@ -639,13 +705,22 @@ pub fn status(db: &Path) -> Result<String, String> {
     // another fd of the database would drop SQLite's own locks on it).
     let mounted = db.exists() && looks_like_volume(db) && VolumeLock::take(db).is_err();
     let (conn, settings) = check(db, false)?;
-    report(&mut SqliteConn(conn), &source, &settings, &|_| {
+    let mut out = report(&mut SqliteConn(conn), &source, &settings, &|_| {
         if mounted {
             ""
         } else {
             "; ended without unmounting: the next mount cleans up after it"
         }
-    })
+    })?;
+    let dir = intent_dir_of(db);
+    for log in crate::intent::dead_logs(&dir, None)? {
+        out += &format!(
+            "  intent log     {}: {} changes a crashed mount answered; the next mount applies those that did not commit\n",
+            log.path.display(),
+            log.records.len()
+        );
+    }
+    Ok(out)
 }
 
 /// The status text; `note` says what a session with this heartbeat is.

@@ -74,8 +74,31 @@ impl Volume {
         self.db.to_str().expect("temp paths are UTF-8")
     }
 
+    /// Mounts the volume; one on PostgreSQL keeps its intent logs in the test's temp dir
+    /// (its mounts play the mounts of one machine), not in /var/lib/lanefs.
     pub fn mount(&self, args: &[&str]) -> Mount {
-        Mount::start(self.source(), args)
+        if self.pg.is_none() {
+            return Mount::start(self.source(), args);
+        }
+        let intent_dir = self.intent_dir();
+        let mut with_dir = vec![
+            "--intent-dir",
+            intent_dir.to_str().expect("temp paths are UTF-8"),
+        ];
+        with_dir.extend_from_slice(args);
+        Mount::start(self.source(), &with_dir)
+    }
+
+    /// Where the volume's mounts keep their intent logs.
+    pub fn intent_dir(&self) -> PathBuf {
+        match self.pg {
+            Some(_) => self.dir.path().join("intent"),
+            None => {
+                let mut name = self.db.clone().into_os_string();
+                name.push("-intent");
+                PathBuf::from(name)
+            }
+        }
     }
 
     /// `lanefs fsck [--repair]`: (success, stdout and stderr).
