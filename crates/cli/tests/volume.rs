@@ -2383,6 +2383,66 @@ fn wait_for_sessions(volume: &Volume, live: usize) {
 mod on_postgres {
     use super::*;
 
+    /// A mount killed with changes it answered under its directory's lease and could not
+    /// commit (the test holds a lock that blocks every insert into `inodes`) leaves them in
+    /// its intent log; the next mount on the machine (the same intent directory) drops the
+    /// dead session's leases, applies them before it serves, and the files are there with
+    /// their bytes.
+    #[test]
+    fn a_killed_mounts_intent_log_is_applied_by_the_next_mount() {
+        let Some(volume) = Volume::format_on_postgres("intent") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        // Made here, so `a` holds its lease from birth; committed before the lock.
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::File::open(a.path("")).unwrap().sync_all().unwrap();
+        let held = volume
+            .server()
+            .hold("vol", "LOCK TABLE inodes IN EXCLUSIVE MODE");
+        let writer = {
+            let d = a.path("d");
+            std::thread::spawn(move || {
+                for i in 0..20 {
+                    std::fs::write(d.join(format!("f{i}")), format!("file {i}")).unwrap();
+                }
+                std::fs::remove_file(d.join("f5")).unwrap();
+            })
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), || writer.is_finished()),
+            "creates in a leased directory waited for their commit"
+        );
+        writer.join().unwrap();
+        // SAFETY: sending a signal has no memory effects.
+        unsafe { libc::kill(a.pid as i32, libc::SIGKILL) };
+        assert!(wait_until(Duration::from_secs(10), || !process_alive(
+            a.pid
+        )));
+        drop(held);
+        drop(a);
+
+        let b = volume.mount(&[]);
+        let expected: Vec<String> = {
+            let mut names: Vec<String> = (0..20)
+                .filter(|&i| i != 5)
+                .map(|i| format!("f{i}"))
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(sorted_names(&b.path("d")), expected);
+        for i in (0..20).filter(|&i| i != 5) {
+            assert_eq!(
+                std::fs::read_to_string(b.path(&format!("d/f{i}"))).unwrap(),
+                format!("file {i}")
+            );
+        }
+        wait_for_sessions(&volume, 1);
+        b.unmount();
+        volume.assert_clean();
+    }
+
     #[test]
     fn a_listing_racing_the_commit_of_a_closed_file_shows_its_size() {
         if let Some(volume) = Volume::format_on_postgres("listing-race") {

@@ -192,6 +192,60 @@ impl PgServer {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Runs `sql` in a transaction of a psql session of its own that stays open (its locks
+    /// held) until the returned guard is dropped, which rolls it back.
+    pub fn hold(&self, db: &str, sql: &str) -> HeldTransaction {
+        use std::io::{BufRead, Write};
+        let mut child = Command::new("runuser")
+            .args(["-u", PG_USER, "--"])
+            .arg(self.bin.join("psql"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                PG_USER,
+            ])
+            .args(["-d", db, "-At", "-v", "ON_ERROR_STOP=1"])
+            .current_dir(self.dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("running psql");
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "BEGIN; {sql}; SELECT 'held';").unwrap();
+        // Command tags come first (BEGIN, LOCK TABLE…), then the marker.
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).unwrap() > 0, "psql ended: {sql}");
+            if line.trim() == "held" {
+                break;
+            }
+        }
+        HeldTransaction {
+            child,
+            stdin: Some(stdin),
+        }
+    }
+}
+
+/// A transaction held open by [`PgServer::hold`].
+pub struct HeldTransaction {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+}
+
+impl Drop for HeldTransaction {
+    fn drop(&mut self) {
+        use std::io::Write;
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = writeln!(stdin, "ROLLBACK;");
+        }
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for PgServer {
