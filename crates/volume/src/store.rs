@@ -568,11 +568,11 @@ impl<C: Conn> SqlStore<C> {
                     std::io::Error::from_raw_os_error(e)
                 )
             })?;
-            if log.torn_bytes > 0 {
-                tracing::warn!(
-                    "volume: {} ended in {} bytes that are not a whole record (a write cut short by the crash): ignored",
+            if log.skipped_bytes > 0 {
+                tracing::info!(
+                    "volume: {} held {} bytes that are not a whole record (a copy the crash cut short, or remains of committed records): stepped over",
                     log.path.display(),
-                    log.torn_bytes
+                    log.skipped_bytes
                 );
             }
             if applied + skipped > 0 {
