@@ -1074,8 +1074,10 @@ fn full_metadata_disk(async_dirops: bool) {
         data.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // The intent log lives elsewhere: the metadata's disk is what fills.
+    let intent_dir = dir.path().join("intent");
     let args: &[&str] = if async_dirops {
-        &[]
+        &["--intent-dir", intent_dir.to_str().unwrap()]
     } else {
         &["--no-async-dirops"]
     };
@@ -1583,6 +1585,35 @@ fn changes_answered_before_their_commit_survive_a_kill_9() {
         Vec::<String>::new(),
         "a clean unmount leaves no log"
     );
+    volume.assert_clean();
+}
+
+/// A mount whose intent log cannot be made (its disk is full) still mounts, and answers
+/// every change after its commit instead of before (an early answer without its record
+/// would be lost with the daemon); what it made is there after a remount.
+#[test]
+fn a_mount_without_room_for_its_intent_log_answers_after_commits() {
+    let tmpfs = common::Tmpfs::new("1M");
+    let volume = Volume::format("no-intent-room");
+    let intent_dir = tmpfs.path.join("intent");
+    let m = volume.mount(&["--intent-dir", intent_dir.to_str().unwrap()]);
+    for i in 0..20 {
+        std::fs::write(m.path(&format!("f{i}")), format!("{i}")).unwrap();
+    }
+    std::fs::create_dir(m.path("d")).unwrap();
+    assert_eq!(
+        m.counter("async_dirops"),
+        0,
+        "changes answered early without a log"
+    );
+    m.unmount();
+    let m = volume.mount(&[]);
+    assert_eq!(std::fs::read_to_string(m.path("f19")).unwrap(), "19");
+    assert!(m.path("d").is_dir());
+    // With room for its log, the same volume answers early again.
+    std::fs::write(m.path("g"), "g").unwrap();
+    assert!(m.counter("async_dirops") > 0);
+    m.unmount();
     volume.assert_clean();
 }
 

@@ -548,7 +548,7 @@ pub fn live_sessions(tx: &mut dyn Tx, shown: &str) -> Result<u64, String> {
 pub fn open_for_mount(
     db: &Path,
     mountpoint: &Path,
-    options: VolumeOptions,
+    mut options: VolumeOptions,
 ) -> Result<Arc<VolumeFs>, String> {
     let db = &std::path::absolute(db).map_err(|e| format!("{}: {e}", db.display()))?;
     // The lock first: `check` upgrades an older format, which must not happen under a
@@ -572,7 +572,7 @@ pub fn open_for_mount(
         .intent_dir
         .clone()
         .unwrap_or_else(|| intent_dir_of(db));
-    start_intent_log(&store, &intent_dir, options.async_dirops)?;
+    start_intent_log(&store, &intent_dir, &mut options)?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
     Ok(VolumeFs::new(
         Arc::new(store),
@@ -610,7 +610,7 @@ pub fn open_for_mount_postgres(
         Some(dir) => dir,
         None => default_shared_intent_dir(&settings.uuid)?,
     };
-    start_intent_log(&store, &intent_dir, options.async_dirops)?;
+    start_intent_log(&store, &intent_dir, &mut options)?;
     let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
     options.shared = true;
     options.heartbeat_interval = postgres::HEARTBEAT_INTERVAL;
@@ -662,18 +662,25 @@ fn default_shared_intent_dir(uuid: &str) -> Result<PathBuf, String> {
     Ok(base.join("intent").join(uuid))
 }
 
-/// Applies what crashed mounts of this machine left in their intent logs in `dir`, then
-/// (when changes are answered before their commit) starts this session's.
+/// Applies what crashed mounts of this machine left in their intent logs in `dir`, then,
+/// when changes are to be answered before their commit, starts this session's. A mount
+/// whose log cannot be made (its disk full) answers every change after its commit instead,
+/// with a log line: an early answer without its record would be lost with the daemon.
 fn start_intent_log<C: crate::store::Conn>(
     store: &crate::store::SqlStore<C>,
     dir: &Path,
-    async_dirops: bool,
+    options: &mut VolumeOptions,
 ) -> Result<(), String> {
     store
         .replay_intent_logs(dir)
         .map_err(|e| format!("replaying the intent logs in {}: {e}", dir.display()))?;
-    if async_dirops {
-        store.keep_intent_log(dir, &hostname())?;
+    if options.async_dirops
+        && let Err(e) = store.keep_intent_log(dir, &hostname())
+    {
+        tracing::warn!(
+            "volume: no intent log ({e}); creates, removes and new files' bytes are answered after their commit"
+        );
+        options.async_dirops = false;
     }
     Ok(())
 }

@@ -228,6 +228,7 @@ impl PgServer {
         HeldTransaction {
             child,
             stdin: Some(stdin),
+            _stdout: out,
         }
     }
 }
@@ -236,6 +237,8 @@ impl PgServer {
 pub struct HeldTransaction {
     child: std::process::Child,
     stdin: Option<std::process::ChildStdin>,
+    /// Kept open until psql ends, so that its answer to ROLLBACK has somewhere to go.
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
 }
 
 impl Drop for HeldTransaction {
