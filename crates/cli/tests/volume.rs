@@ -1538,6 +1538,11 @@ fn changes_answered_before_their_commit_survive_a_kill_9() {
         status.contains("intent log") && status.contains("changes a crashed mount answered"),
         "status names the log waiting for its replay: {status}"
     );
+    let (clean, out) = volume.fsck(false);
+    assert!(
+        clean && out.contains("fsck: note:") && out.contains("changes a crashed mount answered"),
+        "fsck names the log waiting for its replay and finds the database itself clean: {out}"
+    );
 
     let m = volume.mount(&[]);
     let mut names: Vec<String> = std::fs::read_dir(m.path("dir"))

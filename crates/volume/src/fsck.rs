@@ -122,6 +122,13 @@ pub fn run(db: &Path, repair: bool, progress: &mut dyn FnMut(&str)) -> Result<Re
         return check_and_repair(&mut held, repair, progress, |_| Ok(()));
     }
     let mut held = hold_sqlite(db)?;
+    for log in crate::intent::dead_logs(&volume::intent_dir_of(db), None)? {
+        progress(&format!(
+            "fsck: note: {} holds {} changes a crashed mount answered before their commit; the next mount applies those that did not commit (fsck checks the database as it is)",
+            log.path.display(),
+            log.records.len()
+        ));
+    }
     check_and_repair(&mut held, repair, progress, make_durable)
 }
 
