@@ -166,19 +166,9 @@ impl PgServer {
 
     /// Runs SQL in a database (through psql over the socket directory).
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        let out = Command::new("runuser")
-            .args(["-u", PG_USER, "--"])
-            .arg(self.bin.join("psql"))
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                PG_USER,
-            ])
-            .args(["-d", db, "-At", "-c", sql])
-            .current_dir(self.dir.path())
+        let out = self
+            .psql_command(db)
+            .args(["-c", sql])
             .output()
             .expect("running psql");
         assert!(
@@ -193,11 +183,10 @@ impl PgServer {
         self.dir.path()
     }
 
-    /// Runs `sql` in a transaction of a psql session of its own that stays open (its locks
-    /// held) until the returned guard is dropped, which rolls it back.
-    pub fn hold(&self, db: &str, sql: &str) -> HeldTransaction {
-        use std::io::{BufRead, Write};
-        let mut child = Command::new("runuser")
+    /// psql as the server's user, on database `db`, unaligned tuples only.
+    fn psql_command(&self, db: &str) -> Command {
+        let mut command = Command::new("runuser");
+        command
             .args(["-u", PG_USER, "--"])
             .arg(self.bin.join("psql"))
             .args([
@@ -208,8 +197,18 @@ impl PgServer {
                 "-U",
                 PG_USER,
             ])
-            .args(["-d", db, "-At", "-v", "ON_ERROR_STOP=1"])
-            .current_dir(self.dir.path())
+            .args(["-d", db, "-At"])
+            .current_dir(self.dir.path());
+        command
+    }
+
+    /// Runs `sql` in a transaction of a psql session of its own that stays open (its locks
+    /// held) until the returned guard is dropped, which rolls it back.
+    pub fn hold(&self, db: &str, sql: &str) -> HeldTransaction {
+        use std::io::{BufRead, Write};
+        let mut child = self
+            .psql_command(db)
+            .args(["-v", "ON_ERROR_STOP=1"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
