@@ -1593,6 +1593,47 @@ fn changes_answered_before_their_commit_survive_a_kill_9() {
     volume.assert_clean();
 }
 
+/// A replay applies only logs the volume recorded, in a directory only the mounting user may
+/// write to: a log planted beside the database (a setuid file's create) is left alone, and a
+/// log directory others may write to stops the mount with one sentence.
+#[test]
+fn a_planted_intent_log_is_never_applied() {
+    use std::os::unix::fs::PermissionsExt;
+    let volume = Volume::format("intent-planted");
+    volume.mount(&[]).unmount();
+    let dir = volume.intent_dir();
+    {
+        let planted = lanefs_volume::intent::IntentLog::create(&dir, 999_999).unwrap();
+        let node = lanefs_volume::meta::NewNode {
+            ino: Some(1 << 40),
+            parent: lanefs_volume::meta::ROOT_INO,
+            name: b"planted".to_vec(),
+            mode: libc::S_IFREG | 0o4755,
+            ..Default::default()
+        };
+        planted.append(lanefs_volume::intent::record_of_create(&node), |_| {});
+    }
+    let m = volume.mount(&[]);
+    assert!(!m.path("planted").exists(), "a planted log was applied");
+    m.unmount();
+    assert!(
+        dir.join("999999.log").exists(),
+        "a log not this volume's was removed"
+    );
+
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = lanefs(&["mount", volume.source(), "/nonexistent-mountpoint"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("only it may write to"),
+        "a log directory others may write to: {}",
+        stderr(&out)
+    );
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    volume.mount(&[]).unmount();
+    volume.assert_clean();
+}
+
 /// A mount whose intent log cannot be made (its disk is full) still mounts, and answers
 /// every change after its commit instead of before (an early answer without its record
 /// would be lost with the daemon); what it made is there after a remount.

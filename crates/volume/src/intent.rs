@@ -39,7 +39,7 @@ use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -100,63 +100,19 @@ impl Intent {
     }
 
     /// The record, its number left 0 (`IntentLog::append` sets it).
+    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc(vec![0; RECORD_HEAD + 8]);
         match self {
-            Intent::Create(n) => {
-                e.u8(1);
-                e.u64(n.ino.unwrap_or(0));
-                e.u64(n.parent);
-                e.bytes(&n.name);
-                e.u32(n.mode);
-                e.u32(n.uid);
-                e.u32(n.gid);
-                e.u32(n.rdev);
-                e.opt_bytes(n.target.as_deref());
-                e.i64(n.now_ns);
-                e.u32(n.xattrs.len() as u32);
-                for (name, value) in &n.xattrs {
-                    e.bytes(name);
-                    e.bytes(value);
-                }
-            }
+            Intent::Create(n) => record_of_create(n),
             Intent::Remove {
                 parent,
                 name,
                 dir,
                 now_ns,
-            } => {
-                e.u8(2);
-                e.u64(*parent);
-                e.bytes(name);
-                e.u8(u8::from(*dir));
-                e.i64(*now_ns);
-            }
-            Intent::Inline(u) => {
-                e.u8(3);
-                e.u64(u.ino);
-                e.u64(u.size);
-                e.i64(u.mtime_ns);
-                e.i64(u.ctime_ns);
-                e.bytes(&u.bytes);
-            }
-            Intent::Setattr { ino, change } => {
-                e.u8(4);
-                e.u64(*ino);
-                e.opt_u32(change.mode);
-                e.opt_u32(change.uid);
-                e.opt_u32(change.gid);
-                e.opt_i64(change.atime_ns);
-                e.opt_i64(change.mtime_ns);
-                e.i64(change.ctime_ns);
-            }
+            } => record_of_remove(*parent, name, *dir, *now_ns),
+            Intent::Inline(u) => record_of_inline(u),
+            Intent::Setattr { ino, change } => record_of_setattr(*ino, change),
         }
-        let mut record = e.0;
-        let len = (record.len() - RECORD_HEAD) as u32;
-        record[..4].copy_from_slice(RECORD_MARK);
-        record[4..8].copy_from_slice(&len.to_le_bytes());
-        record.resize(record.len().next_multiple_of(8), 0);
-        record
     }
 
     /// A record's number and change from `body` (what follows the length and crc); None
@@ -220,6 +176,72 @@ impl Intent {
         };
         (d.pos == body.len()).then_some((seq, intent))
     }
+}
+
+// A change's record, made from borrowed parts: the store encodes before it moves them
+// into the change, so logging copies nothing but the record itself.
+
+pub fn record_of_create(n: &NewNode) -> Vec<u8> {
+    record(1, |e| {
+        e.u64(n.ino.unwrap_or(0));
+        e.u64(n.parent);
+        e.bytes(&n.name);
+        e.u32(n.mode);
+        e.u32(n.uid);
+        e.u32(n.gid);
+        e.u32(n.rdev);
+        e.opt_bytes(n.target.as_deref());
+        e.i64(n.now_ns);
+        e.u32(n.xattrs.len() as u32);
+        for (name, value) in &n.xattrs {
+            e.bytes(name);
+            e.bytes(value);
+        }
+    })
+}
+
+pub fn record_of_remove(parent: u64, name: &[u8], dir: bool, now_ns: i64) -> Vec<u8> {
+    record(2, |e| {
+        e.u64(parent);
+        e.bytes(name);
+        e.u8(u8::from(dir));
+        e.i64(now_ns);
+    })
+}
+
+pub fn record_of_inline(u: &InlineUpdate) -> Vec<u8> {
+    record(3, |e| {
+        e.u64(u.ino);
+        e.u64(u.size);
+        e.i64(u.mtime_ns);
+        e.i64(u.ctime_ns);
+        e.bytes(&u.bytes);
+    })
+}
+
+pub fn record_of_setattr(ino: u64, change: &AttrChange) -> Vec<u8> {
+    record(4, |e| {
+        e.u64(ino);
+        e.opt_u32(change.mode);
+        e.opt_u32(change.uid);
+        e.opt_u32(change.gid);
+        e.opt_i64(change.atime_ns);
+        e.opt_i64(change.mtime_ns);
+        e.i64(change.ctime_ns);
+    })
+}
+
+/// A record of `kind` with the payload `fill` writes: head, number 0, kind, payload, padding.
+fn record(kind: u8, fill: impl FnOnce(&mut Enc)) -> Vec<u8> {
+    let mut e = Enc(vec![0; RECORD_HEAD + 8]);
+    e.u8(kind);
+    fill(&mut e);
+    let mut record = e.0;
+    let len = (record.len() - RECORD_HEAD) as u32;
+    record[..4].copy_from_slice(RECORD_MARK);
+    record[4..8].copy_from_slice(&len.to_le_bytes());
+    record.resize(record.len().next_multiple_of(8), 0);
+    record
 }
 
 struct Enc(Vec<u8>);
@@ -380,8 +402,12 @@ unsafe impl Sync for IntentLog {}
 impl IntentLog {
     /// Makes `dir` if needed and this session's log in it: locked, allocated, mapped.
     pub fn create(dir: &Path, session: u64) -> Result<IntentLog, String> {
-        std::fs::create_dir_all(dir)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
             .map_err(|e| format!("the intent log's directory {}: {e}", dir.display()))?;
+        check_private(dir)?;
         let path = dir.join(format!("{session}.log"));
         let shown = path.display();
         let file = OpenOptions::new()
@@ -549,6 +575,41 @@ fn seal(record: &mut [u8], seq: u64) {
     record[8..12].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// `dir` is a directory (not a link to one) of this process's user that no one else may
+/// write to.
+fn check_private(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} must be a directory of uid {me} that only it may write to (it is owned by uid {}, mode {:o}); its intent logs are not used",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// A log to replay is a regular file of this process's user that no one else may write to.
+fn check_private_file(file: &File, path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is not a regular file of uid {me} that only it may write to: not applied",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 fn try_lock(file: &File) -> bool {
     // SAFETY: flock on an fd we own; no memory is involved.
     unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
@@ -574,6 +635,9 @@ pub fn dead_logs(dir: &Path, own: Option<u64>) -> Result<Vec<DeadLog>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(format!("the intent log's directory {}: {e}", dir.display())),
     };
+    // A replay creates files and sets their modes and owners as the records say: records
+    // someone else could have written are never applied.
+    check_private(dir)?;
     let mut logs = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -589,11 +653,16 @@ pub fn dead_logs(dir: &Path, own: Option<u64>) -> Result<Vec<DeadLog>, String> {
             continue;
         }
         let path = entry.path();
-        let mut file = match OpenOptions::new().read(true).write(true).open(&path) {
+        let mut file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
+        check_private_file(&file, &path)?;
         if !try_lock(&file) {
             continue; // its mount is alive
         }

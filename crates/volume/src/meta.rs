@@ -212,13 +212,13 @@ pub struct InlineUpdate {
 }
 
 impl InlineUpdate {
-    pub fn to_data_update(&self) -> DataUpdate {
+    pub fn into_data_update(self) -> DataUpdate {
         DataUpdate {
             ino: self.ino,
             size: self.size,
             mtime_ns: self.mtime_ns,
             ctime_ns: self.ctime_ns,
-            inline: Some(self.bytes.clone()),
+            inline: Some(self.bytes),
             ..DataUpdate::default()
         }
     }

@@ -449,16 +449,14 @@ impl<C: Conn> SqlStore<C> {
         let mut totals = (0, 0);
         for log in intent::dead_logs(dir, Some(self.session))? {
             let dead = log.session;
-            let mut watermark = self
+            let row = self
                 .read(0, |c| {
                     let row = c.query_opt(
-                        "SELECT applied, above FROM intent_logs WHERE session = ?",
+                        "SELECT applied, above, path FROM intent_logs WHERE session = ?",
                         &args![dead],
                     )?;
-                    Ok(match row {
-                        Some(r) => Watermark::parse(r.u64(0)?, &r.text(1)?),
-                        None => Watermark::default(),
-                    })
+                    row.map(|r| Ok((Watermark::parse(r.u64(0)?, &r.text(1)?), r.text(2)?)))
+                        .transpose()
                 })
                 .map_err(|e| {
                     format!(
@@ -467,6 +465,18 @@ impl<C: Conn> SqlStore<C> {
                         std::io::Error::from_raw_os_error(e)
                     )
                 })?;
+            // A log is this volume's only if the volume recorded it, at that place, when its
+            // session began (a row the same transaction as every batch keeps up to date).
+            let mut watermark = match row {
+                Some((watermark, path)) if std::path::Path::new(&path) == log.path => watermark,
+                _ => {
+                    tracing::warn!(
+                        "volume: {} is not a log this volume recorded: not applied, left in place",
+                        log.path.display()
+                    );
+                    continue;
+                }
+            };
             // The dead session's leases go first (its process is gone: its log's lock was
             // free), so that its own directories do not refuse its changes; another mount's
             // lease still does.
@@ -649,14 +659,14 @@ impl<C: Conn> SqlStore<C> {
     }
 
     /// Queues a change; `inline`: the caller may commit it itself when nobody is committing
-    /// (it waits for the answer anyway), else only the writer thread does. `intent`: the
-    /// change is answered before its commit; it goes to the intent log, if the session keeps
-    /// one, before this returns.
+    /// (it waits for the answer anyway), else only the writer thread does. `record`: the
+    /// change is answered before its commit, and this is its intent-log record (see
+    /// `intent::record_of_create`), appended before this returns.
     fn queue<T: Send + 'static>(
         &self,
         sync: bool,
         inline: bool,
-        intent: Option<Intent>,
+        record: Option<Vec<u8>>,
         op: impl FnMut(&mut Writer<C>) -> Result<T, Errno> + Send + 'static,
         done: Done<T>,
     ) {
@@ -667,10 +677,10 @@ impl<C: Conn> SqlStore<C> {
             sync,
             logged: 0,
         });
-        let sent = match (intent, self.intent.get()) {
-            (Some(intent), Some(log)) => {
+        let sent = match (record, self.intent.get()) {
+            (Some(record), Some(log)) => {
                 let mut sent = Ok(());
-                log.append(intent.encode(), |seq| {
+                log.append(record, |seq| {
                     job.logged = seq;
                     sent = self.jobs.send(Msg::Job(job));
                 });
@@ -1080,7 +1090,7 @@ fn apply_intent<C: Conn>(
             let none_open: IsOpen = Arc::new(|_| false);
             ops::remove(w, *parent, name, *dir, *now_ns, None, &none_open).map(drop)
         }
-        Intent::Inline(update) => ops::update_data(w, &update.to_data_update()).map(drop),
+        Intent::Inline(update) => ops::update_data(w, &update.clone().into_data_update()).map(drop),
         Intent::Setattr { ino, change } => ops::setattr(w, *ino, change).map(drop),
     }
 }
@@ -1140,8 +1150,8 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn create_in_background(&self, node: NewNode, done: Done<InodeRec>) {
-        let intent = self.logging().then(|| Intent::Create(node.clone()));
-        self.queue(false, false, intent, move |w| ops::create(w, &node), done)
+        let record = self.logging().then(|| intent::record_of_create(&node));
+        self.queue(false, false, record, move |w| ops::create(w, &node), done)
     }
 
     fn remove_in_background(
@@ -1153,42 +1163,38 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         is_open: IsOpen,
         done: Done<Removed>,
     ) {
-        let intent = self.logging().then(|| Intent::Remove {
-            parent,
-            name: name.clone(),
-            dir,
-            now_ns,
-        });
+        let record = self
+            .logging()
+            .then(|| intent::record_of_remove(parent, &name, dir, now_ns));
         self.queue(
             false,
             false,
-            intent,
+            record,
             move |w| ops::remove(w, parent, &name, dir, now_ns, None, &is_open),
             done,
         )
     }
 
     fn update_data_in_background(&self, update: InlineUpdate, done: Done<Vec<u64>>) {
-        let data = update.to_data_update();
-        let intent = self.logging().then_some(Intent::Inline(update));
+        let record = self.logging().then(|| intent::record_of_inline(&update));
+        let data = update.into_data_update();
         self.queue(
             false,
             false,
-            intent,
+            record,
             move |w| ops::update_data(w, &data),
             done,
         )
     }
 
     fn setattr_in_background(&self, ino: u64, change: AttrChange, done: Done<InodeRec>) {
-        let intent = self.logging().then(|| Intent::Setattr {
-            ino,
-            change: change.clone(),
-        });
+        let record = self
+            .logging()
+            .then(|| intent::record_of_setattr(ino, &change));
         self.queue(
             false,
             false,
-            intent,
+            record,
             move |w| ops::setattr(w, ino, &change),
             done,
         )

@@ -671,6 +671,8 @@ fn start_intent_log<C: crate::store::Conn>(
     dir: &Path,
     options: &mut VolumeOptions,
 ) -> Result<(), String> {
+    // Absolute: the log's row names it by path, and a replay compares that path.
+    let dir = &std::path::absolute(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     store
         .replay_intent_logs(dir)
         .map_err(|e| format!("replaying the intent logs in {}: {e}", dir.display()))?;
