@@ -31,9 +31,11 @@
 //!   (`ops`): one that no longer fits (on a shared volume another mount took the name after
 //!   this one's lease expired, a directory is gone) is logged with its name and cause and
 //!   dropped; the others are still applied.
-//! - *Size.* The file has a fixed size (`LOG_BYTES`); it is emptied (records go to its start
-//!   again) when past half full and every change numbered so far is finished; a writer that
-//!   finds it full waits for that, which comes once the changes already queued commit.
+//! - *Size.* The mapped file has a fixed size (`LOG_BYTES`); it is emptied (records go to its
+//!   start again) when past half full and every change numbered so far is finished. A record
+//!   that finds it full waits for that (it comes once the queued changes commit), at most
+//!   `FULL_WAIT_MAX`; then (the database busy or gone) it is written past the mapping with
+//!   `pwrite(2)`, and the next emptying cuts the file back.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -58,8 +60,11 @@ const RECORD_HEAD: usize = 16;
 /// bytes, at most 64 KiB, or a create's inherited ACLs).
 const RECORD_BYTES_MAX: usize = 4 << 20;
 /// The log file's size, allocated when it is made. It is emptied when past half full and
-/// every change in it is finished; a writer that finds it full waits for that.
+/// every change in it is finished; a record that finds it full goes past it (see `append`).
 const LOG_BYTES: u64 = 16 << 20;
+/// How long a record that finds the log full waits for an emptying before it is written
+/// past the mapping instead: a few batches' commits.
+const FULL_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A change answered before its commit, as the log keeps it.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,7 +139,7 @@ impl Intent {
                     xattrs.push((d.bytes()?, d.bytes()?));
                 }
                 Intent::Create(NewNode {
-                    ino: Some(ino),
+                    ino: (ino != 0).then_some(ino),
                     parent,
                     name,
                     mode,
@@ -373,22 +378,24 @@ impl Watermark {
 /// change (a `write(2)` per change took the inode lock of one shared file from every queue
 /// and cost 8 % of a kernel untar). A shared mapping's pages are the file's page cache, so
 /// a kill -9 of the daemon loses none of them. Allocated up front because a store into a
-/// hole the disk cannot fill would be SIGBUS: a full disk fails the mount instead.
+/// hole the disk cannot fill would be SIGBUS: a full disk makes the mount answer after
+/// commits instead.
 pub struct IntentLog {
     path: PathBuf,
     /// Held with flock (LOCK_EX) until the process ends; the mapping's file.
-    _file: File,
+    file: File,
     /// The mapping: `LOG_BYTES` bytes, shared, readable and writable.
     map: *mut u8,
     /// The next record's number.
     next: AtomicU64,
-    /// Where the next record goes (may run past the end: the writer then waits for an
-    /// emptying).
+    /// Where the next record goes (past the mapping's end: written there by `pwrite(2)`).
     tail: AtomicU64,
     /// Writers between their check of `empties` and the end of their copy.
     copying: AtomicU64,
     /// Emptyings, twice each: odd while one is under way (no reservation starts then).
     empties: AtomicU64,
+    /// A record could not be written past the mapping: said once until one is again.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the mapping is plain memory shared with the kernel's page cache; threads write it
@@ -462,12 +469,13 @@ impl IntentLog {
         };
         Ok(IntentLog {
             path,
-            _file: file,
+            file,
             map,
             next: AtomicU64::new(1),
             tail: AtomicU64::new(RECORDS_START),
             copying: AtomicU64::new(0),
             empties: AtomicU64::new(0),
+            failing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -493,14 +501,33 @@ impl IntentLog {
             }
             let at = self.tail.fetch_add(len, Ordering::SeqCst);
             if at + len > LOG_BYTES {
-                // Full: every change in it commits (they are all queued), and the
-                // committer then empties it.
+                // Full. Every change in it is queued, so an emptying comes once they
+                // commit (a batch's time): wait that long, not longer. A busy or absent
+                // database must not hang a queue's worker: past `FULL_WAIT_MAX` the record
+                // is written past the mapping, to the file, which the next emptying cuts
+                // back.
                 self.copying.fetch_sub(1, Ordering::SeqCst);
                 let seen = self.empties.load(Ordering::SeqCst);
-                while self.empties.load(Ordering::SeqCst) == seen {
+                let until = std::time::Instant::now() + FULL_WAIT_MAX;
+                while self.empties.load(Ordering::SeqCst) == seen
+                    && std::time::Instant::now() < until
+                {
                     std::thread::sleep(std::time::Duration::from_micros(50));
                 }
-                continue;
+                if self.empties.load(Ordering::SeqCst) != seen {
+                    continue;
+                }
+                self.copying.fetch_add(1, Ordering::SeqCst);
+                if !self.empties.load(Ordering::SeqCst).is_multiple_of(2)
+                    || self.empties.load(Ordering::SeqCst) != seen
+                {
+                    // An emptying began meanwhile: `at` may be handed out again.
+                    self.copying.fetch_sub(1, Ordering::SeqCst);
+                    continue;
+                }
+                self.write_past_mapping(&record, at);
+                self.copying.fetch_sub(1, Ordering::SeqCst);
+                return;
             }
             // SAFETY: [at, at + len) lies inside the mapping (checked above) and was
             // reserved for this writer alone by the add on `tail`; no emptying can hand it
@@ -514,6 +541,23 @@ impl IntentLog {
             };
             self.copying.fetch_sub(1, Ordering::SeqCst);
             return;
+        }
+    }
+
+    /// A record at `at`, past the mapping, by `pwrite(2)`. A failure (the disk full) loses
+    /// only the protection from a crash: the change commits as any other.
+    fn write_past_mapping(&self, record: &[u8], at: u64) {
+        use std::os::unix::fs::FileExt;
+        match self.file.write_all_at(record, at) {
+            Ok(()) => self.failing.store(false, Ordering::Relaxed),
+            Err(e) => {
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    tracing::error!(
+                        "volume: cannot write the intent log {}: {e}; changes answered before their commit are lost if the daemon dies before it",
+                        self.path.display()
+                    );
+                }
+            }
         }
     }
 
@@ -541,7 +585,15 @@ impl IntentLog {
         let empty = self.last() == finished.applied;
         if empty {
             // The old records stay in place until overwritten; each is finished, so a
-            // replay skips it.
+            // replay skips it. What grew past the mapping goes.
+            if self.tail.load(Ordering::SeqCst) > LOG_BYTES
+                && let Err(e) = self.file.set_len(LOG_BYTES)
+            {
+                tracing::warn!(
+                    "volume: cutting back the intent log {}: {e}",
+                    self.path.display()
+                );
+            }
             self.tail.store(RECORDS_START, Ordering::SeqCst);
         }
         self.empties.fetch_add(1, Ordering::SeqCst);
@@ -910,6 +962,38 @@ mod tests {
             .filter(|&seq| !all.covers(seq))
             .collect();
         assert_eq!(left, vec![log.last()]);
+    }
+
+    /// With nothing finishing (the database gone), a full log keeps no writer waiting
+    /// longer than `FULL_WAIT_MAX`: the records go to the file past the mapping, all of
+    /// them readable; the next emptying cuts the file back.
+    #[test]
+    fn a_full_log_with_nothing_finishing_writes_past_its_mapping() {
+        let dir = TempDir::new("full");
+        let log = IntentLog::create(dir.path(), 1).unwrap();
+        let big = Intent::Inline(InlineUpdate {
+            ino: 5,
+            size: 60_000,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            bytes: vec![7; 60_000],
+        });
+        while log.tail.load(Ordering::SeqCst) <= LOG_BYTES {
+            let started = std::time::Instant::now();
+            log.append(big.encode(), |_| {});
+            assert!(
+                started.elapsed() < FULL_WAIT_MAX * 5,
+                "a writer waited on a full log"
+            );
+        }
+        log.append(big.encode(), |_| {});
+        let content = std::fs::read(log.path()).unwrap();
+        assert!(content.len() as u64 > LOG_BYTES);
+        let (records, _) = parse(&content).unwrap();
+        let numbers: Vec<u64> = records.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(numbers, (1..=log.last()).collect::<Vec<u64>>());
+        assert!(log.committed(&Watermark::default().with(1..=log.last())));
+        assert_eq!(std::fs::metadata(log.path()).unwrap().len(), LOG_BYTES);
     }
 
     /// Writers on four threads and a committer emptying the log whenever it may, with
