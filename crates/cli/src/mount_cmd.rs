@@ -136,6 +136,16 @@ pub struct MountArgs {
     /// PostgreSQL].
     #[arg(long, value_name = "DIR")]
     pub intent_dir: Option<PathBuf>,
+    /// Volume: at most N changes answered before their commit wait for it at once; past
+    /// that (or with the intent log full, or the database gone) changes are answered after
+    /// their commit until the database catches up [default: 32768].
+    #[arg(long, value_name = "N")]
+    pub async_backlog: Option<u64>,
+    /// Volume on PostgreSQL: how long operations wait for a database that went away before
+    /// they fail with EIO; after one such wait in vain they fail at once until it is back
+    /// [default: 30].
+    #[arg(long, value_name = "SECS", value_parser = options::parse_seconds)]
+    pub db_wait: Option<f64>,
     /// Options in mount(8) form: transport=uring,queue_depth=N,queues=N,pin,size=1T,ro,...
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -334,6 +344,11 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
                 "--async-commit is for volumes on PostgreSQL (an SQLite volume's commits never wait for the disk; fsync does)",
             ));
         }
+        if args.db_wait.is_some() && !pg {
+            return Err(invalid(
+                "--db-wait is for volumes on PostgreSQL (an SQLite volume's database is a local file)",
+            ));
+        }
         let mut options = VolumeOptions {
             capacity: args.capacity,
             parallel_writes: !args.no_parallel_writes,
@@ -342,8 +357,12 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
             async_dirops: !args.no_async_dirops
                 && options::mount_flags(args) & (libc::MS_SYNCHRONOUS | libc::MS_DIRSYNC) == 0,
             intent_dir: args.intent_dir.clone(),
+            database_wait: args.db_wait.map(std::time::Duration::from_secs_f64),
             ..VolumeOptions::default()
         };
+        if let Some(n) = args.async_backlog {
+            options.async_backlog = n;
+        }
         if let Some(secs) = args.attr_timeout {
             options.attr_timeout = std::time::Duration::from_secs_f64(secs);
         }

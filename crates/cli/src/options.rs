@@ -164,6 +164,8 @@ pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
             "no_flush_on_close" | "noflush" => args.no_flush_on_close = true,
             "no_async_dirops" => args.no_async_dirops = true,
             "intent_dir" => args.intent_dir = Some(need("DIR")?.into()),
+            "async_backlog" => args.async_backlog = Some(number("N")?),
+            "db_wait" => args.db_wait = Some(parse_seconds(need("SECS")?)?),
             "allow_other" => args.allow_other = true,
             "default_permissions" => args.default_permissions = true,
             "fsname" => args.fsname = Some(need("NAME")?.to_owned()),
@@ -318,6 +320,21 @@ mod tests {
             w.args.intent_dir.as_deref(),
             Some(std::path::Path::new("/l"))
         );
+    }
+
+    #[test]
+    fn async_backlog_and_db_wait_as_flags_and_options() {
+        let mut w = Wrapper::parse_from(["t", "/srv", "/mnt"]);
+        assert_eq!((w.args.async_backlog, w.args.db_wait), (None, None));
+        apply(&mut w.args, &["async_backlog=100,db_wait=2.5".into()]).unwrap();
+        assert_eq!(
+            (w.args.async_backlog, w.args.db_wait),
+            (Some(100), Some(2.5))
+        );
+        assert!(apply(&mut w.args, &["async_backlog=many".into()]).is_err());
+        assert!(apply(&mut w.args, &["db_wait=-1".into()]).is_err());
+        let w = Wrapper::parse_from(["t", "--async-backlog", "7", "--db-wait", "1", "/s", "/m"]);
+        assert_eq!((w.args.async_backlog, w.args.db_wait), (Some(7), Some(1.0)));
     }
 
     #[test]

@@ -2520,6 +2520,143 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// With the database unable to commit (the test holds a lock that blocks every insert
+    /// into `inodes`), a mount answers `--async-backlog` creates before their commit and
+    /// no more: the next one waits for its commit, which comes once the lock is let go, and
+    /// nothing is lost. Without the bound, creates would be answered (and kept in memory
+    /// and the intent log) for as long as the database does not commit.
+    #[test]
+    fn creates_past_the_async_backlog_wait_for_their_commit() {
+        let Some(volume) = Volume::format_on_postgres("backlog") else {
+            return;
+        };
+        let a = volume.mount(&["--async-backlog", "20"]);
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::File::open(a.path("")).unwrap().sync_all().unwrap();
+        let held = volume
+            .server()
+            .hold("vol", "LOCK TABLE inodes IN EXCLUSIVE MODE");
+        let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let writer = {
+            let (d, answered) = (a.path("d"), answered.clone());
+            std::thread::spawn(move || {
+                for i in 0..30 {
+                    std::fs::File::create(d.join(format!("f{i}"))).unwrap();
+                    answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        };
+        let count = || answered.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            wait_until(Duration::from_secs(10), || count() >= 20),
+            "creates in a leased directory waited for their commit before the backlog was full ({} answered)",
+            count()
+        );
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(
+            count(),
+            20,
+            "answered while the database could not commit: as many as the backlog allows"
+        );
+        assert!(a.counter("async_held_back") >= 1);
+        drop(held);
+        assert!(
+            wait_until(Duration::from_secs(30), || writer.is_finished()),
+            "creates did not go on once the database could commit again"
+        );
+        writer.join().unwrap();
+        a.unmount();
+        let b = volume.mount(&[]);
+        let mut expected: Vec<String> = (0..30).map(|i| format!("f{i}")).collect();
+        expected.sort();
+        assert_eq!(sorted_names(&b.path("d")), expected);
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// PostgreSQL stopped for good: creates are answered before their commit up to the
+    /// backlog, then fail with EIO once `--db-wait` passed, each later one at once (not
+    /// after another wait), rather than being answered without end; once the server is
+    /// back, changes commit again by themselves, and what fsync acknowledged before the
+    /// stop is there, and nothing of what failed.
+    #[test]
+    fn with_the_database_gone_changes_fail_at_once_after_the_wait() {
+        let Some(volume) = Volume::format_on_postgres("gone") else {
+            return;
+        };
+        let a = volume.mount(&["--async-backlog", "20", "--db-wait", "2"]);
+        std::fs::create_dir(a.path("d")).unwrap();
+        {
+            let mut kept = std::fs::File::create(a.path("d/kept")).unwrap();
+            kept.write_all(b"fsynced before the stop").unwrap();
+            kept.sync_all().unwrap();
+        }
+        std::fs::File::open(a.path("d"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        volume.server().stop();
+        let mut outcomes = Vec::new();
+        for i in 0..60 {
+            let started = std::time::Instant::now();
+            let created = std::fs::File::create(a.path(&format!("d/f{i}")));
+            outcomes.push((
+                created.map(drop).map_err(|e| e.raw_os_error()),
+                started.elapsed(),
+            ));
+            if outcomes
+                .iter()
+                .rev()
+                .take(10)
+                .filter(|(r, _)| r.is_err())
+                .count()
+                == 10
+            {
+                break;
+            }
+        }
+        let answered = outcomes.iter().filter(|(r, _)| r.is_ok()).count();
+        assert!(
+            answered <= 20,
+            "{answered} creates answered with the database gone: {outcomes:?}"
+        );
+        let first_error = outcomes
+            .iter()
+            .position(|(r, _)| r.is_err())
+            .unwrap_or_else(|| panic!("no create failed with the database gone: {outcomes:?}"));
+        eprintln!(
+            "{answered} creates answered early; the first EIO after {:?}, then {} more, the slowest in {:?}",
+            outcomes[first_error].1,
+            outcomes.len() - first_error - 1,
+            outcomes[first_error + 1..].iter().map(|(_, t)| *t).max()
+        );
+        assert_eq!(outcomes[first_error].0, Err(Some(libc::EIO)));
+        for (r, took) in &outcomes[first_error + 1..] {
+            assert_eq!(*r, Err(Some(libc::EIO)), "{outcomes:?}");
+            assert!(
+                *took < Duration::from_secs(1),
+                "a create waited {took:?} for a database already found gone"
+            );
+        }
+        volume.server().start_again();
+        let back = wait_until(Duration::from_secs(30), || {
+            std::fs::File::create(a.path("d/back")).is_ok_and(|f| f.sync_all().is_ok())
+        });
+        assert!(
+            back,
+            "changes did not commit again once PostgreSQL was back"
+        );
+        assert_eq!(
+            std::fs::read(a.path("d/kept")).unwrap(),
+            b"fsynced before the stop"
+        );
+        a.unmount();
+        let b = volume.mount(&[]);
+        assert_eq!(sorted_names(&b.path("d")), vec!["back", "kept"]);
+        b.unmount();
+        volume.assert_clean();
+    }
+
     #[test]
     fn a_listing_racing_the_commit_of_a_closed_file_shows_its_size() {
         if let Some(volume) = Volume::format_on_postgres("listing-race") {

@@ -215,6 +215,9 @@ pub struct AsyncDirops {
     /// Changes answered before their commit, and those that then failed (`lanefs stats`).
     answered_early: AtomicU64,
     failed: AtomicU64,
+    /// Changes that waited for their commit because the store's backlog was full
+    /// (`backlog_has_room`).
+    held_back: AtomicU64,
     hooks: OnceLock<Hooks>,
     /// dir → its complete listing (see `Listing`); sharded by directory.
     listings: Shards<u64, Listing>,
@@ -244,6 +247,7 @@ impl AsyncDirops {
             errors_waiting: AtomicU64::new(0),
             answered_early: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            held_back: AtomicU64::new(0),
             hooks: OnceLock::new(),
             listings: Shards::new(),
             listed_names: AtomicUsize::new(0),
@@ -261,6 +265,7 @@ impl AsyncDirops {
         let mut counters = vec![
             ("async_dirops", self.answered_early.load(Ordering::Relaxed)),
             ("async_dirop_errors", self.failed.load(Ordering::Relaxed)),
+            ("async_held_back", self.held_back.load(Ordering::Relaxed)),
         ];
         if let Some(leases) = &self.leases {
             counters.extend(leases.counters());
@@ -300,8 +305,16 @@ impl AsyncDirops {
         }
     }
 
+    /// The hooks when a change may be answered before its commit now: on a mount that
+    /// does, while the store's backlog has room (else the change waits for its commit, and
+    /// is counted).
     fn active(&self) -> Option<&Hooks> {
-        if self.enabled { self.hooks.get() } else { None }
+        let hooks = self.hooks.get().filter(|_| self.enabled)?;
+        if !self.inner.backlog_has_room() {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(hooks)
     }
 
     /// Waits until every change queued so far has committed or failed.
@@ -605,11 +618,6 @@ impl AsyncDirops {
             self.listed_names
                 .fetch_sub(gone.names.len(), Ordering::Relaxed);
         }
-    }
-
-    /// Whether changes are answered before their commit on this mount.
-    pub fn answers_early(&self) -> bool {
-        self.active().is_some()
     }
 
     /// Whether the bytes of a small file this mount created in `dir` may commit after its
@@ -1475,6 +1483,10 @@ impl MetaStore for AsyncDirops {
 
     fn barrier(&self, done: Done<()>) {
         self.inner.barrier(done)
+    }
+
+    fn backlog_has_room(&self) -> bool {
+        self.inner.backlog_has_room()
     }
 
     fn delegate_inodes(&self, done: Done<(u64, u64)>) {

@@ -44,6 +44,10 @@ pub const ORPHAN_GRACE: Duration = Duration::from_secs(2);
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// statfs's usage figures are recomputed at most this often.
 const USAGE_REFRESH: Duration = Duration::from_secs(1);
+/// Changes answered before their commit that may wait for it at once, by default: about
+/// three seconds of a create loop's work on SQLite, thirty batches; each costs about 1 KiB
+/// of memory until it commits (its overlay entries and its queued change).
+pub const ASYNC_BACKLOG: u64 = 32 << 10;
 /// Longest name (bytes), as statfs reports.
 const NAME_MAX: usize = 255;
 /// Largest xattr value (bytes), as Linux's own limit.
@@ -81,6 +85,12 @@ pub struct VolumeOptions {
     /// Where the session's intent log goes (see `intent`); None: beside an SQLite
     /// database, or /var/lib/lanefs/intent/<volume id> for a shared volume.
     pub intent_dir: Option<std::path::PathBuf>,
+    /// Changes answered before their commit that may wait for it at once; past it (or when
+    /// the intent log is full, or the database gone) changes wait for their commit.
+    pub async_backlog: u64,
+    /// On PostgreSQL: how long a lost connection is waited for before operations fail with
+    /// EIO (`postgres::RECONNECT_WAIT_MAX` by default).
+    pub database_wait: Option<Duration>,
 }
 
 impl Default for VolumeOptions {
@@ -96,6 +106,8 @@ impl Default for VolumeOptions {
             flush_on_close: true,
             async_dirops: true,
             intent_dir: None,
+            async_backlog: ASYNC_BACKLOG,
+            database_wait: None,
         }
     }
 }

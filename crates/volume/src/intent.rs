@@ -36,6 +36,10 @@
 //!   that finds it full waits for that (it comes once the queued changes commit), at most
 //!   `FULL_WAIT_MAX`; then (the database busy or gone) it is written past the mapping with
 //!   `pwrite(2)`, and the next emptying cuts the file back.
+//! - *How far ahead.* A full log, or `async_backlog` changes numbered and not finished, and
+//!   the mount answers changes after their commit again (`SqlStore::backlog_has_room`)
+//!   until the database catches up: what waits for a database that is slow or gone is
+//!   bounded, in memory and here.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -396,6 +400,9 @@ pub struct IntentLog {
     empties: AtomicU64,
     /// A record could not be written past the mapping: said once until one is again.
     failing: std::sync::atomic::AtomicBool,
+    /// How many numbered changes are finished (committed or failed), as the committer last
+    /// told (`note_finished`): `last() - finished` wait for the database.
+    finished: AtomicU64,
 }
 
 // SAFETY: the mapping is plain memory shared with the kernel's page cache; threads write it
@@ -476,6 +483,7 @@ impl IntentLog {
             copying: AtomicU64::new(0),
             empties: AtomicU64::new(0),
             failing: std::sync::atomic::AtomicBool::new(false),
+            finished: AtomicU64::new(0),
         })
     }
 
@@ -598,6 +606,23 @@ impl IntentLog {
         }
         self.empties.fetch_add(1, Ordering::SeqCst);
         empty
+    }
+
+    /// The committer's word after each batch, committed or not: `finished` is what is over.
+    pub fn note_finished(&self, finished: &Watermark) {
+        let count = finished.applied + finished.above.len() as u64;
+        self.finished.store(count, Ordering::Relaxed);
+    }
+
+    /// Changes numbered and not finished yet: answered, waiting for the database.
+    pub fn backlog(&self) -> u64 {
+        self.last()
+            .saturating_sub(self.finished.load(Ordering::Relaxed))
+    }
+
+    /// Whether the mapping is used up: records go past it until the next emptying.
+    pub fn full(&self) -> bool {
+        self.tail.load(Ordering::Relaxed) >= LOG_BYTES
     }
 
     /// The newest number handed out (0: none).
@@ -994,6 +1019,39 @@ mod tests {
         assert_eq!(numbers, (1..=log.last()).collect::<Vec<u64>>());
         assert!(log.committed(&Watermark::default().with(1..=log.last())));
         assert_eq!(std::fs::metadata(log.path()).unwrap().len(), LOG_BYTES);
+    }
+
+    /// What waits for the database, as the mount's gate on early answers reads it: the
+    /// changes numbered and not finished, counted whether they committed or failed, and
+    /// whether the mapping is used up.
+    #[test]
+    fn the_backlog_counts_numbered_changes_not_finished() {
+        let dir = TempDir::new("backlog");
+        let log = IntentLog::create(dir.path(), 1).unwrap();
+        assert_eq!(log.backlog(), 0);
+        for intent in samples() {
+            log.append(intent.encode(), |_| {});
+        }
+        assert_eq!(log.backlog(), 5);
+        // 1, 2 and 4 over (4 overtook 3): two wait.
+        log.note_finished(&Watermark::default().with([1, 2, 4]));
+        assert_eq!(log.backlog(), 2);
+        log.note_finished(&Watermark::default().with(1..=5));
+        assert_eq!(log.backlog(), 0);
+        assert!(!log.full());
+        let big = Intent::Inline(InlineUpdate {
+            ino: 5,
+            size: 60_000,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            bytes: vec![7; 60_000],
+        });
+        while log.tail.load(Ordering::SeqCst) < LOG_BYTES {
+            log.append(big.encode(), |_| {});
+        }
+        assert!(log.full());
+        assert!(log.committed(&Watermark::default().with(1..=log.last())));
+        assert!(!log.full());
     }
 
     /// Writers on four threads and a committer emptying the log whenever it may, with

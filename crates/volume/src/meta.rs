@@ -418,6 +418,11 @@ pub trait MetaStore: Send + Sync + 'static {
     fn setattr_in_background(&self, ino: u64, change: AttrChange, done: Done<InodeRec>);
     /// Runs once every change queued before it has committed or failed (no sync).
     fn barrier(&self, done: Done<()>);
+    /// Whether a change may be answered before its commit now: fewer than the mount's
+    /// `async_backlog` changes wait answered for theirs, the intent log has room, and the
+    /// database was not found gone. If not, changes wait for their commit (so a database
+    /// that is slow or gone holds back a bounded amount, in memory and in the log).
+    fn backlog_has_room(&self) -> bool;
     /// A range of inode numbers [start, end) for the caller to hand out itself; crash
     /// recovery drops the session's ranges, and the counter never goes back, so a number
     /// is never used twice. Committed by the committer's own thread.

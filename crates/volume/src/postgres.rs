@@ -13,6 +13,8 @@
 
 use std::collections::HashMap;
 use std::error::Error as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -35,8 +37,11 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
 /// A session whose heartbeat is older than this is ended by the others (seven missed
 /// heartbeats), by a mount that has itself been beating for that long (see `store.rs`).
 pub const SESSION_EXPIRY: Duration = Duration::from_secs(15);
-/// How long a lost connection is tried again before the operations waiting on it get EIO:
-/// long enough for a restart with crash recovery on a loaded machine. It may outlast
+/// How long a lost connection is tried again before the operations waiting on it get EIO,
+/// by default (`--db-wait`): long enough for a restart with crash recovery on a loaded
+/// machine. Once one such wait was in vain, the database counts as gone for the whole mount
+/// (`PgTarget::gone`): every reconnect tries once, so that each operation fails at once
+/// instead of waiting this long again, until a connection is made. It may outlast
 /// `SESSION_EXPIRY`: the first batch after a reconnect checks that the session still exists
 /// (`ops::check_session`), so a mount the others ended meanwhile commits nothing.
 pub const RECONNECT_WAIT_MAX: Duration = Duration::from_secs(30);
@@ -76,6 +81,11 @@ pub struct PgTarget {
     /// Commits return before PostgreSQL's WAL is on its disk (`synchronous_commit = off`
     /// for this connection); a sync's commit still waits for it (see `Conn::begin`).
     async_commit: bool,
+    /// How long a reconnect waits for the database (see `RECONNECT_WAIT_MAX`).
+    wait_max: Duration,
+    /// Set when a reconnect waited `wait_max` in vain; cleared by the next connection
+    /// made. Shared by the clones (every connection of a mount).
+    gone: Arc<AtomicBool>,
 }
 
 impl std::fmt::Display for PgTarget {
@@ -118,7 +128,19 @@ impl PgTarget {
             url: url.to_string(),
             config,
             async_commit: false,
+            wait_max: RECONNECT_WAIT_MAX,
+            gone: Arc::default(),
         })
+    }
+
+    /// The same database, with reconnects that wait `wait_max` for it.
+    pub fn with_wait_max(self, wait_max: Duration) -> PgTarget {
+        PgTarget { wait_max, ..self }
+    }
+
+    /// The flag set while the database is found gone (see `gone`).
+    pub fn gone_flag(&self) -> Arc<AtomicBool> {
+        self.gone.clone()
     }
 
     /// The same database, for a committer whose commits do not wait for the WAL's flush.
@@ -638,6 +660,12 @@ impl Conn for PgConn {
 
     fn reconnect(&mut self) -> bool {
         let started = Instant::now();
+        // Found gone by this mount already: one try, so that each operation fails at once.
+        let wait_max = if self.target.gone.load(Ordering::Relaxed) {
+            Duration::ZERO
+        } else {
+            self.target.wait_max
+        };
         let mut logged = false;
         loop {
             match self.target.connect() {
@@ -645,27 +673,29 @@ impl Conn for PgConn {
                     let maybe_lost = self.unflushed || self.maybe_lost;
                     *self = fresh;
                     self.maybe_lost = maybe_lost;
-                    if logged {
+                    if self.target.gone.swap(false, Ordering::Relaxed) || logged {
                         tracing::warn!("volume: reconnected to {}", self.target);
                     }
                     return true;
                 }
-                Err(e) if started.elapsed() >= RECONNECT_WAIT_MAX => {
-                    tracing::error!(
-                        "volume: gave up reconnecting after {} s: {e}",
-                        RECONNECT_WAIT_MAX.as_secs()
-                    );
+                Err(e) if started.elapsed() >= wait_max => {
+                    if !self.target.gone.swap(true, Ordering::Relaxed) {
+                        tracing::error!(
+                            "volume: gave up reconnecting after {} s: {e}; until a connection is made, operations that need the database fail with EIO at once",
+                            wait_max.as_secs_f64()
+                        );
+                    }
                     return false;
                 }
                 Err(e) => {
                     if !logged {
                         tracing::warn!(
                             "volume: waiting up to {} s for the database: {e}",
-                            RECONNECT_WAIT_MAX.as_secs()
+                            wait_max.as_secs_f64()
                         );
                         logged = true;
                     }
-                    std::thread::sleep(RECONNECT_BACKOFF);
+                    std::thread::sleep(RECONNECT_BACKOFF.min(wait_max));
                 }
             }
         }
@@ -823,6 +853,7 @@ impl SqlStore<PgConn> {
             clock,
             at_close: |_| {},
             recent_dir_ttl: Some(attr_timeout),
+            database_gone: target.gone_flag(),
         })
     }
 }

@@ -4,6 +4,7 @@
 //! one write connection, which SQLite allows one of at a time anyway.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::mpsc::channel;
 use std::time::Duration;
 
@@ -338,6 +339,7 @@ impl SqlStore<SqliteConn> {
             at_close: final_checkpoint,
             // One mount: every read is in-process, nothing to save.
             recent_dir_ttl: None,
+            database_gone: Arc::default(),
         })
     }
 }

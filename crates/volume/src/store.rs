@@ -5,7 +5,7 @@
 //! a transaction starts and ends, what a failure means, reconnecting) is [`Conn`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::thread::JoinHandle;
@@ -306,6 +306,9 @@ pub struct EngineParts<C: Conn> {
     /// Directories' attributes kept from this mount's commits for this long (a shared
     /// volume with an attribute timeout, see `RecentDirs`); None: not kept.
     pub recent_dir_ttl: Option<Duration>,
+    /// Set while the database is found gone (a reconnect waited its longest in vain),
+    /// cleared by the next connection made; never set for an embedded one.
+    pub database_gone: Arc<AtomicBool>,
 }
 
 pub struct SqlStore<C: Conn> {
@@ -336,6 +339,13 @@ pub struct SqlStore<C: Conn> {
     /// The session's intent log, once `keep_intent_log` opened it (a mount that answers
     /// changes before their commit); shared with the committer.
     intent: Arc<OnceLock<IntentLog>>,
+    /// Changes answered before their commit and not finished, at most (`async_backlog`):
+    /// see `backlog_has_room`. Set with the intent log.
+    backlog_max: AtomicU64,
+    /// See `EngineParts::database_gone`.
+    database_gone: Arc<AtomicBool>,
+    /// The last `backlog_has_room` said no: its change of mind is logged once each way.
+    held_back: AtomicBool,
 }
 
 /// This session's contact with the database, as its heartbeats saw it.
@@ -389,6 +399,9 @@ impl<C: Conn> SqlStore<C> {
             clock: Arc::new(parts.clock),
             recent_dirs,
             intent,
+            backlog_max: AtomicU64::new(0),
+            database_gone: parts.database_gone,
+            held_back: AtomicBool::new(false),
         })
     }
 
@@ -410,8 +423,14 @@ impl<C: Conn> SqlStore<C> {
     }
 
     /// Starts this session's intent log in `dir` (see `intent`): the file, and its row
-    /// (watermark 0) committed before any change is logged.
-    pub fn keep_intent_log(&self, dir: &std::path::Path, host: &str) -> Result<(), String> {
+    /// (watermark 0) committed before any change is logged. `backlog_max`: how many changes
+    /// may wait answered for their commit (see `backlog_has_room`).
+    pub fn keep_intent_log(
+        &self,
+        dir: &std::path::Path,
+        host: &str,
+        backlog_max: u64,
+    ) -> Result<(), String> {
         let log = IntentLog::create(dir, self.session)?;
         let path = log.path().to_string_lossy().into_owned();
         let (session, host) = (self.session, host.to_owned());
@@ -435,6 +454,7 @@ impl<C: Conn> SqlStore<C> {
                 std::io::Error::from_raw_os_error(e)
             )
         })?;
+        self.backlog_max.store(backlog_max, Ordering::Relaxed);
         let _ = self.intent.set(log);
         Ok(())
     }
@@ -773,10 +793,11 @@ impl<C: Conn> Committer<C> {
                     if let Some(finished) = finished {
                         self.finished = finished;
                         self.unrecorded = committed.is_err();
-                        if committed.is_ok()
-                            && let Some(log) = self.intent.get()
-                        {
-                            log.committed(&self.finished);
+                        if let Some(log) = self.intent.get() {
+                            log.note_finished(&self.finished);
+                            if committed.is_ok() {
+                                log.committed(&self.finished);
+                            }
                         }
                     }
                 }
@@ -1202,6 +1223,35 @@ impl<C: Conn> MetaStore for SqlStore<C> {
 
     fn barrier(&self, done: Done<()>) {
         self.submit(false, |_| Ok(()), done)
+    }
+
+    fn backlog_has_room(&self) -> bool {
+        let Some(log) = self.intent.get() else {
+            return false;
+        };
+        let gone = self.database_gone.load(Ordering::Relaxed);
+        let waiting = log.backlog();
+        let room = !gone && !log.full() && waiting < self.backlog_max.load(Ordering::Relaxed);
+        // A load first: the common case writes no cache line that every queue reads.
+        if self.held_back.load(Ordering::Relaxed) == room
+            && self.held_back.swap(!room, Ordering::Relaxed) == room
+        {
+            if room {
+                tracing::info!(
+                    "volume: the database caught up; changes are answered before their commit again"
+                );
+            } else {
+                let why = if gone {
+                    "the database is gone".to_owned()
+                } else {
+                    format!("{waiting} answered changes wait for their commit")
+                };
+                tracing::warn!(
+                    "volume: {why}; changes are answered after their commit until it catches up"
+                );
+            }
+        }
+        room
     }
 
     fn delegate_inodes(&self, done: Done<(u64, u64)>) {

@@ -592,7 +592,10 @@ pub fn open_for_mount_postgres(
     mut options: VolumeOptions,
     async_commit: bool,
 ) -> Result<Arc<VolumeFs>, String> {
-    let target = PgTarget::parse(url)?;
+    let mut target = PgTarget::parse(url)?;
+    if let Some(wait) = options.database_wait {
+        target = target.with_wait_max(wait);
+    }
     let mut conn = target.connect()?;
     migrate(&mut conn, "BYTEA", url)?;
     let settings = check_settings(&mut conn, url, "a PostgreSQL")?;
@@ -677,7 +680,7 @@ fn start_intent_log<C: crate::store::Conn>(
         .replay_intent_logs(dir)
         .map_err(|e| format!("replaying the intent logs in {}: {e}", dir.display()))?;
     if options.async_dirops
-        && let Err(e) = store.keep_intent_log(dir, &hostname())
+        && let Err(e) = store.keep_intent_log(dir, &hostname(), options.async_backlog)
     {
         tracing::warn!(
             "volume: no intent log ({e}); creates, removes and new files' bytes are answered after their commit"

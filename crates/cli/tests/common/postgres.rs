@@ -159,8 +159,17 @@ impl PgServer {
     /// Stops the server the hard way (as a crash would: `immediate`, no checkpoint) and
     /// starts it again, after `down` with it stopped.
     pub fn restart(&self, down: std::time::Duration) {
-        self.pg_ctl_stop("immediate");
+        self.stop();
         std::thread::sleep(down);
+        self.start_again();
+    }
+
+    /// Stops the server as a crash would (`-m immediate`), until `start_again`.
+    pub fn stop(&self) {
+        self.pg_ctl_stop("immediate");
+    }
+
+    pub fn start_again(&self) {
         self.pg_ctl_start();
     }
 
