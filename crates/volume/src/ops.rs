@@ -107,6 +107,14 @@ const SLICES_SQL: &str =
 const INSERT_SLICE_SQL: &str = "INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
      SELECT ?, ?, coalesce(max(seq), 0) + 1, ?, ?, ?, ? FROM slices
      WHERE ino = CAST(? AS BIGINT) AND idx = CAST(? AS BIGINT)";
+/// Hands every block of an inode's chunks and slices to gc and drops their rows, in one
+/// statement (a small file's close on a shared volume, where four took a quarter of its
+/// commit's statements). Data-modifying CTEs are PostgreSQL's: shared volumes only.
+const DROP_EVERY_BLOCK_SHARED_SQL: &str = "WITH c AS (DELETE FROM chunks WHERE ino = ? RETURNING block),
+          s AS (DELETE FROM slices WHERE ino = ? RETURNING block)
+     INSERT INTO gc_blocks (block, since_ns)
+     SELECT block, ? FROM (SELECT block FROM c UNION ALL SELECT block FROM s) b
+     ON CONFLICT (block) DO NOTHING";
 /// A freed inode's rows, besides its chunks.
 const FREE_INODE_SQL: [&str; 4] = [
     "DELETE FROM inodes WHERE ino = ?",
@@ -1187,19 +1195,9 @@ pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>,
         // shared volume another mount may have stored chunks since this one read it (the
         // inode's row, locked above, orders the two). Sent with the COMMIT.
         w.tx().execute_later(
-            "INSERT INTO gc_blocks (block, since_ns) SELECT block, ? FROM chunks WHERE ino = ?
-             ON CONFLICT (block) DO NOTHING",
-            &args![u.ctime_ns, u.ino],
+            DROP_EVERY_BLOCK_SHARED_SQL,
+            &args![u.ino, u.ino, u.ctime_ns],
         )?;
-        w.tx()
-            .execute_later("DELETE FROM chunks WHERE ino = ?", &args![u.ino])?;
-        w.tx().execute_later(
-            "INSERT INTO gc_blocks (block, since_ns) SELECT block, ? FROM slices WHERE ino = ?
-             ON CONFLICT (block) DO NOTHING",
-            &args![u.ctime_ns, u.ino],
-        )?;
-        w.tx()
-            .execute_later("DELETE FROM slices WHERE ino = ?", &args![u.ino])?;
     }
     let mut released = Vec::new();
     if let Some(from) = u.drop_from {
