@@ -110,7 +110,8 @@ const INSERT_SLICE_SQL: &str = "INSERT INTO slices (ino, idx, seq, pos, len, blo
 /// Hands every block of an inode's chunks and slices to gc and drops their rows, in one
 /// statement (a small file's close on a shared volume, where four took a quarter of its
 /// commit's statements). Data-modifying CTEs are PostgreSQL's: shared volumes only.
-const DROP_EVERY_BLOCK_SHARED_SQL: &str = "WITH c AS (DELETE FROM chunks WHERE ino = ? RETURNING block),
+const DROP_EVERY_BLOCK_SHARED_SQL: &str =
+    "WITH c AS (DELETE FROM chunks WHERE ino = ? RETURNING block),
           s AS (DELETE FROM slices WHERE ino = ? RETURNING block)
      INSERT INTO gc_blocks (block, since_ns)
      SELECT block, ? FROM (SELECT block FROM c UNION ALL SELECT block FROM s) b

@@ -417,31 +417,36 @@ impl PassthroughFs {
         }
     }
 
-    /// Whether the kernel must not cache `inode`'s attributes: they may change on the host
-    /// without a request telling us. A set-ID file with passthrough writers that lose the
-    /// bits on the host: the kernel does not refetch the mode after a passthrough write, and
-    /// a cached mode would show bits already gone. And any file open for writing through
-    /// kernel passthrough: a write through a shared mapping of it dirties the host file
-    /// directly, whose mtime and ctime move at the write fault (and msync goes to the host
-    /// file too), so only a fresh GETATTR shows them, as a native stat would.
+    /// How long the kernel may cache `inode`'s attributes, where they may change on the host
+    /// without a request telling us; None: the mount's attribute timeout.
+    /// - A set-ID file with passthrough writers that lose the bits on the host: not at all
+    ///   (the kernel does not refetch the mode after a passthrough write, and a cached mode
+    ///   would show set-ID bits already gone).
+    /// - Any other file open for writing through kernel passthrough: `MAPPED_WRITE_ATTR_VALID`.
+    ///   A write through a shared mapping of it dirties the host file directly (mtime and
+    ///   ctime move at the write fault, msync goes to the host file) and no request tells us,
+    ///   so only a fresh GETATTR shows them; a write(2) needs no such care (the kernel drops
+    ///   the size and times it cached after each). Not 0: a database keeps its files open for
+    ///   writing and calls lseek(SEEK_END) dozens of times a transaction, each a GETATTR
+    ///   round trip (and the next write one GETXATTR) at 0.
+    ///
     /// The common case costs one atomic load (getattr must not wait on an open's lock).
-    fn volatile_attrs(&self, inode: &Inode, st: &libc::stat) -> bool {
-        if inode.passthrough_writers.load(Ordering::Relaxed) > 0 {
-            return true;
-        }
+    fn attr_validity(&self, inode: &Inode, st: &libc::stat) -> Option<Duration> {
+        let writers = inode.passthrough_writers.load(Ordering::Relaxed) > 0;
         let set_id = st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0;
-        set_id && inode.open_state().backing.is_some_and(|b| !b.keeps_set_id)
+        if set_id && inode.open_state().backing.is_some_and(|b| !b.keeps_set_id) {
+            return Some(Duration::ZERO);
+        }
+        writers.then_some(MAPPED_WRITE_ATTR_VALID.min(self.opts.attr_timeout))
     }
 
-    /// The attributes answer for `inode` (uncacheable when [`Self::volatile_attrs`]).
+    /// The attributes answer for `inode` (cached briefly or not at all: [`Self::attr_validity`]).
     /// `generation` is the inode's mode generation read before `st` was taken.
     fn attr_out(&self, inode: &Inode, st: &libc::stat, generation: u64) -> abi::AttrOut {
         inode.saw_mode(st.st_mode, generation);
-        let timeout = if self.volatile_attrs(inode, st) {
-            Duration::ZERO
-        } else {
-            self.opts.attr_timeout
-        };
+        let timeout = self
+            .attr_validity(inode, st)
+            .unwrap_or(self.opts.attr_timeout);
         let (secs, nsecs) = split(timeout);
         abi::AttrOut {
             attr_valid: secs,
@@ -577,8 +582,10 @@ impl PassthroughFs {
             inode.set_link_name(parent.clone(), name.to_owned());
         }
         let mut entry = self.entry_out(&inode, &st);
-        if inode.is_regular() && self.volatile_attrs(&inode, &st) {
-            (entry.attr_valid, entry.attr_valid_nsec) = (0, 0);
+        if inode.is_regular()
+            && let Some(validity) = self.attr_validity(&inode, &st)
+        {
+            (entry.attr_valid, entry.attr_valid_nsec) = split(validity);
         }
         Ok(entry)
     }
@@ -663,6 +670,12 @@ fn warn_no_handles(source: &str, errno: Errno) {
         io::Error::from_raw_os_error(errno)
     );
 }
+
+/// How long the kernel may cache the attributes of a file open for writing through kernel
+/// passthrough (see `PassthroughFs::attr_validity`): what a stat may lag behind a write
+/// through a shared mapping. A few ticks of the clock file times come from (4 ms at
+/// HZ=250), where a native stat would show the fault's time.
+const MAPPED_WRITE_ATTR_VALID: Duration = Duration::from_millis(10);
 
 fn split(d: Duration) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
