@@ -2415,6 +2415,49 @@ fn fsync_after_close_puts_data_and_metadata_on_the_disk() {
     volume.assert_clean();
 }
 
+/// fsync of a file with writes not yet flushed commits them durably, in one commit with
+/// everything before it (no sync after it): nothing of the WAL or of the new blocks is
+/// left only in the page cache, and a second fsync (nothing to flush) keeps it so.
+#[test]
+fn fsync_of_unflushed_writes_puts_them_on_the_disk() {
+    let volume = Volume::format("fsync-dirty");
+    let m = volume.mount(&[]);
+    let mut f = std::fs::File::create(m.path("f")).unwrap();
+    f.write_all(&content(2, 3 * MIB)).unwrap();
+    f.sync_all().unwrap();
+    let mut wal = volume.db.clone().into_os_string();
+    wal.push("-wal");
+    let on_disk = || {
+        assert_eq!(
+            unwritten_pages(Path::new(&wal)),
+            0,
+            "the WAL is not on the disk after fsync"
+        );
+        let blocks = block_files(&volume.data);
+        assert!(blocks.len() >= 3, "{} blocks for 3 MiB", blocks.len());
+        for block in blocks {
+            assert_eq!(
+                unwritten_pages(&block),
+                0,
+                "{} is not on the disk after fsync",
+                block.display()
+            );
+        }
+    };
+    on_disk();
+    f.write_all(b"more").unwrap();
+    f.sync_data().unwrap();
+    on_disk();
+    drop(f);
+    m.unmount();
+    let m = volume.mount(&[]);
+    let mut expected = content(2, 3 * MIB);
+    expected.extend_from_slice(b"more");
+    assert!(std::fs::read(m.path("f")).unwrap() == expected);
+    m.unmount();
+    volume.assert_clean();
+}
+
 /// Dumps `volume`, loads the dump into copy.db beside it and checks that the copy dumps the
 /// same; the copy, sharing `volume`'s data directory (`tag` names its unused temp dir), and
 /// the dump.

@@ -703,16 +703,37 @@ impl FileState {
     /// dirty chunk's bytes, so a write meanwhile copies the chunk (`Arc::make_mut`) and the
     /// flush, seeing a different buffer afterwards, leaves that chunk dirty.
     pub fn flush(&self, dp: &DataPath, store: &dyn MetaStore) -> Result<Vec<u64>, Errno> {
+        self.flush_with(dp, store, false)
+            .map(|(released, _)| released)
+    }
+
+    /// `flush` for an fsync: the change, if there is one, commits durably with everything
+    /// committed before it (one commit where a flush and then a sync took two); whether it
+    /// did (if not, the caller syncs).
+    pub fn flush_durably(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+    ) -> Result<(Vec<u64>, bool), Errno> {
+        self.flush_with(dp, store, true)
+    }
+
+    fn flush_with(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        durable: bool,
+    ) -> Result<(Vec<u64>, bool), Errno> {
         let _flushing = lock(&self.flushing);
         let (dirty, writes, flushed_bytes, mtime, size, inline, stored_any) = {
             let _gate = write_lock(&self.gate);
             let Some(mtime) = self.dirty_mtime() else {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), false));
             };
             // Queued already, with nothing written since: the store commits it in order
             // (an fsync's sync waits for it and reports its failure).
             if self.early.covers(self.writes.load(Ordering::Relaxed)) {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), false));
             }
             self.early.forget();
             let c = read_lock(&self.committed);
@@ -740,6 +761,7 @@ impl FileState {
             size,
             mtime_ns: mtime,
             ctime_ns: mtime,
+            durable,
             ..Default::default()
         };
         let mut uploaded = Vec::new();
@@ -834,7 +856,7 @@ impl FileState {
         for b in &released {
             dp.forget_cached(*b);
         }
-        Ok(released)
+        Ok((released, durable))
     }
 
     /// Writes new blocks and makes them durable, before the commit that refers to them:

@@ -863,10 +863,21 @@ impl VolumeFs {
     }
 
     fn flush_state(&self, state: &FileState) -> Result<(), Errno> {
-        match state.flush(&self.data, &*self.store) {
-            Ok(released) => {
+        self.flush_state_with(state, false).map(drop)
+    }
+
+    /// `flush_state` whose commit is durable (`FileState::flush_durably`); whether there
+    /// was one.
+    fn flush_state_with(&self, state: &FileState, durable: bool) -> Result<bool, Errno> {
+        let flushed = if durable {
+            state.flush_durably(&self.data, &*self.store)
+        } else {
+            state.flush(&self.data, &*self.store).map(|r| (r, false))
+        };
+        match flushed {
+            Ok((released, committed_durably)) => {
                 self.reap(released);
-                Ok(())
+                Ok(committed_durably)
             }
             Err(e) => {
                 self.flush_errors.fetch_add(1, Ordering::Relaxed);
@@ -1725,15 +1736,18 @@ impl Filesystem for VolumeFs {
 
     fn fsync(&self, _req: &Request, ino: u64, _arg: &abi::FsyncIn, reply: Reply) {
         // The flush syncs the file's new blocks before committing their rows (every flush
-        // does, so blocks of earlier flushes are durable too); the sync then fsyncs the WAL,
-        // which holds the flush's commit and every one before it.
+        // does, so blocks of earlier flushes are durable too), and commits them durably:
+        // the WAL's fsync at that commit covers it and every commit before it. With nothing
+        // to flush, a sync does the same for what was committed before.
         self.answer_off_queue(reply, move |fs, reply| {
-            let result = match fs.open.get(ino) {
-                Some(state) => fs
-                    .flush_state(&state)
-                    .and_then(|()| wait(|done| fs.store.sync(done))),
-                None => wait(|done| fs.store.sync(done)),
+            let flushed = match fs.open.get(ino) {
+                Some(state) => fs.flush_state_with(&state, true),
+                None => Ok(false),
             };
+            let result = flushed.and_then(|durable| match durable {
+                true => Ok(()),
+                false => wait(|done| fs.store.sync(done)),
+            });
             answer(
                 reply,
                 result.and_then(|()| fs.early_answer_error(ino, ErrorReport::Sync)),

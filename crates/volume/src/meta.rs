@@ -198,6 +198,9 @@ pub struct DataUpdate {
     pub trim: Option<(u64, u64)>,
     /// The bytes are the same, only stored otherwise (a compaction): size and times stay.
     pub keep_times: bool,
+    /// Committed durably, with everything committed before it (an fsync's flush, which so
+    /// needs no sync of its own after it).
+    pub durable: bool,
 }
 
 /// A new small file's bytes, committed after its close returned (`FileState::flush_early`):

@@ -1311,7 +1311,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn update_data(&self, update: DataUpdate, done: Done<Vec<u64>>) {
-        self.submit(false, move |w| ops::update_data(w, &update), done)
+        self.submit(update.durable, move |w| ops::update_data(w, &update), done)
     }
 
     fn setxattr(&self, ino: u64, set: XattrSet, done: Done<()>) {
