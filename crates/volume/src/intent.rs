@@ -887,6 +887,17 @@ mod tests {
         ]
     }
 
+    /// A new file's 60,000 inline bytes: a few hundred fill the log.
+    fn big_record() -> Intent {
+        Intent::Inline(InlineUpdate {
+            ino: 5,
+            size: 60_000,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            bytes: vec![7; 60_000],
+        })
+    }
+
     #[test]
     fn records_come_back_in_number_order_and_a_damaged_one_is_stepped_over() {
         let dir = TempDir::new("order");
@@ -958,13 +969,7 @@ mod tests {
     fn the_log_is_emptied_only_when_everything_in_it_is_finished() {
         let dir = TempDir::new("empty");
         let log = IntentLog::create(dir.path(), 1).unwrap();
-        let big = Intent::Inline(InlineUpdate {
-            ino: 5,
-            size: 60_000,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            bytes: vec![7; 60_000],
-        });
+        let big = big_record();
         while log.tail.load(Ordering::SeqCst) < LOG_BYTES / 2 {
             log.append(big.encode(), |_| {});
         }
@@ -996,13 +1001,7 @@ mod tests {
     fn a_full_log_with_nothing_finishing_writes_past_its_mapping() {
         let dir = TempDir::new("full");
         let log = IntentLog::create(dir.path(), 1).unwrap();
-        let big = Intent::Inline(InlineUpdate {
-            ino: 5,
-            size: 60_000,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            bytes: vec![7; 60_000],
-        });
+        let big = big_record();
         while log.tail.load(Ordering::SeqCst) <= LOG_BYTES {
             let started = std::time::Instant::now();
             log.append(big.encode(), |_| {});
@@ -1039,13 +1038,7 @@ mod tests {
         log.note_finished(&Watermark::default().with(1..=5));
         assert_eq!(log.backlog(), 0);
         assert!(!log.full());
-        let big = Intent::Inline(InlineUpdate {
-            ino: 5,
-            size: 60_000,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            bytes: vec![7; 60_000],
-        });
+        let big = big_record();
         while log.tail.load(Ordering::SeqCst) < LOG_BYTES {
             log.append(big.encode(), |_| {});
         }
