@@ -2602,6 +2602,8 @@ mod on_postgres {
             "answered while the database could not commit: as many as the backlog allows"
         );
         assert!(a.counter("async_held_back") >= 1);
+        assert_eq!(a.counter("async_backlog"), 20);
+        assert_eq!(a.counter("database_gone"), 0);
         drop(held);
         assert!(
             wait_until(Duration::from_secs(30), || writer.is_finished()),
@@ -2681,6 +2683,7 @@ mod on_postgres {
                 "a create waited {took:?} for a database already found gone"
             );
         }
+        assert_eq!(a.counter("database_gone"), 1);
         volume.server().start_again();
         let back = wait_until(Duration::from_secs(30), || {
             std::fs::File::create(a.path("d/back")).is_ok_and(|f| f.sync_all().is_ok())
@@ -2689,6 +2692,8 @@ mod on_postgres {
             back,
             "changes did not commit again once PostgreSQL was back"
         );
+        assert_eq!(a.counter("database_gone"), 0);
+        assert_eq!(a.counter("async_backlog"), 0);
         assert_eq!(
             std::fs::read(a.path("d/kept")).unwrap(),
             b"fsynced before the stop"

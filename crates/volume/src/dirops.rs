@@ -267,6 +267,9 @@ impl AsyncDirops {
             ("async_dirop_errors", self.failed.load(Ordering::Relaxed)),
             ("async_held_back", self.held_back.load(Ordering::Relaxed)),
         ];
+        let backlog = self.inner.backlog();
+        counters.push(("async_backlog", backlog.waiting));
+        counters.push(("database_gone", backlog.database_gone as u64));
         if let Some(leases) = &self.leases {
             counters.extend(leases.counters());
         }
@@ -1487,6 +1490,10 @@ impl MetaStore for AsyncDirops {
 
     fn backlog_has_room(&self) -> bool {
         self.inner.backlog_has_room()
+    }
+
+    fn backlog(&self) -> Backlog {
+        self.inner.backlog()
     }
 
     fn delegate_inodes(&self, done: Done<(u64, u64)>) {

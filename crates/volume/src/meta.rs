@@ -345,6 +345,15 @@ pub struct Usage {
     pub bytes: u64,
 }
 
+/// What waits for the database (see `MetaStore::backlog`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    /// Changes answered before their commit and not finished.
+    pub waiting: u64,
+    /// A reconnect waited its longest in vain and no connection was made since.
+    pub database_gone: bool,
+}
+
 pub trait MetaStore: Send + Sync + 'static {
     // Reads, on the caller's thread.
     fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno>;
@@ -426,6 +435,8 @@ pub trait MetaStore: Send + Sync + 'static {
     /// database was not found gone. If not, changes wait for their commit (so a database
     /// that is slow or gone holds back a bounded amount, in memory and in the log).
     fn backlog_has_room(&self) -> bool;
+    /// What waits for the database now (`lanefs stats`).
+    fn backlog(&self) -> Backlog;
     /// A range of inode numbers [start, end) for the caller to hand out itself; crash
     /// recovery drops the session's ranges, and the counter never goes back, so a number
     /// is never used twice. Committed by the committer's own thread.

@@ -678,7 +678,12 @@ impl Conn for PgConn {
                     }
                     return true;
                 }
-                Err(e) if started.elapsed() >= wait_max => {
+                // Another connection of the mount waited its longest meanwhile: this one
+                // ends its wait with it, so no operation waits past the first give-up.
+                Err(e)
+                    if started.elapsed() >= wait_max
+                        || self.target.gone.load(Ordering::Relaxed) =>
+                {
                     if !self.target.gone.swap(true, Ordering::Relaxed) {
                         tracing::error!(
                             "volume: gave up reconnecting after {} s: {e}; until a connection is made, operations that need the database fail with EIO at once",

@@ -1225,6 +1225,13 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.submit(false, |_| Ok(()), done)
     }
 
+    fn backlog(&self) -> Backlog {
+        Backlog {
+            waiting: self.intent.get().map_or(0, IntentLog::backlog),
+            database_gone: self.database_gone.load(Ordering::Relaxed),
+        }
+    }
+
     fn backlog_has_room(&self) -> bool {
         let Some(log) = self.intent.get() else {
             return false;
