@@ -707,18 +707,10 @@ impl FileState {
             .map(|(released, _)| released)
     }
 
-    /// `flush` for an fsync: the change, if there is one, commits durably with everything
-    /// committed before it (one commit where a flush and then a sync took two); whether it
-    /// did (if not, the caller syncs).
-    pub fn flush_durably(
-        &self,
-        dp: &DataPath,
-        store: &dyn MetaStore,
-    ) -> Result<(Vec<u64>, bool), Errno> {
-        self.flush_with(dp, store, true)
-    }
-
-    fn flush_with(
+    /// `flush`, whose change, with `durable` (an fsync's), commits durably with everything
+    /// committed before it: one commit where a flush and then a sync took two. Also whether
+    /// such a commit happened (if not, an fsync still syncs).
+    pub fn flush_with(
         &self,
         dp: &DataPath,
         store: &dyn MetaStore,

@@ -866,15 +866,10 @@ impl VolumeFs {
         self.flush_state_with(state, false).map(drop)
     }
 
-    /// `flush_state` whose commit is durable (`FileState::flush_durably`); whether there
-    /// was one.
+    /// `flush_state`, durable for an fsync (see `FileState::flush_with`); whether a durable
+    /// commit happened.
     fn flush_state_with(&self, state: &FileState, durable: bool) -> Result<bool, Errno> {
-        let flushed = if durable {
-            state.flush_durably(&self.data, &*self.store)
-        } else {
-            state.flush(&self.data, &*self.store).map(|r| (r, false))
-        };
-        match flushed {
+        match state.flush_with(&self.data, &*self.store, durable) {
             Ok((released, committed_durably)) => {
                 self.reap(released);
                 Ok(committed_durably)

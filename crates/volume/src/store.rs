@@ -1236,13 +1236,19 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         let Some(log) = self.intent.get() else {
             return false;
         };
-        let gone = self.database_gone.load(Ordering::Relaxed);
-        let waiting = log.backlog();
-        let room = !gone && !log.full() && waiting < self.backlog_max.load(Ordering::Relaxed);
-        // A load first: the common case writes no cache line that every queue reads.
-        if self.held_back.load(Ordering::Relaxed) == room
-            && self.held_back.swap(!room, Ordering::Relaxed) == room
-        {
+        let Backlog {
+            waiting,
+            database_gone: gone,
+        } = self.backlog();
+        let max = self.backlog_max.load(Ordering::Relaxed);
+        let held = self.held_back.load(Ordering::Relaxed);
+        // Once held back, early answers resume only when half the backlog has committed: a
+        // database that barely keeps up would otherwise flip the mount (and log both lines)
+        // at every batch.
+        let limit = if held { max.div_ceil(2) } else { max };
+        let room = !gone && !log.full() && waiting < limit;
+        // Compared first: the common case writes no cache line that every queue reads.
+        if held == room && self.held_back.swap(!room, Ordering::Relaxed) == room {
             if room {
                 tracing::info!(
                     "volume: the database caught up; changes are answered before their commit again"
