@@ -270,6 +270,9 @@ impl AsyncDirops {
         let backlog = self.inner.backlog();
         counters.push(("async_backlog", backlog.waiting));
         counters.push(("database_gone", backlog.database_gone as u64));
+        let commits = self.inner.commit_counts();
+        counters.push(("commit_batches", commits.batches));
+        counters.push(("commit_wakes", commits.wakes));
         if let Some(leases) = &self.leases {
             counters.extend(leases.counters());
         }
@@ -1494,6 +1497,10 @@ impl MetaStore for AsyncDirops {
 
     fn backlog(&self) -> Backlog {
         self.inner.backlog()
+    }
+
+    fn commit_counts(&self) -> CommitCounts {
+        self.inner.commit_counts()
     }
 
     fn delegate_inodes(&self, done: Done<(u64, u64)>) {

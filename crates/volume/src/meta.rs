@@ -354,6 +354,17 @@ pub struct Backlog {
     pub database_gone: bool,
 }
 
+/// How the committer has worked so far (`MetaStore::commit_counts`, `lanefs stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CommitCounts {
+    /// Batches run (one transaction each, committed or not).
+    pub batches: u64,
+    /// Times the writer thread was woken to commit (a caller that commits itself is not
+    /// counted): at most one per gathering of changes answered early, plus one per change
+    /// someone waits for that found the committer busy.
+    pub wakes: u64,
+}
+
 pub trait MetaStore: Send + Sync + 'static {
     // Reads, on the caller's thread.
     fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno>;
@@ -437,6 +448,8 @@ pub trait MetaStore: Send + Sync + 'static {
     fn backlog_has_room(&self) -> bool;
     /// What waits for the database now (`lanefs stats`).
     fn backlog(&self) -> Backlog;
+    /// The committer's batches and wakes so far (`lanefs stats`).
+    fn commit_counts(&self) -> CommitCounts;
     /// A range of inode numbers [start, end) for the caller to hand out itself; crash
     /// recovery drops the session's ranges, and the counter never goes back, so a number
     /// is never used twice. Committed by the committer's own thread.

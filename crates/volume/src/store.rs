@@ -325,6 +325,12 @@ pub struct SqlStore<C: Conn> {
     /// Wakes the writer thread when a change was queued while the committer was busy;
     /// true: someone waits for it (drain now), false: a change answered early (gather first).
     wake: Sender<bool>,
+    /// The writer thread has a wake for changes answered early that its next drain has not
+    /// begun on: another such change sends none (see `SqlStore::queue`).
+    gathering: Arc<AtomicBool>,
+    /// See `CommitCounts`.
+    batches: Arc<AtomicU64>,
+    wakes: Arc<AtomicU64>,
     /// The writer thread, joined by `close`. Taken once.
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Stops and joins the engine's background thread; taken once, by `close`.
@@ -362,6 +368,7 @@ impl<C: Conn> SqlStore<C> {
     pub fn start(parts: EngineParts<C>) -> Result<SqlStore<C>, String> {
         let session = parts.writer.session;
         let intent = Arc::new(OnceLock::new());
+        let batches = Arc::new(AtomicU64::new(0));
         let (jobs, rx) = std::sync::mpsc::channel();
         let recent_dirs = parts
             .recent_dir_ttl
@@ -376,13 +383,17 @@ impl<C: Conn> SqlStore<C> {
             intent: intent.clone(),
             finished: Watermark::default(),
             unrecorded: false,
+            batches: batches.clone(),
         }));
         let (wake, wake_rx) = std::sync::mpsc::channel();
+        let gathering = Arc::new(AtomicBool::new(false));
+        let wakes = Arc::new(AtomicU64::new(0));
         let writer = {
             let committer = committer.clone();
+            let (gathering, wakes) = (gathering.clone(), wakes.clone());
             std::thread::Builder::new()
                 .name("lanefs-commit".into())
-                .spawn(move || run_writer(committer, wake_rx))
+                .spawn(move || run_writer(committer, wake_rx, &gathering, &wakes))
                 .map_err(|e| format!("starting the commit thread: {e}"))?
         };
         Ok(SqlStore {
@@ -390,6 +401,9 @@ impl<C: Conn> SqlStore<C> {
             jobs,
             committer,
             wake,
+            gathering,
+            batches,
+            wakes,
             writer: Mutex::new(Some(writer)),
             background: Mutex::new(parts.background),
             session,
@@ -721,7 +735,14 @@ impl<C: Conn> SqlStore<C> {
         // its queue for long however busy the other queues keep the committer: a full batch
         // may have left changes behind, which the writer thread then takes.
         if !inline {
-            let _ = self.wake.send(false);
+            // One wake per gathering: the job is in the queue before the flag is read, and
+            // the writer clears the flag (reading it, so the job's send happens before) just
+            // before its drain; a job whose sender found the flag set is taken by that drain.
+            // A wake per change woke the writer, gathering in `recv_timeout`, once per change
+            // (a futex wake and two context switches each, for nothing).
+            if !self.gathering.swap(true, Ordering::AcqRel) {
+                let _ = self.wake.send(false);
+            }
             return;
         }
         let more = match self.committer.try_lock() {
@@ -755,6 +776,8 @@ struct Committer<C: Conn> {
     finished: Watermark,
     /// A batch of logged changes failed whole and no commit since has recorded `finished`.
     unrecorded: bool,
+    /// Batches run, for `lanefs stats`.
+    batches: Arc<AtomicU64>,
 }
 
 impl<C: Conn> Committer<C> {
@@ -790,6 +813,7 @@ impl<C: Conn> Committer<C> {
                         (!logged.is_empty() || self.unrecorded).then(|| self.finished.with(logged));
                     let committed =
                         commit_batch(w, batch, self.recent_dirs.as_deref(), finished.as_ref());
+                    self.batches.fetch_add(1, Ordering::Relaxed);
                     if let Some(finished) = finished {
                         self.finished = finished;
                         self.unrecorded = committed.is_err();
@@ -815,19 +839,32 @@ impl<C: Conn> Committer<C> {
 /// busy, and ends the session once `close` queued its message. A wake for changes nobody
 /// waits for first lets more gather for up to `BACKGROUND_GATHER` (see there); an urgent
 /// wake in that time ends the wait.
-fn run_writer<C: Conn>(committer: Arc<Mutex<Committer<C>>>, wake: Receiver<bool>) {
+fn run_writer<C: Conn>(
+    committer: Arc<Mutex<Committer<C>>>,
+    wake: Receiver<bool>,
+    gathering: &AtomicBool,
+    wakes: &AtomicU64,
+) {
     while let Ok(urgent) = wake.recv() {
+        wakes.fetch_add(1, Ordering::Relaxed);
         if !urgent {
             let until = std::time::Instant::now() + BACKGROUND_GATHER;
             loop {
                 let left = until.saturating_duration_since(std::time::Instant::now());
                 match wake.recv_timeout(left) {
-                    Ok(false) => continue,
-                    Ok(true) | Err(_) => break,
+                    Ok(urgent) => {
+                        wakes.fetch_add(1, Ordering::Relaxed);
+                        if urgent {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
                 }
             }
         }
         let mut c = committer.lock().unwrap_or_else(|e| e.into_inner());
+        // Changes queued from here on send a wake of their own (see `SqlStore::queue`).
+        gathering.swap(false, Ordering::AcqRel);
         c.drain(None);
         if c.closed {
             // The log goes before its row: a row without its log is only a leftover, a log
@@ -1229,6 +1266,13 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         Backlog {
             waiting: self.intent.get().map_or(0, IntentLog::backlog),
             database_gone: self.database_gone.load(Ordering::Relaxed),
+        }
+    }
+
+    fn commit_counts(&self) -> CommitCounts {
+        CommitCounts {
+            batches: self.batches.load(Ordering::Relaxed),
+            wakes: self.wakes.load(Ordering::Relaxed),
         }
     }
 
