@@ -581,7 +581,7 @@ impl FileState {
     }
 
     /// Writes `data` at `offset`. Returns true when the file's unflushed bytes passed
-    /// [`FILE_DIRTY_MAX_BYTES`] (the caller flushes).
+    /// [`FILE_DIRTY_MAX_BYTES`] (the caller flushes; see below for when).
     pub fn write(
         &self,
         dp: &DataPath,
@@ -628,8 +628,15 @@ impl FileState {
         self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
         let dirty = self
             .dirty_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        Ok(dirty + data.len() as u64 > FILE_DIRTY_MAX_BYTES)
+            .fetch_add(data.len() as u64, Ordering::Relaxed)
+            + data.len() as u64;
+        // Past the limit, the flush waits for a write that ends a chunk, up to one chunk
+        // more: a direct write of 1 MiB from a buffer that is not page-aligned comes as two
+        // requests (the kernel's max_pages cuts the first a few bytes short), and a flush
+        // between the two would store the chunk without its last bytes, and those later as
+        // a slice of their own (one more object, and one more piece for every read).
+        Ok(dirty > FILE_DIRTY_MAX_BYTES
+            && (end.is_multiple_of(CHUNK_BYTES) || dirty > FILE_DIRTY_MAX_BYTES + CHUNK_BYTES))
     }
 
     /// Up to `len` bytes at `offset` (fewer at the end of the file).

@@ -1005,6 +1005,21 @@ impl VolumeFs {
         } else {
             fopen::KEEP_CACHE
         };
+        if flags as i32 & libc::O_ACCMODE == libc::O_WRONLY {
+            // A write-only open's writes go straight to us, one request per write(2).
+            // Through the page cache, a write that starts inside a page it does not
+            // fill (tar's, cp's: every write after the first of a file whose size is not
+            // a multiple of 4 KiB) is sent as two requests, and each write(2) first asks
+            // for security.capability (file_remove_privs), which direct writes leave to
+            // us (KILLPRIV_V2: `drop_privileges` on every write). Nothing is lost: a
+            // write-only open cannot read or map the file, the kernel writes back and
+            // drops the range's cached pages around each direct write (mapped readers
+            // through other opens included: DIRECT_IO_ALLOW_MMAP), and the written
+            // bytes are in this mount's open file state for the next read. Without
+            // PARALLEL_DIRECT_WRITES, so the inode stays out of the kernel's uncached
+            // io mode and other opens may still map it.
+            f |= fopen::DIRECT_IO;
+        }
         // fuse_flush returns at once for such an open (we never ask for writeback cache):
         // no FLUSH at close(2). Safe for what FLUSH does here: the data it would commit is
         // committed by the last RELEASE (`last_release`), and until then reads, opens and
