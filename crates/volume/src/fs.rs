@@ -1007,10 +1007,10 @@ impl VolumeFs {
         };
         if flags as i32 & libc::O_ACCMODE == libc::O_WRONLY {
             // A write-only open's writes go straight to us, one request per write(2).
-            // Through the page cache, a write that starts inside a page it does not
-            // fill (tar's, cp's: every write after the first of a file whose size is not
-            // a multiple of 4 KiB) is sent as two requests, and each write(2) first asks
-            // for security.capability (file_remove_privs), which direct writes leave to
+            // Through the page cache, a write that starts inside a page an earlier write
+            // left partly written (tar's 10 KiB records: each after a file's first) is
+            // sent as two requests, and each write(2) first asks for security.capability
+            // (file_remove_privs, tar's and cp's alike), which direct writes leave to
             // us (KILLPRIV_V2: `drop_privileges` on every write). Nothing is lost: a
             // write-only open cannot read or map the file, the kernel writes back and
             // drops the range's cached pages around each direct write (mapped readers
