@@ -294,13 +294,12 @@ fn no_flush_on_close_removes_both_flushes_on_a_volume() {
 }
 
 /// A write-only open of a volume file sends one WRITE per write(2) and no GETXATTR. Through
-/// the page cache, a write that starts inside a page it does not fill (every write after the
-/// first of tar's or cp's, for a file whose size is not a multiple of 4 KiB) went as two
-/// requests, and each write(2) first asked for security.capability (the kernel's
-/// file_remove_privs): a kernel untar sent 3.9 WRITEs and 2 GETXATTRs per file, now 2.6 and 1
-/// (tar's fchown asks too). Readers of the
-/// file through other opens, by read(2) and through a shared mapping, see every write at
-/// once, as on tmpfs: the kernel drops their cached pages around a direct write.
+/// the page cache, a write that starts inside a page an earlier write left partly written
+/// (tar's 10 KiB records, after each file's first) went as two requests, and each write(2)
+/// first asked for security.capability (the kernel's file_remove_privs): a kernel untar sent
+/// 3.9 WRITEs and 2 GETXATTRs per file, now 2.6 and 1 (tar's fchown asks too). Readers of
+/// the file through other opens, by read(2) and through a shared mapping, see every write
+/// at once, as on tmpfs: the kernel drops their cached pages around a direct write.
 #[test]
 fn write_only_opens_of_a_volume_send_one_write_per_write_and_stay_coherent() {
     const LEN: usize = 10_000;

@@ -1663,12 +1663,6 @@ fn a_mount_without_room_for_its_intent_log_answers_after_commits() {
     volume.assert_clean();
 }
 
-/// A read that moves a file's atime (relatime: atime not after mtime) is answered before the
-/// atime's commit: it does not wait while the test holds the database's write lock (the old
-/// code committed first and waited out the busy retries, ~6 s), and a stat right after it
-/// sees the new atime. Once the lock is let go the atime is committed (seen after a
-/// remount); an explicit atime set after a read wins over the read's; and an fsync after a
-/// read makes that read's atime survive a kill -9.
 /// Changes answered before their commit wake the commit thread once per gathering, not
 /// once each: before, every create and every small file's bytes woke the thread (a futex
 /// wake and two context switches) while it was gathering, for nothing; an untar's daemon
@@ -1705,6 +1699,12 @@ fn early_changes_wake_the_commit_thread_once_per_batch() {
     volume.assert_clean();
 }
 
+/// A read that moves a file's atime (relatime: atime not after mtime) is answered before the
+/// atime's commit: it does not wait while the test holds the database's write lock (the old
+/// code committed first and waited out the busy retries, ~6 s), and a stat right after it
+/// sees the new atime. Once the lock is let go the atime is committed (seen after a
+/// remount); an explicit atime set after a read wins over the read's; and an fsync after a
+/// read makes that read's atime survive a kill -9.
 #[test]
 fn reads_move_atime_without_waiting_for_its_commit() {
     use common::sys;
