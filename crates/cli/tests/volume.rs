@@ -1699,6 +1699,56 @@ fn early_changes_wake_the_commit_thread_once_per_batch() {
     volume.assert_clean();
 }
 
+/// Two writers to one file past its 64 MiB of unflushed bytes: the writes that pass the
+/// limit wait for a flush (`flush_waits`), a writer that waited while the other's flush ran
+/// does not flush again unless the file is still past it (the unit test
+/// `a_writer_past_the_limit_flushes_only_while_the_file_is_still_past_it` checks that
+/// rule), and every byte of both is there after a remount.
+#[test]
+fn two_writers_past_the_dirty_limit_keep_every_byte() {
+    use std::os::unix::fs::FileExt;
+    let volume = Volume::format("overlimit");
+    let m = volume.mount(&[]);
+    let waits = m.counter("flush_waits");
+    let file = std::sync::Arc::new(std::fs::File::create(m.path("shared")).unwrap());
+    const MIB: usize = 1 << 20;
+    const EACH: usize = 48;
+    let block = |writer: usize, i: usize| vec![(writer * EACH + i) as u8 ^ 0x5a; MIB];
+    let writers: Vec<_> = (0..2)
+        .map(|writer| {
+            let file = file.clone();
+            std::thread::spawn(move || {
+                for i in 0..EACH {
+                    let at = ((writer * EACH + i) * MIB) as u64;
+                    file.write_all_at(&block(writer, i), at).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    drop(file);
+    let waits = m.counter("flush_waits") - waits;
+    assert!(waits >= 1, "96 MiB written with no flush waited for");
+    m.unmount();
+    let m = volume.mount(&[]);
+    let got = std::fs::read(m.path("shared")).unwrap();
+    assert_eq!(got.len(), 2 * EACH * MIB);
+    for writer in 0..2 {
+        for i in 0..EACH {
+            let at = (writer * EACH + i) * MIB;
+            assert!(
+                got[at..at + MIB] == block(writer, i)[..],
+                "MiB {} differs after the remount",
+                writer * EACH + i
+            );
+        }
+    }
+    m.unmount();
+    volume.assert_clean();
+}
+
 /// A read that moves a file's atime (relatime: atime not after mtime) is answered before the
 /// atime's commit: it does not wait while the test holds the database's write lock (the old
 /// code committed first and waited out the busy retries, ~6 s), and a stat right after it

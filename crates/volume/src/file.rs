@@ -615,11 +615,7 @@ impl FileState {
             let buf = self.chunk_buf(dp, idx, whole)?;
             let mut guard = lock(&buf);
             guard.written.add(within, within + n);
-            let buf = Arc::make_mut(&mut guard.bytes);
-            if buf.len() < within + n {
-                buf.resize(within + n, 0);
-            }
-            buf[within..within + n].copy_from_slice(&rest[..n]);
+            put_bytes(Arc::make_mut(&mut guard.bytes), within, &rest[..n]);
             pos += n as u64;
             rest = &rest[n..];
         }
@@ -723,7 +719,34 @@ impl FileState {
         store: &dyn MetaStore,
         durable: bool,
     ) -> Result<(Vec<u64>, bool), Errno> {
+        self.flush_dirty(dp, store, durable, false)
+    }
+
+    /// The flush of a write that passed [`FILE_DIRTY_MAX_BYTES`] (back-pressure): nothing,
+    /// when a flush it waited for brought the file back under the limit. Writers to one
+    /// file that all pass the limit while one flush runs then wait for that flush, rather
+    /// than each flushing the chunk or two written meanwhile, one after another (a block
+    /// put, its fsync and a commit each).
+    pub fn flush_over_limit(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+    ) -> Result<Vec<u64>, Errno> {
+        self.flush_dirty(dp, store, false, true)
+            .map(|(released, _)| released)
+    }
+
+    fn flush_dirty(
+        &self,
+        dp: &DataPath,
+        store: &dyn MetaStore,
+        durable: bool,
+        only_over_limit: bool,
+    ) -> Result<(Vec<u64>, bool), Errno> {
         let _flushing = lock(&self.flushing);
+        if only_over_limit && self.dirty_bytes.load(Ordering::Relaxed) <= FILE_DIRTY_MAX_BYTES {
+            return Ok((Vec::new(), false));
+        }
         let (dirty, writes, flushed_bytes, mtime, size, inline, stored_any) = {
             let _gate = write_lock(&self.gate);
             let Some(mtime) = self.dirty_mtime() else {
@@ -1286,6 +1309,18 @@ fn copy_part(dst: &mut [u8], src: &[u8], within: usize) {
     }
 }
 
+/// Puts `src` at `within` in a chunk's bytes, growing them as needed: zeros only in a gap
+/// before `within`, never under what is copied (a whole new chunk is one copy, not a fill
+/// and a copy).
+fn put_bytes(buf: &mut Vec<u8>, within: usize, src: &[u8]) {
+    if buf.len() < within {
+        buf.resize(within, 0);
+    }
+    let over = (buf.len() - within).min(src.len());
+    buf[within..within + over].copy_from_slice(&src[..over]);
+    buf.extend_from_slice(&src[over..]);
+}
+
 /// Stages chunk `idx`'s whole content `bytes` for a flush or a compaction: a new block (in
 /// `update.set`, `puts` and `uploaded`), or a hole when it is all zeros, whether or not this
 /// mount knows of a chunk there (on a shared volume another mount may have stored one since
@@ -1731,6 +1766,50 @@ mod tests {
             .read(&f.data, 0, (chunks * CHUNK_BYTES as usize) as u32)
             .unwrap();
         assert!(got == expect, "the file differs after the two flushes");
+    }
+
+    #[test]
+    fn a_writer_past_the_limit_flushes_only_while_the_file_is_still_past_it() {
+        let f = Fixture::new("overlimit");
+        let file = f.new_file("big");
+        let limit_chunks = (FILE_DIRTY_MAX_BYTES / CHUNK_BYTES) as usize;
+        let big = pattern((limit_chunks + 1) * CHUNK_BYTES as usize, 1);
+        assert!(
+            file.write(&f.data, 0, &big, true, 1).unwrap(),
+            "65 MiB unflushed did not ask for a flush"
+        );
+        file.flush_over_limit(&f.data, &*f.store).unwrap();
+        assert!(
+            file.dirty_mtime().is_none(),
+            "the writer past the limit did not flush"
+        );
+        // What a second writer finds once the flush it waited for has run: the file under
+        // the limit, its own chunk left for the next flush.
+        let at = (limit_chunks as u64 + 3) * CHUNK_BYTES;
+        let tail = pattern(CHUNK_BYTES as usize, 2);
+        file.write(&f.data, at, &tail, true, 2).unwrap();
+        file.flush_over_limit(&f.data, &*f.store).unwrap();
+        assert!(
+            file.dirty_mtime().is_some(),
+            "a writer flushed again though the file was back under the limit"
+        );
+        file.flush(&f.data, &*f.store).unwrap();
+        let again = f.reopen(file.ino);
+        assert!(again.read(&f.data, at, CHUNK_BYTES as u32).unwrap() == tail);
+        assert!(again.read(&f.data, 0, big.len() as u32).unwrap() == big);
+    }
+
+    #[test]
+    fn chunk_bytes_grow_with_zeros_only_in_gaps() {
+        let mut buf = Vec::new();
+        put_bytes(&mut buf, 0, b"abcd");
+        assert_eq!(buf, b"abcd");
+        put_bytes(&mut buf, 2, b"XYZW");
+        assert_eq!(buf, b"abXYZW");
+        put_bytes(&mut buf, 1, b"q");
+        assert_eq!(buf, b"aqXYZW");
+        put_bytes(&mut buf, 8, b"end");
+        assert_eq!(buf, b"aqXYZW\0\0end");
     }
 
     #[test]

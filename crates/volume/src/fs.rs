@@ -282,6 +282,8 @@ pub struct VolumeFs {
     started: std::time::Instant,
     /// Flushes that failed and were reported: counted for `lanefs stats`.
     flush_errors: AtomicU64,
+    /// Writes that passed a file's dirty limit and so waited for a flush (back-pressure).
+    flush_waits: AtomicU64,
     /// The mount's atime flags (see `atime`).
     atime: AtimeSwitch,
     /// Opens whose first read has yet to apply the relatime rule (see `atime`).
@@ -466,6 +468,7 @@ impl VolumeFs {
             usage_bytes: AtomicU64::new(0),
             started: std::time::Instant::now(),
             flush_errors: AtomicU64::new(0),
+            flush_waits: AtomicU64::new(0),
             lock,
         })
     }
@@ -1319,10 +1322,13 @@ impl Filesystem for VolumeFs {
     }
 
     fn counters(&self) -> Vec<(String, u64)> {
-        let mut counters = vec![(
-            "flush_errors".into(),
-            self.flush_errors.load(Ordering::Relaxed),
-        )];
+        let mut counters: Vec<(String, u64)> = [
+            ("flush_errors", &self.flush_errors),
+            ("flush_waits", &self.flush_waits),
+        ]
+        .into_iter()
+        .map(|(name, n)| (name.to_owned(), n.load(Ordering::Relaxed)))
+        .collect();
         counters.extend(
             self.dirops
                 .counters()
@@ -1664,9 +1670,18 @@ impl Filesystem for VolumeFs {
             // the queue.
             Ok(true) => {
                 let written = data.len() as u32;
-                self.answer_off_queue(reply, move |fs, reply| match fs.flush_state(&state) {
-                    Ok(()) => reply.written(written),
-                    Err(e) => reply.error(e),
+                self.flush_waits.fetch_add(1, Ordering::Relaxed);
+                self.answer_off_queue(reply, move |fs, reply| {
+                    match state.flush_over_limit(&fs.data, &*fs.store) {
+                        Ok(released) => {
+                            fs.reap(released);
+                            reply.written(written)
+                        }
+                        Err(e) => {
+                            fs.flush_errors.fetch_add(1, Ordering::Relaxed);
+                            reply.error(e)
+                        }
+                    }
                 })
             }
             Err(e) => reply.error(e),
