@@ -597,9 +597,21 @@ impl SystemSpec {
                 // volume's SQLite file and blocks are.
                 let dir = ctx.scratch_tmpfs("juicefs").map_err(OpenError::Fail)?;
                 let meta = format!("sqlite3://{}", dir.0.join("meta.db").display());
+                // Without its trash (by default a removed file's blocks stay a day): the
+                // lanefs volume frees them at once, and the rows run one after another on
+                // one formatted JuiceFS on a bounded tmpfs, which the apps suite's removed
+                // databases, clones and trees filled (12 GiB by its `cp -a` row), failing
+                // the later rows with ENOSPC.
                 let mut format = Command::new(&binary);
                 format
-                    .args(["format", "--storage", "file", "--bucket"])
+                    .args([
+                        "format",
+                        "--trash-days",
+                        "0",
+                        "--storage",
+                        "file",
+                        "--bucket",
+                    ])
                     .arg(dir.0.join("blocks/"))
                     .args([&meta, "bench"]);
                 let formatted = run_limited(format, Duration::from_secs(60))
