@@ -872,10 +872,19 @@ impl VolumeFs {
     /// `flush_state`, durable for an fsync (see `FileState::flush_with`); whether a durable
     /// commit happened.
     fn flush_state_with(&self, state: &FileState, durable: bool) -> Result<bool, Errno> {
-        match state.flush_with(&self.data, &*self.store, durable) {
-            Ok((released, committed_durably)) => {
+        let flushed = state.flush_with(&self.data, &*self.store, durable);
+        let committed_durably = flushed.as_ref().is_ok_and(|(_, durably)| *durably);
+        self.flushed(flushed.map(|(released, _)| released))
+            .map(|()| committed_durably)
+    }
+
+    /// A flush's end, whichever kind: the blocks it released go to the reaper, a failure is
+    /// counted.
+    fn flushed(&self, released: Result<Vec<u64>, Errno>) -> Result<(), Errno> {
+        match released {
+            Ok(released) => {
                 self.reap(released);
-                Ok(committed_durably)
+                Ok(())
             }
             Err(e) => {
                 self.flush_errors.fetch_add(1, Ordering::Relaxed);
@@ -1672,15 +1681,9 @@ impl Filesystem for VolumeFs {
                 let written = data.len() as u32;
                 self.flush_waits.fetch_add(1, Ordering::Relaxed);
                 self.answer_off_queue(reply, move |fs, reply| {
-                    match state.flush_over_limit(&fs.data, &*fs.store) {
-                        Ok(released) => {
-                            fs.reap(released);
-                            reply.written(written)
-                        }
-                        Err(e) => {
-                            fs.flush_errors.fetch_add(1, Ordering::Relaxed);
-                            reply.error(e)
-                        }
+                    match fs.flushed(state.flush_over_limit(&fs.data, &*fs.store)) {
+                        Ok(()) => reply.written(written),
+                        Err(e) => reply.error(e),
                     }
                 })
             }
