@@ -446,6 +446,103 @@ fn a_new_files_capability_answers_stay_true_as_on_tmpfs() {
     }
 }
 
+/// A file open on a volume has its xattrs answered from what its open read when it had
+/// none (cp -a and tar ask every file they copy for its xattrs and ACL); that must never
+/// hide one set while the file is open, by path or by another descriptor, nor show one a
+/// file never had. Same answers as tmpfs; the files are opened after a remount, so their
+/// state is read from the store.
+#[test]
+fn the_xattrs_of_an_open_file_stay_true_as_on_tmpfs() {
+    fn prepare(root: &Path) {
+        std::fs::write(root.join("plain"), b"p").unwrap();
+        std::fs::write(root.join("tagged"), b"t").unwrap();
+        sys::setxattr(&root.join("tagged"), "user.before", b"1", 0).unwrap();
+    }
+    fn session(root: &Path) -> Vec<String> {
+        let (plain, tagged) = (root.join("plain"), root.join("tagged"));
+        let held = [&plain, &tagged].map(|p| std::fs::File::open(p).unwrap());
+        let names = |p: &Path| format!("{:?}", sys::listxattr(p, 1024).map(|(_, n)| n));
+        let value =
+            |p: &Path, name: &str| format!("{:?}", sys::getxattr(p, name, 64).map(|(_, v)| v));
+        let mut seen = vec![
+            names(&plain),
+            value(&plain, "user.x"),
+            value(&plain, "system.posix_acl_access"),
+            names(&tagged),
+            value(&tagged, "user.before"),
+        ];
+        seen.push(format!("{:?}", sys::setxattr(&plain, "user.x", b"2", 0)));
+        seen.push(names(&plain));
+        seen.push(value(&plain, "user.x"));
+        seen.push(format!("{:?}", sys::removexattr(&plain, "user.x")));
+        seen.push(names(&plain));
+        seen.push(value(&plain, "user.x"));
+        seen.push(format!("{:?}", sys::setxattr(&plain, "user.y", b"3", 0)));
+        drop(held);
+        seen.push(names(&plain));
+        seen
+    }
+    let native = common::Tmpfs::new("16M");
+    prepare(&native.path);
+    let expected = session(&native.path);
+    assert_eq!(expected[6], r#"Ok(["user.x"])"#, "{expected:?}");
+    for kind in KINDS {
+        let source = Source::new(kind, "rtt-xattrs");
+        let m = source.mount(&[]);
+        prepare(&m.mountpoint);
+        m.unmount();
+        let m = source.mount(&[]);
+        assert_eq!(
+            session(&m.mountpoint),
+            expected,
+            "lanefs ({kind:?}) vs tmpfs"
+        );
+        m.unmount();
+    }
+}
+
+/// What `cp -a` of a directory out of a volume costs per file: OPEN, READ, the GETATTR
+/// after it (a read drops the kernel's cached atime), cp's two LISTXATTRs and the GETXATTR
+/// of its ACL, RELEASE; no FLUSH: a read-only open is answered FOPEN_NOFLUSH, since it has
+/// nothing to commit at close. The copy is whole.
+#[test]
+fn copying_files_out_of_a_volume_costs_what_the_kernel_needs() {
+    let volume = Volume::format("rtt-copy");
+    let mount = volume.mount(&[]);
+    std::fs::create_dir(mount.path("src")).unwrap();
+    for i in 0..FILES {
+        std::fs::write(mount.path(&format!("src/{i}")), format!("file {i}\n")).unwrap();
+    }
+    mount.unmount();
+    let mount = volume.mount(&[]);
+    let out = TempDir::new("rtt-copy");
+    let got = requests_of(
+        &mount,
+        &mount.path(""),
+        &format!("cp -a src {}", out.path().join("copy").display()),
+    );
+    assert_requests(
+        "cp -a out of a volume",
+        &got,
+        &[
+            ("open", 1),
+            ("read", 1),
+            ("getattr", 1),
+            ("listxattr", 2),
+            ("getxattr", 1),
+            ("release", 1),
+        ],
+    );
+    for i in 0..FILES {
+        assert_eq!(
+            std::fs::read_to_string(out.path().join(format!("copy/{i}"))).unwrap(),
+            format!("file {i}\n")
+        );
+    }
+    mount.unmount();
+    volume.assert_clean();
+}
+
 fn set_write_lock(file: &std::fs::File) -> std::io::Result<()> {
     // SAFETY: flock is plain data; fcntl on an fd we hold.
     let rc = unsafe {

@@ -391,6 +391,11 @@ pub struct FileState {
     /// one, so while it holds, the GETXATTR the kernel sends before the first write to a
     /// new file (a new FUSE inode is never S_NOSEC) needs no read of the store.
     pub capability_absent: AtomicBool,
+    /// Bit 0: the load found no xattr a caller can list or get (see
+    /// [`FileState::xattrs_absent`]). The bits above count the xattr changes begun and
+    /// finished on the inode while this state lived: a load that raced one does not set
+    /// bit 0 (its read may predate the change's commit).
+    xattrs_known: AtomicU64,
     /// The directory this mount's create made it in (its state never read from the store;
     /// 0: not made here): its closes may commit its bytes without waiting (see
     /// `VolumeFs::flush_new_early`).
@@ -463,6 +468,7 @@ impl FileState {
             orphaned: AtomicBool::new(false),
             held_for_other_mount: AtomicBool::new(false),
             capability_absent: AtomicBool::new(false),
+            xattrs_known: AtomicU64::new(0),
             created_in: AtomicU64::new(0),
             loaded: OnceLock::new(),
             dirty: Mutex::new(BTreeMap::new()),
@@ -479,7 +485,17 @@ impl FileState {
     /// Loads the file from the store once (the first open); later calls return its outcome.
     pub fn load(&self, fetch: impl FnOnce() -> Result<FileRec, Errno>) -> Result<(), Errno> {
         *self.loaded.get_or_init(|| {
+            let changes_before = self.xattrs_known.load(Ordering::SeqCst) & !1;
             let rec = fetch()?;
+            if rec.xattrs_absent {
+                // Fails if an xattr change began or ended since the read started.
+                let _ = self.xattrs_known.compare_exchange(
+                    changes_before,
+                    changes_before | 1,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+            }
             self.size.store(rec.attr.size, Ordering::Relaxed);
             let mut c = write_lock(&self.committed);
             c.inline = rec.inline.map(Bytes::from);
@@ -493,6 +509,21 @@ impl FileState {
 
     pub fn size(&self) -> u64 {
         self.size.load(Ordering::Relaxed)
+    }
+
+    /// Whether the inode had no xattr a caller can list or get when its state was loaded,
+    /// and no xattr change has begun on it since. Only a mount that alone changes the
+    /// volume may answer from it: another mount's setxattr does not clear it.
+    pub fn xattrs_absent(&self) -> bool {
+        self.xattrs_known.load(Ordering::SeqCst) & 1 != 0
+    }
+
+    /// An xattr change of the inode begins or has committed: `xattrs_absent` no longer
+    /// holds, and a load racing the change does not make it hold.
+    pub fn xattrs_changing(&self) {
+        let _ = self
+            .xattrs_known
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| Some((w + 2) & !1));
     }
 
     /// The mtime of writes not yet flushed, if any.

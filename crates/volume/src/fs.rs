@@ -775,17 +775,33 @@ impl VolumeFs {
     /// Before a change of xattr `name` of `ino`: the change's answer; when it is a
     /// directory's default ACL, forgotten now and again once the change is made (a create
     /// that read the old one meanwhile must not leave it behind).
+    /// Called before an xattr change of `ino` is queued; its answer once committed. What
+    /// this mount knows of the inode's xattrs is forgotten at both ends (a state loaded
+    /// while the change was in flight may have read the store before its commit).
     fn xattr_change_done(&self, ino: u64, name: &[u8], reply: Reply) -> Done<()> {
         let default_acls = (name == acl::DEFAULT_XATTR).then(|| {
             self.default_acls.forget(ino);
             self.default_acls.clone()
         });
+        if let Some(state) = self.open.get(ino) {
+            state.xattrs_changing();
+        }
+        let open = self.open.clone();
         Box::new(move |r| {
             if let Some(acls) = default_acls {
                 acls.forget(ino);
             }
+            if let Some(state) = open.get(ino) {
+                state.xattrs_changing();
+            }
             answer(reply, r)
         })
+    }
+
+    /// Whether `ino` is open here with no xattr a caller can list or get: known from its
+    /// load on a volume no other mount changes (`xattrs_changing` keeps it true).
+    fn xattrs_absent(&self, ino: u64) -> bool {
+        !self.options.shared && self.open.get(ino).is_some_and(|s| s.xattrs_absent())
     }
 
     fn reply_new_entry(&self, node: Result<NewNode, Errno>, reply: Reply) {
@@ -975,7 +991,20 @@ impl VolumeFs {
                 rec => self.fileattrs.may_open(ino, flags).map(|()| rec),
             });
         match checked {
-            Ok(rec) => Ok(self.open_out(&rec, flags)),
+            Ok(rec) => {
+                let mut out = self.open_out(&rec, flags);
+                // A read-only open has nothing of its own to commit at close(2), so it
+                // costs no FLUSH round trip (one of cp -a's seven per file it reads).
+                // Another open's unflushed writes are committed by that open's close or
+                // fsync; an early-answered change's failure is reported by a close that
+                // flushes, and by fsync, as before. On a shared volume FLUSH also drops
+                // the closing owner's POSIX locks, which are ours there (a read lock
+                // needs only a read-only open).
+                if !self.options.shared && flags as i32 & libc::O_ACCMODE == libc::O_RDONLY {
+                    out.open_flags |= fopen::NOFLUSH;
+                }
+                Ok(out)
+            }
             Err(e) => {
                 if let Some(last) = self.open.release(ino) {
                     drop(last);
@@ -1941,6 +1970,10 @@ impl Filesystem for VolumeFs {
         {
             return reply.error(libc::ENODATA);
         }
+        // cp -a and tar ask every file they read for its ACL and xattrs.
+        if self.xattrs_absent(ino) {
+            return reply.error(libc::ENODATA);
+        }
         match self.store.getxattr(req.queue, ino, name.as_bytes()) {
             Ok(value) if size == 0 => reply.xattr_size(value.len() as u32),
             Ok(value) if value.len() > size as usize => reply.error(libc::ERANGE),
@@ -1950,7 +1983,12 @@ impl Filesystem for VolumeFs {
     }
 
     fn listxattr(&self, req: &Request, ino: u64, size: u32, reply: Reply) {
-        match self.store.listxattr(req.queue, ino) {
+        let names = if self.xattrs_absent(ino) {
+            Ok(Vec::new())
+        } else {
+            self.store.listxattr(req.queue, ino)
+        };
+        match names {
             Ok(names) => {
                 let mut list = Vec::new();
                 for n in names.into_iter().filter(|n| n != FILEATTR_XATTR) {

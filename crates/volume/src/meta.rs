@@ -165,6 +165,9 @@ pub struct FileRec {
     pub inline: Option<Vec<u8>>,
     pub chunks: Vec<ChunkRec>,
     pub slices: Vec<SliceRec>,
+    /// Read with the rest and found to have no xattr a caller can list or get (the row of
+    /// its `chattr` flags is not one). False where not read.
+    pub xattrs_absent: bool,
 }
 
 /// One directory entry as a listing sees it.

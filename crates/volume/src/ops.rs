@@ -102,6 +102,9 @@ const CHUNKS_SQL: &str =
     "SELECT idx, block, len, crc FROM chunks WHERE ino = CAST(? AS BIGINT) ORDER BY idx";
 const SLICES_SQL: &str =
     "SELECT idx, pos, len, block, crc FROM slices WHERE ino = CAST(? AS BIGINT) ORDER BY idx, seq";
+/// Whether the inode has an xattr other than its `chattr` flags (CAST: as `CHUNKS_SQL`'s).
+const ANY_XATTR_SQL: &str =
+    "SELECT 1 FROM xattrs WHERE ino = CAST(? AS BIGINT) AND name <> ? LIMIT 1";
 /// A slice laid over the chunk's others (CAST: as `CHUNKS_SQL`'s; a max() over a key prefix
 /// is planned by the bound values too).
 const INSERT_SLICE_SQL: &str = "INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
@@ -261,15 +264,16 @@ pub fn listxattr(tx: &mut dyn Tx, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
     Ok(rows.iter().map(|r| r.bytes(0)).collect::<Result<_, _>>()?)
 }
 
-/// The inode, its inline bytes, its chunk map and its slices (the caller makes it one
-/// snapshot; the last three are read in one round trip).
+/// The inode, its inline bytes, its chunk map, its slices and whether it has xattrs (the
+/// caller makes it one snapshot; the last four are read in one round trip).
 pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
-    let [inode, chunk_rows, slice_rows] = <[Vec<Row>; 3]>::try_from(tx.queries(&[
+    let [inode, chunk_rows, slice_rows, xattr_rows] = <[Vec<Row>; 4]>::try_from(tx.queries(&[
         (LOAD_FILE_SQL, &args![ino]),
         (CHUNKS_SQL, &args![ino]),
         (SLICES_SQL, &args![ino]),
+        (ANY_XATTR_SQL, &args![ino, FILEATTR_XATTR]),
     ])?)
-    .map_err(|_| DbError::Other("three queries, not three answers".into()))?;
+    .map_err(|_| DbError::Other("four queries, not four answers".into()))?;
     let inode = inode.first().ok_or(libc::ENOENT)?;
     let attr = attr_from_row(inode, 0)?;
     let inline = inode.opt_bytes(ATTR_COLUMN_COUNT)?;
@@ -301,6 +305,7 @@ pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
         inline,
         chunks,
         slices,
+        xattrs_absent: xattr_rows.is_empty(),
     })
 }
 
