@@ -434,9 +434,31 @@ fn a_new_files_capability_answers_stay_true_as_on_tmpfs() {
     let native = common::Tmpfs::new("16M");
     let expected = session(&native.path);
     assert_eq!(expected[2], "after set, still open: Ok(20)", "{expected:?}");
+    assert_as_on_tmpfs(
+        "rtt-caps",
+        &["--attr-timeout", "60"],
+        |_| {},
+        session,
+        &expected,
+    );
+}
+
+/// Asserts that `session` gives `expected` (tmpfs's transcript) on every file system lanefs
+/// serves, mounted with `args` after `prepare` ran on a mount of its own (so that what the
+/// session opens is read back from the source, not kept from its creation).
+fn assert_as_on_tmpfs(
+    tag: &str,
+    args: &[&str],
+    prepare: fn(&Path),
+    session: fn(&Path) -> Vec<String>,
+    expected: &[String],
+) {
     for kind in KINDS {
-        let source = Source::new(kind, "rtt-caps");
-        let m = source.mount(&["--attr-timeout", "60"]);
+        let source = Source::new(kind, tag);
+        let m = source.mount(args);
+        prepare(&m.mountpoint);
+        m.unmount();
+        let m = source.mount(args);
         assert_eq!(
             session(&m.mountpoint),
             expected,
@@ -486,19 +508,7 @@ fn the_xattrs_of_an_open_file_stay_true_as_on_tmpfs() {
     prepare(&native.path);
     let expected = session(&native.path);
     assert_eq!(expected[6], r#"Ok(["user.x"])"#, "{expected:?}");
-    for kind in KINDS {
-        let source = Source::new(kind, "rtt-xattrs");
-        let m = source.mount(&[]);
-        prepare(&m.mountpoint);
-        m.unmount();
-        let m = source.mount(&[]);
-        assert_eq!(
-            session(&m.mountpoint),
-            expected,
-            "lanefs ({kind:?}) vs tmpfs"
-        );
-        m.unmount();
-    }
+    assert_as_on_tmpfs("rtt-xattrs", &[], prepare, session, &expected);
 }
 
 /// What `cp -a` of a directory out of a volume costs per file: OPEN, READ, the GETATTR
