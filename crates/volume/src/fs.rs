@@ -991,20 +991,7 @@ impl VolumeFs {
                 rec => self.fileattrs.may_open(ino, flags).map(|()| rec),
             });
         match checked {
-            Ok(rec) => {
-                let mut out = self.open_out(&rec, flags);
-                // A read-only open has nothing of its own to commit at close(2), so it
-                // costs no FLUSH round trip (one of cp -a's seven per file it reads).
-                // Another open's unflushed writes are committed by that open's close or
-                // fsync; an early-answered change's failure is reported by a close that
-                // flushes, and by fsync, as before. On a shared volume FLUSH also drops
-                // the closing owner's POSIX locks, which are ours there (a read lock
-                // needs only a read-only open).
-                if !self.options.shared && flags as i32 & libc::O_ACCMODE == libc::O_RDONLY {
-                    out.open_flags |= fopen::NOFLUSH;
-                }
-                Ok(out)
-            }
+            Ok(rec) => Ok(self.open_out(&rec, flags)),
             Err(e) => {
                 if let Some(last) = self.open.release(ino) {
                     drop(last);
