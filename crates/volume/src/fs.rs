@@ -197,6 +197,9 @@ impl DirHandles {
     }
 }
 
+/// Reads of an inode's attributes by one GETATTR while atime commits keep completing.
+const ATTR_READS_MAX: usize = 4;
+
 /// To the reaper thread.
 /// Frees this session's unheld orphans of a shared volume unlinked before `before_ns`.
 fn sweep_orphans(
@@ -1386,9 +1389,26 @@ impl Filesystem for VolumeFs {
     }
 
     fn getattr(&self, req: &Request, ino: u64, _fh: Option<u64>, reply: Reply) {
-        match self.store.getattr(req.queue, ino) {
-            Ok(rec) => reply.attr(&self.attr_out(&rec)),
-            Err(e) => reply.error(e),
+        // The store's record with this mount's pending atime over it. An atime commit that
+        // completed between the two would leave the answer with neither (a stat right after
+        // a read saw the new atime, the next one the old): read again then, a bounded
+        // number of times (commits are batched and far rarer than reads).
+        let mut answer = None;
+        for _ in 0..ATTR_READS_MAX {
+            let commits = self.pending_atimes.commits();
+            let out = match self.store.getattr(req.queue, ino) {
+                Ok(rec) => self.attr_out(&rec),
+                Err(e) => return reply.error(e),
+            };
+            let settled = self.pending_atimes.commits() == commits;
+            answer = Some(out);
+            if settled {
+                break;
+            }
+        }
+        match answer {
+            Some(out) => reply.attr(&out),
+            None => reply.error(libc::EIO),
         }
     }
 

@@ -106,6 +106,10 @@ pub(crate) struct PendingAtimes {
     len: AtomicUsize,
     /// A change that commits them is queued and has not taken them yet.
     queued: AtomicBool,
+    /// Commits of pending atimes completed, counted before their entries are dropped: an
+    /// answer that read the store before such a commit and looked at the entries after it
+    /// has neither the new atime nor its pending entry, and reads again (`commits`).
+    commits: AtomicU64,
 }
 
 impl PendingAtimes {
@@ -116,6 +120,7 @@ impl PendingAtimes {
                 .collect(),
             len: AtomicUsize::new(0),
             queued: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
         }
     }
 
@@ -170,8 +175,14 @@ impl PendingAtimes {
         all
     }
 
+    /// How many commits of pending atimes have completed (see the field).
+    pub(crate) fn commits(&self) -> u64 {
+        self.commits.load(Ordering::SeqCst)
+    }
+
     /// `atimes` are committed: each stops being overlaid unless it was moved again since.
     fn committed(&self, atimes: &[(u64, i64)]) {
+        self.commits.fetch_add(1, Ordering::SeqCst);
         for &(ino, atime) in atimes {
             let mut shard = self.shard(ino);
             if shard.get(&ino) == Some(&atime) {
