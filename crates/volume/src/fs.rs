@@ -775,12 +775,11 @@ impl VolumeFs {
         Ok(default)
     }
 
-    /// Before a change of xattr `name` of `ino`: the change's answer; when it is a
-    /// directory's default ACL, forgotten now and again once the change is made (a create
-    /// that read the old one meanwhile must not leave it behind).
-    /// Called before an xattr change of `ino` is queued; its answer once committed. What
-    /// this mount knows of the inode's xattrs is forgotten at both ends (a state loaded
-    /// while the change was in flight may have read the store before its commit).
+    /// Before a change of xattr `name` of `ino`: the change's answer. What this mount knows
+    /// of the inode's xattrs is forgotten now and again once the change is made: a
+    /// directory's default ACL (a create that read the old one meanwhile must not leave it
+    /// behind), and an open file's "none" (a state loaded meanwhile may have read the store
+    /// before the commit).
     fn xattr_change_done(&self, ino: u64, name: &[u8], reply: Reply) -> Done<()> {
         let default_acls = (name == acl::DEFAULT_XATTR).then(|| {
             self.default_acls.forget(ino);
@@ -1393,22 +1392,15 @@ impl Filesystem for VolumeFs {
         // completed between the two would leave the answer with neither (a stat right after
         // a read saw the new atime, the next one the old): read again then, a bounded
         // number of times (commits are batched and far rarer than reads).
-        let mut answer = None;
-        for _ in 0..ATTR_READS_MAX {
+        for reads in 1.. {
             let commits = self.pending_atimes.commits();
             let out = match self.store.getattr(req.queue, ino) {
                 Ok(rec) => self.attr_out(&rec),
                 Err(e) => return reply.error(e),
             };
-            let settled = self.pending_atimes.commits() == commits;
-            answer = Some(out);
-            if settled {
-                break;
+            if self.pending_atimes.commits() == commits || reads == ATTR_READS_MAX {
+                return reply.attr(&out);
             }
-        }
-        match answer {
-            Some(out) => reply.attr(&out),
-            None => reply.error(libc::EIO),
         }
     }
 
