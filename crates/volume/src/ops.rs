@@ -264,16 +264,21 @@ pub fn listxattr(tx: &mut dyn Tx, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
     Ok(rows.iter().map(|r| r.bytes(0)).collect::<Result<_, _>>()?)
 }
 
-/// The inode, its inline bytes, its chunk map, its slices and whether it has xattrs (the
-/// caller makes it one snapshot; the last four are read in one round trip).
-pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
-    let [inode, chunk_rows, slice_rows, xattr_rows] = <[Vec<Row>; 4]>::try_from(tx.queries(&[
-        (LOAD_FILE_SQL, &args![ino]),
+/// The inode, its inline bytes, its chunk map, its slices and, when `ask_xattrs`, whether it
+/// has xattrs (the caller makes it one snapshot; they are read in one round trip). A shared
+/// volume does not ask: another mount may set one at any time, so no answer uses it.
+pub fn load_file(tx: &mut dyn Tx, ino: u64, ask_xattrs: bool) -> Result<FileRec, Errno> {
+    let any_xattr = (ANY_XATTR_SQL, &args![ino, FILEATTR_XATTR][..]);
+    let queries = [
+        (LOAD_FILE_SQL, &args![ino][..]),
         (CHUNKS_SQL, &args![ino]),
         (SLICES_SQL, &args![ino]),
-        (ANY_XATTR_SQL, &args![ino, FILEATTR_XATTR]),
-    ])?)
-    .map_err(|_| DbError::Other("four queries, not four answers".into()))?;
+        any_xattr,
+    ];
+    let mut rows = tx.queries(&queries[..if ask_xattrs { 4 } else { 3 }])?;
+    let xattr_rows = if ask_xattrs { rows.pop() } else { None };
+    let [inode, chunk_rows, slice_rows] = <[Vec<Row>; 3]>::try_from(rows)
+        .map_err(|_| DbError::Other("fewer answers than queries".into()))?;
     let inode = inode.first().ok_or(libc::ENOENT)?;
     let attr = attr_from_row(inode, 0)?;
     let inline = inode.opt_bytes(ATTR_COLUMN_COUNT)?;
@@ -305,7 +310,7 @@ pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
         inline,
         chunks,
         slices,
-        xattrs_absent: xattr_rows.is_empty(),
+        xattrs_absent: xattr_rows.is_some_and(|rows| rows.is_empty()),
     })
 }
 
