@@ -1825,6 +1825,81 @@ fn reads_move_atime_without_waiting_for_its_commit() {
     volume.assert_clean();
 }
 
+/// READDIRPLUS tells the kernel its entries' attributes, which it takes as the files' own
+/// (with no validity of their own it still sets the size from them). A listing read in
+/// several requests must not undo what changed while it was open: a file written and
+/// closed must keep its new size and bytes, and a file read must keep the atime the read
+/// gave it, also once that atime is committed and no longer kept in memory (two commits
+/// later). (Each getdents64 below holds one entry: each is one READDIR request, whose
+/// entries the kernel all takes.)
+#[test]
+fn a_listing_does_not_undo_what_changed_while_it_was_open() {
+    use common::sys;
+    use std::os::fd::AsRawFd;
+    let volume = Volume::format("listing-changes");
+    let m = volume.mount(&[]);
+    sys::mkdir(&m.path("d"), 0o755).unwrap();
+    let (past, mtime) = (1_000_000_000, 1_500_000_000);
+    for name in ["a", "b", "c"] {
+        let path = m.path("d").join(name);
+        std::fs::write(&path, name).unwrap();
+        // atime before mtime: relatime moves it at the next read.
+        sys::utimens(&path, sys::ts(past, 0), sys::ts(mtime, 0), 0).unwrap();
+    }
+    m.unmount();
+
+    let m = volume.mount(&[]);
+    let [a, b, c] = ["a", "b", "c"].map(|name| m.path("d").join(name));
+    let dir = sys::open(&m.path("d"), libc::O_RDONLY | libc::O_DIRECTORY, 0).unwrap();
+    let getdents_one = || {
+        let mut buf = [0u8; 32];
+        // SAFETY: buf is writable for its length; the kernel writes at most that.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                dir.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        assert!(n > 0, "getdents64: {n} ({})", sys::Errno::last().name());
+    };
+    // The listing is read here: "b" with atime `past`, "c" one byte long.
+    getdents_one();
+    // Two atime commits, b's then a's (a read moves atime, fsync commits it), and c
+    // rewritten longer.
+    for path in [&b, &a] {
+        let file = std::fs::File::open(path).unwrap();
+        std::io::Read::read_to_end(&mut &file, &mut Vec::new()).unwrap();
+        file.sync_all().unwrap();
+    }
+    let rewritten = b"c, rewritten while the listing was open".to_vec();
+    std::fs::write(&c, &rewritten).unwrap();
+    let atime = |p: &Path| sys::stat(p).unwrap().st_atime;
+    let moved = atime(&b);
+    assert!(
+        moved > mtime,
+        "the read of b did not move its atime: {moved}"
+    );
+    // The rest of the listing: "..", then "a", "b" and "c" as READDIRPLUS entries.
+    getdents_one();
+    getdents_one();
+    assert_eq!(
+        sys::stat(&c).unwrap().st_size as usize,
+        rewritten.len(),
+        "c's size went back after the listing went on"
+    );
+    assert_eq!(std::fs::read(&c).unwrap(), rewritten);
+    assert_eq!(
+        atime(&b),
+        moved,
+        "b's atime went back after the listing went on"
+    );
+    drop(dir);
+    m.unmount();
+    volume.assert_clean();
+}
+
 /// `cp -a` onto a volume sends, after each create, the file's owner and times and its access
 /// ACL, which for a file with none says only its mode: all of it is answered before its
 /// commit (nothing waits while the test holds the database's write lock), and lands as

@@ -179,9 +179,10 @@ impl OpenTable {
     }
 }
 
-/// An open directory: its listing, taken at the first READDIR (offset 0) so that entries
-/// removed or added during a listing (rm -rf) neither skip nor repeat others.
-type DirSnapshot = Arc<Mutex<Option<Vec<(u64, u32, Vec<u8>, Option<InodeRec>)>>>>;
+/// An open directory: its listing (ino, type, name), taken at the first READDIR (offset 0)
+/// so that entries removed or added during a listing (rm -rf) neither skip nor repeat
+/// others. Only names: a later READDIRPLUS reads its entries' records again (see `list`).
+type DirSnapshot = Arc<Mutex<Option<Vec<(u64, u32, Vec<u8>)>>>>;
 
 struct DirHandles {
     /// fh → snapshot. Each mutex protects one shard's map; leaf locks.
@@ -196,9 +197,6 @@ impl DirHandles {
             .unwrap_or_else(|e| e.into_inner())
     }
 }
-
-/// Reads of an inode's attributes by one GETATTR while atime commits keep completing.
-const ATTR_READS_MAX: usize = 4;
 
 /// To the reaper thread.
 /// Frees this session's unheld orphans of a shared volume unlinked before `before_ns`.
@@ -574,6 +572,9 @@ impl VolumeFs {
         let mut listing = snapshot.lock().unwrap_or_else(|e| e.into_inner());
         // The directory, when this request took its listing (its atime may move).
         let mut listed = None;
+        // The records read with the listing by this request (by entry; none for . and ..).
+        let mut records = Vec::new();
+        let read_after_commits = self.pending_atimes.commits();
         if listing.is_none() || arg.offset == 0 {
             // Errors are answered without the listing's lock: a deferred lease wait runs
             // this again, on this very thread when the offload pool is full.
@@ -589,16 +590,17 @@ impl VolumeFs {
                 }
             };
             let mut all = Vec::with_capacity(items.len() + 2);
-            all.push((ino, libc::DT_DIR as u32, b".".to_vec(), None));
+            all.push((ino, libc::DT_DIR as u32, b".".to_vec()));
             all.push((
                 dir.parent.max(ROOT_INO),
                 libc::DT_DIR as u32,
                 b"..".to_vec(),
-                None,
             ));
+            records.extend([None, None]);
             for item in items {
                 let typ = (item.attr.mode & libc::S_IFMT) >> 12;
-                all.push((item.attr.ino, typ, item.name, Some(item.attr)));
+                all.push((item.attr.ino, typ, item.name));
+                records.push(Some(item.attr));
             }
             *listing = Some(all);
             listed = Some(dir);
@@ -606,26 +608,52 @@ impl VolumeFs {
         let Some(all) = listing.as_ref() else {
             return reply.error(libc::EIO);
         };
-        let mut buf = DirBuffer::new(arg.size as usize);
-        for (i, (ino, typ, name, attr)) in all.iter().enumerate().skip(arg.offset as usize) {
-            let entry = DirEntry {
-                ino: *ino,
-                offset: i as u64 + 1,
-                typ: *typ,
-                name,
-            };
-            let fits = if plus {
-                let out = match attr {
-                    Some(rec) => self.entry_out(rec),
-                    None => abi::EntryOut::default(),
+        // What READDIRPLUS says of entry `i`: the kernel takes it as the inode's attributes
+        // (with no attribute validity of their own, it still sets the size from them), so
+        // a later request reads each record again rather than answer from the listing's
+        // (a file written and closed since showed its old size). No entry (nodeid 0) for
+        // . and .., and for an entry removed since.
+        let entry_out = |i: usize, ino: u64| match records.get(i) {
+            Some(rec) => rec.as_ref().map(|rec| self.entry_out(rec)),
+            None if i < 2 => None,
+            None => self
+                .pending_atimes
+                .read(|| {
+                    self.store
+                        .getattr(queue, ino)
+                        .map(|rec| self.entry_out(&rec))
+                })
+                .ok(),
+        };
+        let fill = |attrs_valid: bool| {
+            let mut buf = DirBuffer::new(arg.size as usize);
+            for (i, (ino, typ, name)) in all.iter().enumerate().skip(arg.offset as usize) {
+                let entry = DirEntry {
+                    ino: *ino,
+                    offset: i as u64 + 1,
+                    typ: *typ,
+                    name,
                 };
-                buf.push_plus(&entry, &out)
-            } else {
-                buf.push(&entry)
-            };
-            if !fits {
-                break;
+                let fits = if plus {
+                    let mut out = entry_out(i, *ino).unwrap_or_default();
+                    if !attrs_valid {
+                        (out.attr_valid, out.attr_valid_nsec) = (0, 0);
+                    }
+                    buf.push_plus(&entry, &out)
+                } else {
+                    buf.push(&entry)
+                };
+                if !fits {
+                    break;
+                }
             }
+            buf
+        };
+        let mut buf = fill(true);
+        if plus && !records.is_empty() && self.pending_atimes.missed_since(read_after_commits) {
+            // The records read with the listing may lack an atime (see `PendingAtimes`):
+            // the kernel asks GETATTR before it answers from these.
+            buf = fill(false);
         }
         drop(listing);
         self.reply_listing(listed.as_ref(), buf.as_bytes(), reply.ok())
@@ -993,7 +1021,20 @@ impl VolumeFs {
                 rec => self.fileattrs.may_open(ino, flags).map(|()| rec),
             });
         match checked {
-            Ok(rec) => Ok(self.open_out(&rec, flags)),
+            Ok(rec) => {
+                let mut out = self.open_out(&rec, flags);
+                // A read-only open has nothing of its own to commit at close(2), so it
+                // costs no FLUSH round trip (one of cp -a's seven per file it reads).
+                // Another open's unflushed writes are committed by that open's close or
+                // fsync; an early-answered change's failure is reported by a close that
+                // flushes, and by fsync, as before. On a shared volume FLUSH also drops
+                // the closing owner's POSIX locks, which are ours there (a read lock
+                // needs only a read-only open).
+                if !self.options.shared && flags as i32 & libc::O_ACCMODE == libc::O_RDONLY {
+                    out.open_flags |= fopen::NOFLUSH;
+                }
+                Ok(out)
+            }
             Err(e) => {
                 if let Some(last) = self.open.release(ino) {
                     drop(last);
@@ -1371,8 +1412,13 @@ impl Filesystem for VolumeFs {
         }
         let (queue, name) = (req.queue, name.to_owned());
         self.with_lease_waits(reply, move |fs, reply| {
-            match fs.store.lookup(queue, parent, name.as_bytes()) {
-                Ok(rec) => reply.ok().entry(&fs.entry_out(&rec)),
+            let found = fs.pending_atimes.read(|| {
+                fs.store
+                    .lookup(queue, parent, name.as_bytes())
+                    .map(|rec| fs.entry_out(&rec))
+            });
+            match found {
+                Ok(out) => reply.ok().entry(&out),
                 Err(libc::ENOENT) => {
                     // A negative entry the kernel may cache for the entry timeout.
                     let (ev, evn) = split_duration(fs.options.entry_timeout);
@@ -1388,19 +1434,15 @@ impl Filesystem for VolumeFs {
     }
 
     fn getattr(&self, req: &Request, ino: u64, _fh: Option<u64>, reply: Reply) {
-        // The store's record with this mount's pending atime over it. An atime commit that
-        // completed between the two would leave the answer with neither (a stat right after
-        // a read saw the new atime, the next one the old): read again then, a bounded
-        // number of times (commits are batched and far rarer than reads).
-        for reads in 1.. {
-            let commits = self.pending_atimes.commits();
-            let out = match self.store.getattr(req.queue, ino) {
-                Ok(rec) => self.attr_out(&rec),
-                Err(e) => return reply.error(e),
-            };
-            if self.pending_atimes.commits() == commits || reads == ATTR_READS_MAX {
-                return reply.attr(&out);
-            }
+        // The store's record with this mount's pending atime over it.
+        let read = || {
+            self.store
+                .getattr(req.queue, ino)
+                .map(|r| self.attr_out(&r))
+        };
+        match self.pending_atimes.read(read) {
+            Ok(out) => reply.attr(&out),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -1432,8 +1474,13 @@ impl Filesystem for VolumeFs {
         let others =
             fattr::MODE | fattr::UID | fattr::GID | fattr::ATIME | fattr::MTIME | fattr::CTIME;
         if valid & others == 0 {
-            return match self.store.getattr(req.queue, ino) {
-                Ok(rec) => reply.attr(&self.attr_out(&rec)),
+            let read = || {
+                self.store
+                    .getattr(req.queue, ino)
+                    .map(|r| self.attr_out(&r))
+            };
+            return match self.pending_atimes.read(read) {
+                Ok(out) => reply.attr(&out),
                 Err(e) => reply.error(e),
             };
         }

@@ -97,19 +97,35 @@ impl AtimeDue {
     }
 }
 
-/// Atimes this mount moved that are not committed yet: ino → atime.
+/// Atimes this mount moved: ino → atime, until one commit after the commit that stored it.
+///
+/// Why an entry outlives its commit: an answer reads the store, then overlays these. One
+/// whose store read came before a commit, and whose overlay came after that commit's entries
+/// were dropped, would have neither the new atime nor its entry (a stat right after a read
+/// saw the new atime, the next one the old). So a commit only marks its entries; the commit
+/// after it drops them. An answer that saw at most one commit complete while it read
+/// (`commits` before and after) therefore found every atime, in the store or here;
+/// [`PendingAtimes::read`] reads again in the rare case that two did.
 pub(crate) struct PendingAtimes {
     /// Each mutex protects one shard's map; leaf locks, held for one map operation (the
     /// commit's `take` holds one shard at a time).
-    shards: Vec<Mutex<HashMap<u64, i64>>>,
+    shards: Vec<Mutex<HashMap<u64, PendingAtime>>>,
     /// Entries in all shards: attribute answers look at no shard while there are none.
     len: AtomicUsize,
     /// A change that commits them is queued and has not taken them yet.
     queued: AtomicBool,
-    /// Commits of pending atimes completed, counted before their entries are dropped: an
-    /// answer that read the store before such a commit and looked at the entries after it
-    /// has neither the new atime nor its pending entry, and reads again (`commits`).
+    /// Commits of pending atimes completed; bumped before a commit marks or drops entries.
     commits: AtomicU64,
+    /// The atimes the last commit stored, which the next one drops. Taken by commits only
+    /// (one at a time: the committer runs them in order); locked before a shard.
+    last_committed: Mutex<Vec<(u64, i64)>>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+struct PendingAtime {
+    atime_ns: i64,
+    /// The commit that stored it (`commits` after it), or 0 while it waits for one.
+    committed_in: u64,
 }
 
 impl PendingAtimes {
@@ -121,10 +137,11 @@ impl PendingAtimes {
             len: AtomicUsize::new(0),
             queued: AtomicBool::new(false),
             commits: AtomicU64::new(0),
+            last_committed: Mutex::new(Vec::new()),
         }
     }
 
-    fn shard(&self, ino: u64) -> MutexGuard<'_, HashMap<u64, i64>> {
+    fn shard(&self, ino: u64) -> MutexGuard<'_, HashMap<u64, PendingAtime>> {
         self.shards[(ino as usize) % OPEN_SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -135,9 +152,35 @@ impl PendingAtimes {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
         }
-        if let Some(&atime) = self.shard(rec.ino).get(&rec.ino) {
-            rec.atime_ns = atime;
+        if let Some(entry) = self.shard(rec.ino).get(&rec.ino) {
+            rec.atime_ns = entry.atime_ns;
         }
+    }
+
+    /// Runs `read_and_overlay` (store reads whose records it overlays) until at most one
+    /// commit completed during it, a bounded number of times: then no atime slipped
+    /// between its store read and its overlay (see the type).
+    pub(crate) fn read<T>(&self, mut read_and_overlay: impl FnMut() -> T) -> T {
+        let mut reads = 1;
+        loop {
+            let before = self.commits();
+            let out = read_and_overlay();
+            if !self.missed_since(before) || reads == READS_MAX {
+                return out;
+            }
+            reads += 1;
+        }
+    }
+
+    /// How many commits have completed: for [`PendingAtimes::missed_since`].
+    pub(crate) fn commits(&self) -> u64 {
+        self.commits.load(Ordering::SeqCst)
+    }
+
+    /// Whether records read from the store after `commits` read `before` may lack an atime
+    /// this overlay no longer has: two commits or more completed since.
+    pub(crate) fn missed_since(&self, before: u64) -> bool {
+        self.commits() - before > 1
     }
 
     /// Records `ino`'s new atime; true when no queued change will take it, so the caller
@@ -145,14 +188,19 @@ impl PendingAtimes {
     fn record(&self, ino: u64, atime_ns: i64) -> bool {
         // `len` changes under the shard's lock with the entry, so it never goes below 0.
         let mut shard = self.shard(ino);
-        if shard.insert(ino, atime_ns).is_none() {
+        let pending = PendingAtime {
+            atime_ns,
+            committed_in: 0,
+        };
+        if shard.insert(ino, pending).is_none() {
             self.len.fetch_add(1, Ordering::AcqRel);
         }
         drop(shard);
         !self.queued.swap(true, Ordering::AcqRel)
     }
 
-    /// A setattr sets `ino`'s atime: its pending one must not be committed after it.
+    /// A setattr sets `ino`'s atime: its pending one must not be committed after it, nor
+    /// overlaid on its answers.
     pub(super) fn forget(&self, ino: u64) {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
@@ -163,35 +211,58 @@ impl PendingAtimes {
         }
     }
 
-    /// For the queued change, when it runs: every pending atime. An atime recorded after
-    /// `queued` is cleared queues a change of its own (at worst one with nothing to do).
+    /// For the queued change, when it runs: every atime waiting for a commit. An atime
+    /// recorded after `queued` is cleared queues a change of its own (at worst one with
+    /// nothing to do).
     fn take(&self) -> Vec<(u64, i64)> {
         self.queued.store(false, Ordering::Release);
         let mut all = Vec::new();
         for shard in &self.shards {
             let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-            all.extend(shard.iter().map(|(&ino, &atime)| (ino, atime)));
+            all.extend(
+                shard
+                    .iter()
+                    .filter(|(_, entry)| entry.committed_in == 0)
+                    .map(|(&ino, entry)| (ino, entry.atime_ns)),
+            );
         }
         all
     }
 
-    /// How many commits of pending atimes have completed (see the field).
-    pub(crate) fn commits(&self) -> u64 {
-        self.commits.load(Ordering::SeqCst)
-    }
-
-    /// `atimes` are committed: each stops being overlaid unless it was moved again since.
-    fn committed(&self, atimes: &[(u64, i64)]) {
-        self.commits.fetch_add(1, Ordering::SeqCst);
-        for &(ino, atime) in atimes {
+    /// `atimes` are committed: the previous commit's entries are dropped, these are marked
+    /// (each unless it was moved again since).
+    fn committed(&self, atimes: Vec<(u64, i64)>) {
+        let mut last = self
+            .last_committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let commit = self.commits.fetch_add(1, Ordering::SeqCst) + 1;
+        for &(ino, atime_ns) in last.iter() {
+            let stored = PendingAtime {
+                atime_ns,
+                committed_in: commit - 1,
+            };
             let mut shard = self.shard(ino);
-            if shard.get(&ino) == Some(&atime) {
+            if shard.get(&ino) == Some(&stored) {
                 shard.remove(&ino);
                 self.len.fetch_sub(1, Ordering::AcqRel);
             }
         }
+        for &(ino, atime_ns) in &atimes {
+            let mut shard = self.shard(ino);
+            if let Some(entry) = shard.get_mut(&ino)
+                && entry.atime_ns == atime_ns
+                && entry.committed_in == 0
+            {
+                entry.committed_in = commit;
+            }
+        }
+        *last = atimes;
     }
 }
+
+/// Reads by one answer while atime commits keep completing (two or more during each read).
+const READS_MAX: usize = 4;
 
 impl VolumeFs {
     /// The handle of the mount's atime flags, for following remounts.
@@ -250,10 +321,11 @@ impl VolumeFs {
             // At most once per open: after it, atime is after mtime and ctime.
             AtimeRule::Relative => {
                 self.atime_due.take(fh)
-                    && self
-                        .store
-                        .getattr(queue, ino)
-                        .is_ok_and(|rec| self.atime_moves(&rec, now))
+                    && self.pending_atimes.read(|| {
+                        self.store
+                            .getattr(queue, ino)
+                            .is_ok_and(|rec| self.atime_moves(&rec, now))
+                    })
             }
         };
         if !moves {
@@ -282,7 +354,7 @@ impl VolumeFs {
             self.store.touch_atimes(
                 Box::new(move || take_from.take()),
                 Box::new(move |r| match r {
-                    Ok(atimes) => done_in.committed(&atimes),
+                    Ok(atimes) => done_in.committed(atimes),
                     // Left pending: the next change queued takes them again.
                     Err(e) => tracing::warn!(
                         "volume: committing access times: {}; tried again with the next",
@@ -292,5 +364,69 @@ impl VolumeFs {
             );
         }
         reply.data(&bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a store read returns for inode 7 with atime `atime_ns`, overlaid.
+    fn answered(pending: &PendingAtimes, atime_ns: i64) -> i64 {
+        let mut rec = InodeRec {
+            ino: 7,
+            atime_ns,
+            ..Default::default()
+        };
+        pending.overlay(&mut rec);
+        rec.atime_ns
+    }
+
+    #[test]
+    fn an_answer_that_read_the_store_before_a_commit_keeps_the_committed_atime() {
+        let pending = PendingAtimes::new();
+        assert!(pending.record(7, 200));
+        // An answer reads the store (atime 100) before the commit of 200 completes ...
+        let before = pending.commits();
+        let taken = pending.take();
+        assert_eq!(taken, vec![(7, 200)]);
+        pending.committed(taken);
+        // ... and overlays after it: it still finds 200, with no reason to read again.
+        assert_eq!(answered(&pending, 100), 200);
+        assert!(!pending.missed_since(before));
+        // Nothing is committed twice.
+        assert!(pending.take().is_empty());
+
+        // The next commit drops it: an answer that read the store before the first one
+        // would miss 200 now, and is told to read again; one that reads now finds it.
+        pending.committed(pending.take());
+        assert_eq!(answered(&pending, 100), 100);
+        assert!(pending.missed_since(before));
+        assert_eq!(pending.len.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn an_atime_moved_again_after_its_commit_took_it_stays_pending() {
+        let pending = PendingAtimes::new();
+        assert!(pending.record(7, 200));
+        let taken = pending.take();
+        // Read again while the commit of 200 runs: its own change is queued.
+        assert!(pending.record(7, 300));
+        pending.committed(taken);
+        pending.committed(Vec::new());
+        assert_eq!(answered(&pending, 200), 300);
+        assert_eq!(pending.take(), vec![(7, 300)]);
+    }
+
+    #[test]
+    fn a_setattr_of_atime_drops_a_committed_atime_too() {
+        let pending = PendingAtimes::new();
+        pending.record(7, 200);
+        pending.committed(pending.take());
+        pending.forget(7);
+        assert_eq!(answered(&pending, 50), 50);
+        // The commit that would have dropped it finds nothing to drop.
+        pending.committed(Vec::new());
+        assert_eq!(pending.len.load(Ordering::Relaxed), 0);
     }
 }
