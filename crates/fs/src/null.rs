@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lanefs_fuse::abi::{self, fattr, fopen};
-use lanefs_fuse::{DirBuffer, DirEntry, Filesystem, Reply, Request};
+use lanefs_fuse::{DirBuffer, Filesystem, Reply, Request};
 
 const ROOT: u64 = 1;
 const DATA: u64 = 2;
@@ -201,34 +201,23 @@ impl Filesystem for NullFs {
             (ROOT, libc::DT_DIR as u32, b".."),
             (DATA, libc::DT_REG as u32, DATA_NAME.as_bytes()),
         ];
-        let mut buf = DirBuffer::new(arg.size as usize);
-        for (i, (ino, typ, name)) in entries.iter().enumerate().skip(arg.offset as usize) {
-            let entry = DirEntry {
-                ino: *ino,
-                offset: i as u64 + 1,
-                typ: *typ,
-                name,
-            };
-            let fits = if plus {
-                // Only `data` gets a lookup answer; the kernel handles . and .. itself.
-                let out = match *ino {
-                    DATA => abi::EntryOut {
-                        nodeid: DATA,
-                        entry_valid: CACHE_SECONDS,
-                        attr_valid: CACHE_SECONDS,
-                        attr: self.attr(DATA).expect("data always exists"),
-                        ..Default::default()
-                    },
-                    _ => abi::EntryOut::default(),
-                };
-                buf.push_plus(&entry, &out)
-            } else {
-                buf.push(&entry)
-            };
-            if !fits {
-                break;
-            }
-        }
+        // Only `data` gets a lookup answer; the kernel handles . and .. itself.
+        let entry_out = |_, ino| match ino {
+            DATA => abi::EntryOut {
+                nodeid: DATA,
+                entry_valid: CACHE_SECONDS,
+                attr_valid: CACHE_SECONDS,
+                attr: self.attr(DATA).expect("data always exists"),
+                ..Default::default()
+            },
+            _ => abi::EntryOut::default(),
+        };
+        let buf = DirBuffer::from_listing(
+            arg.size as usize,
+            entries,
+            arg.offset,
+            plus.then_some(entry_out),
+        );
         reply.data(buf.as_bytes())
     }
 

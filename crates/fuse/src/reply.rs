@@ -392,6 +392,36 @@ impl DirBuffer {
         self.append(plus.as_bytes(), entry.name)
     }
 
+    /// The answer to a READDIR (`entry_out` None) or READDIRPLUS of at most `max` bytes
+    /// from a listing held in memory, from its entry number `offset` on: entry `i` (ino,
+    /// type, name) continues at offset `i + 1`, and `entry_out(i, ino)` is its lookup answer
+    /// (nodeid 0: the name only).
+    pub fn from_listing<'a>(
+        max: usize,
+        listing: impl IntoIterator<Item = (u64, u32, &'a [u8])>,
+        offset: u64,
+        mut entry_out: Option<impl FnMut(usize, u64) -> abi::EntryOut>,
+    ) -> DirBuffer {
+        let mut buf = DirBuffer::new(max);
+        let entries = listing.into_iter().enumerate().skip(offset as usize);
+        for (i, (ino, typ, name)) in entries {
+            let entry = DirEntry {
+                ino,
+                offset: i as u64 + 1,
+                typ,
+                name,
+            };
+            let fits = match &mut entry_out {
+                Some(entry_out) => buf.push_plus(&entry, &entry_out(i, ino)),
+                None => buf.push(&entry),
+            };
+            if !fits {
+                break;
+            }
+        }
+        buf
+    }
+
     fn dirent(entry: &DirEntry<'_>) -> abi::Dirent {
         abi::Dirent {
             ino: entry.ino,

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use lanefs_fuse::abi::{self, fattr, fopen, init_flags};
-use lanefs_fuse::{DirBuffer, DirEntry, Filesystem, InitRequest, Reply, Request};
+use lanefs_fuse::{DirBuffer, Filesystem, InitRequest, Reply, Request};
 
 use crate::acl;
 use crate::dirops::{self, AsyncDirops, ErrorReport};
@@ -626,28 +626,20 @@ impl VolumeFs {
                 .ok(),
         };
         let fill = |attrs_valid: bool| {
-            let mut buf = DirBuffer::new(arg.size as usize);
-            for (i, (ino, typ, name)) in all.iter().enumerate().skip(arg.offset as usize) {
-                let entry = DirEntry {
-                    ino: *ino,
-                    offset: i as u64 + 1,
-                    typ: *typ,
-                    name,
-                };
-                let fits = if plus {
-                    let mut out = entry_out(i, *ino).unwrap_or_default();
-                    if !attrs_valid {
-                        (out.attr_valid, out.attr_valid_nsec) = (0, 0);
-                    }
-                    buf.push_plus(&entry, &out)
-                } else {
-                    buf.push(&entry)
-                };
-                if !fits {
-                    break;
+            let entry_out = |i, ino| {
+                let mut out = entry_out(i, ino).unwrap_or_default();
+                if !attrs_valid {
+                    (out.attr_valid, out.attr_valid_nsec) = (0, 0);
                 }
-            }
-            buf
+                out
+            };
+            let listing = all.iter().map(|(ino, typ, name)| (*ino, *typ, &name[..]));
+            DirBuffer::from_listing(
+                arg.size as usize,
+                listing,
+                arg.offset,
+                plus.then_some(entry_out),
+            )
         };
         let mut buf = fill(true);
         if plus && !records.is_empty() && self.pending_atimes.missed_since(read_after_commits) {
