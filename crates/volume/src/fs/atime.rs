@@ -230,8 +230,9 @@ impl PendingAtimes {
     }
 
     /// `atimes` are committed: the previous commit's entries are dropped, these are marked
-    /// (each unless it was moved again since).
-    fn committed(&self, atimes: Vec<(u64, i64)>) {
+    /// (each unless it was moved again since). Whether any was marked (and so waits for the
+    /// next commit to be dropped).
+    fn committed(&self, atimes: Vec<(u64, i64)>) -> bool {
         let mut last = self
             .last_committed
             .lock()
@@ -248,6 +249,7 @@ impl PendingAtimes {
                 self.len.fetch_sub(1, Ordering::AcqRel);
             }
         }
+        let mut marked = false;
         for &(ino, atime_ns) in &atimes {
             let mut shard = self.shard(ino);
             if let Some(entry) = shard.get_mut(&ino)
@@ -255,9 +257,11 @@ impl PendingAtimes {
                 && entry.committed_in == 0
             {
                 entry.committed_in = commit;
+                marked = true;
             }
         }
         *last = atimes;
+        marked
     }
 }
 
@@ -350,21 +354,34 @@ impl VolumeFs {
         // An inode answered early keeps a predicted record: it is read back after this.
         self.dirops.mark_stale(ino);
         if self.pending_atimes.record(ino, now) {
-            let (take_from, done_in) = (self.pending_atimes.clone(), self.pending_atimes.clone());
-            self.store.touch_atimes(
-                Box::new(move || take_from.take()),
-                Box::new(move |r| match r {
-                    Ok(atimes) => done_in.committed(atimes),
-                    // Left pending: the next change queued takes them again.
-                    Err(e) => tracing::warn!(
-                        "volume: committing access times: {}; tried again with the next",
-                        std::io::Error::from_raw_os_error(e)
-                    ),
-                }),
-            );
+            queue_atime_commit(self.store.clone(), self.pending_atimes.clone());
         }
         reply.data(&bytes)
     }
+}
+
+/// Queues the change that commits every pending atime. When its commit leaves entries
+/// overlaid (they outlive it by one commit, see [`PendingAtimes`]) and no read has queued
+/// the next commit meanwhile, it queues that one itself, with nothing to store but those
+/// entries to drop: left until some later read, they would cost every attribute answer a
+/// shard lock and hide atimes set by other mounts.
+fn queue_atime_commit(store: Arc<dyn MetaStore>, pending: Arc<PendingAtimes>) {
+    let take_from = pending.clone();
+    store.clone().touch_atimes(
+        Box::new(move || take_from.take()),
+        Box::new(move |r| match r {
+            Ok(atimes) => {
+                if pending.committed(atimes) && !pending.queued.swap(true, Ordering::AcqRel) {
+                    queue_atime_commit(store, pending);
+                }
+            }
+            // Left pending: the next change queued takes them again.
+            Err(e) => tracing::warn!(
+                "volume: committing access times: {}; tried again with the next",
+                std::io::Error::from_raw_os_error(e)
+            ),
+        }),
+    );
 }
 
 #[cfg(test)]
@@ -390,7 +407,10 @@ mod tests {
         let before = pending.commits();
         let taken = pending.take();
         assert_eq!(taken, vec![(7, 200)]);
-        pending.committed(taken);
+        assert!(
+            pending.committed(taken),
+            "the commit marked nothing to drop later"
+        );
         // ... and overlays after it: it still finds 200, with no reason to read again.
         assert_eq!(answered(&pending, 100), 200);
         assert!(!pending.missed_since(before));
@@ -399,7 +419,7 @@ mod tests {
 
         // The next commit drops it: an answer that read the store before the first one
         // would miss 200 now, and is told to read again; one that reads now finds it.
-        pending.committed(pending.take());
+        assert!(!pending.committed(pending.take()));
         assert_eq!(answered(&pending, 100), 100);
         assert!(pending.missed_since(before));
         assert_eq!(pending.len.load(Ordering::Relaxed), 0);
@@ -428,5 +448,39 @@ mod tests {
         // The commit that would have dropped it finds nothing to drop.
         pending.committed(Vec::new());
         assert_eq!(pending.len.load(Ordering::Relaxed), 0);
+    }
+
+    /// The last commit of a burst of reads leaves its atimes overlaid; the commit it queues
+    /// drops them, so a mount whose reads stopped overlays nothing (no shard lock per
+    /// answer, no atime of another mount hidden). With a real SQLite volume's committer.
+    #[test]
+    fn the_commit_after_the_last_read_drops_what_it_overlaid() {
+        use crate::meta::ROOT_INO;
+        use crate::sqlite::SqliteStore;
+        use std::time::{Duration, Instant};
+        let dir = std::env::temp_dir().join(format!("lanefs-atime-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = dir.join("v.db");
+        crate::volume::format(&db, &dir.join("data"), false).unwrap();
+        let store: Arc<dyn MetaStore> =
+            Arc::new(SqliteStore::open(&db, "test", "/none", 1).unwrap());
+        let pending = Arc::new(PendingAtimes::new());
+
+        assert!(pending.record(ROOT_INO, 1234));
+        queue_atime_commit(store.clone(), pending.clone());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pending.len.load(Ordering::Acquire) != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "a committed atime is still overlaid after {} commits",
+                pending.commits()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(pending.commits(), 2, "one commit to store, one to drop");
+        assert_eq!(store.getattr(0, ROOT_INO).unwrap().atime_ns, 1234);
+        store.close();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
