@@ -1466,15 +1466,7 @@ impl Filesystem for VolumeFs {
         let others =
             fattr::MODE | fattr::UID | fattr::GID | fattr::ATIME | fattr::MTIME | fattr::CTIME;
         if valid & others == 0 {
-            let read = || {
-                self.store
-                    .getattr(req.queue, ino)
-                    .map(|r| self.attr_out(&r))
-            };
-            return match self.pending_atimes.read(read) {
-                Ok(out) => reply.attr(&out),
-                Err(e) => reply.error(e),
-            };
+            return self.getattr(req, ino, None, reply);
         }
         let old = match self.store.getattr(req.queue, ino) {
             Ok(rec) => rec,
