@@ -2983,6 +2983,31 @@ mod on_postgres {
             }),
             "a's kernel kept b's old mode"
         );
+        // xattrs, which b answers from the names it read (ls -l's two questions): another
+        // mount's set and removal reach it within the same bound.
+        let selinux = || common::sys::lgetxattr(&b.path("g"), "security.selinux", 64);
+        let user_k = || common::sys::getxattr(&b.path("g"), "user.k", 64).map(|(_, v)| v);
+        assert_eq!(
+            selinux().map(|_| ()),
+            Err(common::sys::Errno(libc::ENODATA))
+        );
+        assert_eq!(user_k(), Err(common::sys::Errno(libc::ENODATA)));
+        common::sys::setxattr(&a.path("g"), "user.k", b"v1", 0).unwrap();
+        assert!(
+            wait_until(soon, || user_k() == Ok(b"v1".to_vec())),
+            "b kept answering that g has no user.k: {:?}",
+            user_k()
+        );
+        assert_eq!(
+            common::sys::listxattr(&b.path("g"), 4096).map(|(_, names)| names),
+            Ok(vec!["user.k".to_string()])
+        );
+        common::sys::removexattr(&a.path("g"), "user.k").unwrap();
+        assert!(
+            wait_until(soon, || user_k() == Err(common::sys::Errno(libc::ENODATA))),
+            "b kept a's removed user.k: {:?}",
+            user_k()
+        );
         a.unmount();
         b.unmount();
         volume.assert_clean();

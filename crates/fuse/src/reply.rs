@@ -443,6 +443,22 @@ impl DirBuffer {
         true
     }
 
+    /// How many of these names' readdirplus entries, in order, fit in an answer of `max`
+    /// bytes: the entries whose lookup answers a server has to find for it.
+    pub fn plus_entries_fitting<'a>(
+        max: usize,
+        names: impl IntoIterator<Item = &'a [u8]>,
+    ) -> usize {
+        let mut len = 0;
+        names
+            .into_iter()
+            .take_while(|name| {
+                len += Self::padded(size_of::<abi::DirentPlus>() + name.len());
+                len <= max
+            })
+            .count()
+    }
+
     /// Whether room is left for at least one more entry of a name this long (plus or not).
     pub fn fits(&self, name_len: usize, plus: bool) -> bool {
         let fixed = if plus {
@@ -653,5 +669,39 @@ mod tests {
             &abi::EntryOut::default()
         ));
         assert_eq!(plus.as_bytes().len(), 160);
+    }
+
+    #[test]
+    fn plus_entries_fitting_counts_what_from_listing_fills() {
+        let names: Vec<Vec<u8>> = (0..300).map(|i| vec![b'n'; 1 + i % 40]).collect();
+        let listing = || {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (i as u64 + 1, 8, &n[..]))
+        };
+        for (max, offset) in [(4096, 0), (32768, 0), (32768, 150), (4096, 299), (100, 0)] {
+            let fitting =
+                DirBuffer::plus_entries_fitting(max, names[offset..].iter().map(|n| &n[..]));
+            let mut asked = 0;
+            let entry_out = Some(|_, ino| {
+                asked += 1;
+                abi::EntryOut {
+                    nodeid: ino,
+                    ..Default::default()
+                }
+            });
+            let buf = DirBuffer::from_listing(max, listing(), offset as u64, entry_out);
+            let mut filled = 0;
+            let mut rest = buf.as_bytes();
+            while let Ok((plus, _)) = abi::DirentPlus::read_from_prefix(rest) {
+                filled += 1;
+                rest =
+                    &rest[DirBuffer::padded(size_of_val(&plus) + plus.dirent.namelen as usize)..];
+            }
+            assert_eq!(fitting, filled, "max {max}, offset {offset}");
+            // from_listing asks for one answer past the last that fits, unless none is left.
+            assert!(asked == filled || asked == filled + 1);
+        }
     }
 }

@@ -10,9 +10,6 @@
 //! 8-byte entry per (tag u16, perm u16, id u32), sorted by tag and id, which the kernel
 //! validated before sending it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use crate::meta::Errno;
 
 pub const ACCESS_XATTR: &[u8] = b"system.posix_acl_access";
@@ -185,90 +182,6 @@ pub fn inherit(default: Option<&[u8]>, mode: u32, umask: u32) -> (u32, Vec<Xattr
         xattrs.push((DEFAULT_XATTR.to_vec(), acl.to_bytes()));
     }
     ((mode & !0o777) | bits, xattrs)
-}
-
-/// Directories' default ACLs as this mount last read them (None: the directory has none),
-/// so that a create reads its directory's only once: creates in a directory this mount made
-/// find it here from the mkdir on, and a volume with no ACLs pays one read per directory
-/// it creates in. Forgotten when this mount sets or removes it, when the change log shows
-/// another mount changed the directory (within its poll interval, the staleness bound of the
-/// kernel's own caches), and wholesale per shard past `DEFAULT_ACLS_MAX` directories. A
-/// read that a forget overtook is not kept (`Generation`).
-pub struct DefaultAcls {
-    /// Each mutex protects one shard: its map and its count of forgets. Leaf locks, held
-    /// for one map operation.
-    shards: Vec<Mutex<AclShard>>,
-}
-
-#[derive(Default)]
-struct AclShard {
-    by_dir: HashMap<u64, Option<Arc<[u8]>>>,
-    forgets: u64,
-}
-
-/// A shard's count of forgets when a read began: `set_read` keeps the read only if no
-/// forget came since.
-#[derive(Clone, Copy)]
-pub struct Generation(u64);
-
-/// Directories whose default ACL is kept, all shards together (~100 B each).
-pub const DEFAULT_ACLS_MAX: usize = 1 << 16;
-const ACL_SHARDS: usize = 16;
-
-impl DefaultAcls {
-    pub fn new() -> DefaultAcls {
-        DefaultAcls {
-            shards: (0..ACL_SHARDS).map(|_| Mutex::default()).collect(),
-        }
-    }
-
-    fn shard(&self, dir: u64) -> std::sync::MutexGuard<'_, AclShard> {
-        self.shards[(dir as usize) % ACL_SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Ok: known (None: the directory has no default ACL); Err: not known, with the
-    /// generation to read it under.
-    pub fn get(&self, dir: u64) -> Result<Option<Arc<[u8]>>, Generation> {
-        let shard = self.shard(dir);
-        match shard.by_dir.get(&dir) {
-            Some(known) => Ok(known.clone()),
-            None => Err(Generation(shard.forgets)),
-        }
-    }
-
-    /// What a read begun at `since` found, kept unless a forget came meanwhile.
-    pub fn set_read(&self, dir: u64, default: Option<Arc<[u8]>>, since: Generation) {
-        let mut shard = self.shard(dir);
-        if shard.forgets == since.0 {
-            Self::insert(&mut shard, dir, default);
-        }
-    }
-
-    /// What this mount knows to be the directory's default ACL (it just made it).
-    pub fn set(&self, dir: u64, default: Option<Arc<[u8]>>) {
-        Self::insert(&mut self.shard(dir), dir, default);
-    }
-
-    fn insert(shard: &mut AclShard, dir: u64, default: Option<Arc<[u8]>>) {
-        if shard.by_dir.len() >= DEFAULT_ACLS_MAX / ACL_SHARDS {
-            shard.by_dir.clear();
-        }
-        shard.by_dir.insert(dir, default);
-    }
-
-    pub fn forget(&self, dir: u64) {
-        let mut shard = self.shard(dir);
-        shard.by_dir.remove(&dir);
-        shard.forgets += 1;
-    }
-}
-
-impl Default for DefaultAcls {
-    fn default() -> Self {
-        DefaultAcls::new()
-    }
 }
 
 #[cfg(test)]

@@ -1134,6 +1134,34 @@ impl MetaStore for AsyncDirops {
         self.current(queue, ino)
     }
 
+    fn getattrs(&self, queue: usize, inos: &[u64]) -> Result<Vec<InodeRec>, Errno> {
+        if !self.enabled {
+            return self.inner.getattrs(queue, inos);
+        }
+        // As `current`, for each: predicted attributes where they are exact, the store's
+        // record (after the pending changes settled, where some were not) otherwise.
+        let mut recs = Vec::with_capacity(inos.len());
+        let mut unknown = Vec::with_capacity(inos.len());
+        let mut stale = false;
+        for &ino in inos {
+            match self.pending(ino) {
+                Some(Some(rec)) => recs.push(rec),
+                Some(None) => {
+                    stale = true;
+                    unknown.push(ino);
+                }
+                None => unknown.push(ino),
+            }
+        }
+        if stale {
+            self.settle();
+        }
+        if !unknown.is_empty() {
+            recs.extend(self.inner.getattrs(queue, &unknown)?);
+        }
+        Ok(recs)
+    }
+
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
         self.clear_foreign_lease(dir)?;
         self.settle_if_pending(dir);
@@ -1185,6 +1213,23 @@ impl MetaStore for AsyncDirops {
         }
         self.settle_if_pending(ino);
         self.inner.listxattr(queue, ino)
+    }
+
+    fn xattr_names_of(&self, queue: usize, inos: &[u64]) -> Result<InodesXattrNames, Errno> {
+        // An inode with changes pending is left out unless it is known to have none.
+        let mut known = Vec::new();
+        let mut committed = Vec::with_capacity(inos.len());
+        for &ino in inos {
+            if self.known_without_xattrs(ino) {
+                known.push((ino, Vec::new()));
+            } else if !self.enabled || self.pending(ino).is_none() {
+                committed.push(ino);
+            }
+        }
+        if !committed.is_empty() {
+            known.extend(self.inner.xattr_names_of(queue, &committed)?);
+        }
+        Ok(known)
     }
 
     fn load_file(&self, queue: usize, ino: u64) -> Result<FileRec, Errno> {

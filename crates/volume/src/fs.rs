@@ -24,6 +24,7 @@ use crate::volume::VolumeLock;
 mod atime;
 mod changes;
 mod fileattr;
+mod known;
 mod locks;
 mod setid;
 
@@ -297,8 +298,10 @@ pub struct VolumeFs {
     no_privileges: setid::NoPrivileges,
     /// flock and POSIX locks of a shared volume (see `locks`).
     locks: locks::Locks,
-    /// Directories' default ACLs, which a create inherits (see `acl::DefaultAcls`).
-    default_acls: Arc<acl::DefaultAcls>,
+    /// Directories' default ACLs, which a create inherits (see `known`).
+    default_acls: Arc<known::DefaultAcls>,
+    /// Inodes' xattr names, which answer most GETXATTRs (see `known`).
+    xattr_names: Arc<known::XattrNames>,
     /// The session's /dev/fuse fd, for notifications; set once the session is connected.
     session_fd: Arc<std::sync::OnceLock<i32>>,
     /// The volume's lock: let go at the very end of `destroy`, after the session ended and
@@ -383,7 +386,8 @@ impl VolumeFs {
                 .map(|_| Mutex::new(HashMap::new()))
                 .collect(),
         });
-        let default_acls = Arc::new(acl::DefaultAcls::new());
+        let default_acls = Arc::new(known::DefaultAcls::new());
+        let xattr_names = Arc::new(known::XattrNames::new());
         {
             let store = store.clone();
             let leases = dirops.clone();
@@ -400,7 +404,12 @@ impl VolumeFs {
                 interval
             };
             let mut changes = options.shared.then(|| {
-                changes::Follower::new(session_fd.clone(), open.clone(), default_acls.clone())
+                changes::Follower::new(
+                    session_fd.clone(),
+                    open.clone(),
+                    default_acls.clone(),
+                    xattr_names.clone(),
+                )
             });
             match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
@@ -449,6 +458,7 @@ impl VolumeFs {
             fileattrs,
             no_privileges: setid::NoPrivileges::new(),
             default_acls,
+            xattr_names,
             session_fd,
             store,
             data,
@@ -610,20 +620,41 @@ impl VolumeFs {
         };
         // What READDIRPLUS says of entry `i`: the kernel takes it as the inode's attributes
         // (with no attribute validity of their own, it still sets the size from them), so
-        // a later request reads each record again rather than answer from the listing's
-        // (a file written and closed since showed its old size). No entry (nodeid 0) for
-        // . and .., and for an entry removed since.
+        // a later request reads the records of the entries it answers again, in one read,
+        // rather than answer from the listing's (a file written and closed since showed its
+        // old size). No entry (nodeid 0) for . and .., and for an entry removed since.
+        let mut reread = HashMap::new();
+        // The inodes of the entries this READDIRPLUS answers, but . and ..
+        let answered: Vec<u64> = if plus {
+            let from = (arg.offset as usize).min(all.len());
+            let fitting = DirBuffer::plus_entries_fitting(
+                arg.size as usize,
+                all[from..].iter().map(|(_, _, name)| &name[..]),
+            );
+            (from.max(2)..from + fitting).map(|i| all[i].0).collect()
+        } else {
+            Vec::new()
+        };
+        if !answered.is_empty() {
+            // `ls -l` asks each of them for two xattrs next.
+            self.learn_xattr_names(queue, &answered);
+            if records.is_empty() {
+                let inos = &answered;
+                let read = self.pending_atimes.read(|| {
+                    self.store.getattrs(queue, inos).map(|recs| {
+                        recs.iter()
+                            .map(|rec| (rec.ino, self.entry_out(rec)))
+                            .collect::<HashMap<_, _>>()
+                    })
+                });
+                // A failed read answers names only, as for entries removed since.
+                reread = read.unwrap_or_default();
+            }
+        }
         let entry_out = |i: usize, ino: u64| match records.get(i) {
             Some(rec) => rec.as_ref().map(|rec| self.entry_out(rec)),
             None if i < 2 => None,
-            None => self
-                .pending_atimes
-                .read(|| {
-                    self.store
-                        .getattr(queue, ino)
-                        .map(|rec| self.entry_out(&rec))
-                })
-                .ok(),
+            None => reread.get(&ino).copied(),
         };
         let fill = |attrs_valid: bool| {
             let entry_out = |i, ino| {
@@ -796,28 +827,65 @@ impl VolumeFs {
     }
 
     /// Before a change of xattr `name` of `ino`: the change's answer. What this mount knows
-    /// of the inode's xattrs is forgotten now and again once the change is made: a
-    /// directory's default ACL (a create that read the old one meanwhile must not leave it
-    /// behind), and an open file's "none" (a state loaded meanwhile may have read the store
-    /// before the commit).
+    /// of the inode's xattrs is forgotten now and again once the change is made: its names,
+    /// a directory's default ACL (a create that read the old one meanwhile must not leave
+    /// it behind), and an open file's "none" (a state loaded meanwhile may have read the
+    /// store before the commit).
     fn xattr_change_done(&self, ino: u64, name: &[u8], reply: Reply) -> Done<()> {
         let default_acls = (name == acl::DEFAULT_XATTR).then(|| {
             self.default_acls.forget(ino);
             self.default_acls.clone()
         });
+        self.xattr_names.forget(ino);
         if let Some(state) = self.open.get(ino) {
             state.xattrs_changing();
         }
-        let open = self.open.clone();
+        let (open, xattr_names) = (self.open.clone(), self.xattr_names.clone());
         Box::new(move |r| {
             if let Some(acls) = default_acls {
                 acls.forget(ino);
             }
+            xattr_names.forget(ino);
             if let Some(state) = open.get(ino) {
                 state.xattrs_changing();
             }
             answer(reply, r)
         })
+    }
+
+    /// Reads and keeps the xattr names of those of `inos` whose names are not known, in one
+    /// read; one that fails leaves them to be read one by one.
+    fn learn_xattr_names(&self, queue: usize, inos: &[u64]) {
+        let since: HashMap<u64, known::Generation> = inos
+            .iter()
+            .filter_map(|&ino| self.xattr_names.get(ino).err().map(|since| (ino, since)))
+            .collect();
+        if since.is_empty() {
+            return;
+        }
+        let unknown: Vec<u64> = since.keys().copied().collect();
+        let Ok(found) = self.store.xattr_names_of(queue, &unknown) else {
+            return;
+        };
+        for (ino, mut names) in found {
+            names.retain(|n| n != FILEATTR_XATTR);
+            if let Some(&since) = since.get(&ino) {
+                self.xattr_names.set_read(ino, names.into(), since);
+            }
+        }
+    }
+
+    /// The names of `ino`'s xattrs that callers see: known, or read (and kept).
+    fn xattr_names(&self, queue: usize, ino: u64) -> Result<Arc<[Vec<u8>]>, Errno> {
+        let since = match self.xattr_names.get(ino) {
+            Ok(known) => return Ok(known),
+            Err(since) => since,
+        };
+        let mut names = self.store.listxattr(queue, ino)?;
+        names.retain(|n| n != FILEATTR_XATTR);
+        let names: Arc<[Vec<u8>]> = names.into();
+        self.xattr_names.set_read(ino, names.clone(), since);
+        Ok(names)
     }
 
     /// Whether `ino` is open here with no xattr a caller can list or get: known from its
@@ -2000,9 +2068,17 @@ impl Filesystem for VolumeFs {
         {
             return reply.error(libc::ENODATA);
         }
-        // cp -a and tar ask every file they read for its ACL and xattrs.
+        // cp -a and tar ask every file they read for its ACL and xattrs, `ls -l` every
+        // file it lists for its SELinux label and ACL.
         if self.xattrs_absent(ino) {
             return reply.error(libc::ENODATA);
+        }
+        match self.xattr_names(req.queue, ino) {
+            Ok(names) if !names.iter().any(|n| n == name.as_bytes()) => {
+                return reply.error(libc::ENODATA);
+            }
+            Ok(_) => {}
+            Err(e) => return reply.error(e),
         }
         match self.store.getxattr(req.queue, ino, name.as_bytes()) {
             Ok(value) if size == 0 => reply.xattr_size(value.len() as u32),
@@ -2014,15 +2090,15 @@ impl Filesystem for VolumeFs {
 
     fn listxattr(&self, req: &Request, ino: u64, size: u32, reply: Reply) {
         let names = if self.xattrs_absent(ino) {
-            Ok(Vec::new())
+            Ok(Arc::from(Vec::new()))
         } else {
-            self.store.listxattr(req.queue, ino)
+            self.xattr_names(req.queue, ino)
         };
         match names {
             Ok(names) => {
                 let mut list = Vec::new();
-                for n in names.into_iter().filter(|n| n != FILEATTR_XATTR) {
-                    list.extend_from_slice(&n);
+                for n in names.iter() {
+                    list.extend_from_slice(n);
                     list.push(0);
                 }
                 if size == 0 {

@@ -23,6 +23,9 @@ pub type AtimeTake = Box<dyn FnMut() -> Vec<(u64, i64)> + Send>;
 /// The root directory's inode number (FUSE's root nodeid).
 pub const ROOT_INO: u64 = 1;
 
+/// Inodes, each with the names of its xattrs (`MetaStore::xattr_names_of`).
+pub type InodesXattrNames = Vec<(u64, Vec<Vec<u8>>)>;
+
 /// One inode's attributes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InodeRec {
@@ -372,10 +375,15 @@ pub trait MetaStore: Send + Sync + 'static {
     // Reads, on the caller's thread.
     fn lookup(&self, queue: usize, parent: u64, name: &[u8]) -> Result<InodeRec, Errno>;
     fn getattr(&self, queue: usize, ino: u64) -> Result<InodeRec, Errno>;
+    /// The records of those of `inos` that exist, in no particular order, in one read.
+    fn getattrs(&self, queue: usize, inos: &[u64]) -> Result<Vec<InodeRec>, Errno>;
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno>;
     fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno>;
     fn getxattr(&self, queue: usize, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno>;
     fn listxattr(&self, queue: usize, ino: u64) -> Result<Vec<Vec<u8>>, Errno>;
+    /// `listxattr` of many inodes in one read: those of `inos` whose xattrs are all
+    /// committed, each with its names (most have none).
+    fn xattr_names_of(&self, queue: usize, inos: &[u64]) -> Result<InodesXattrNames, Errno>;
     fn load_file(&self, queue: usize, ino: u64) -> Result<FileRec, Errno>;
     fn usage(&self) -> Result<Usage, Errno>;
 

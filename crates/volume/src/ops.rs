@@ -8,6 +8,8 @@ use crate::acl;
 use crate::meta::*;
 use crate::schema::counter;
 use crate::sql::{Arg, DbError, Row, Tx, args};
+use std::collections::HashMap;
+use std::sync::LazyLock;
 
 /// Inode numbers taken from the counter at a time (one row in `inode_ranges` each).
 pub const INODE_RANGE: u64 = 1024;
@@ -34,6 +36,29 @@ macro_rules! attr_columns {
     };
 }
 const GETATTR_SQL: &str = concat!("SELECT ", attr_columns!(), " FROM inodes i WHERE i.ino = ?");
+/// How many inodes one `GETATTRS_SQL` or `XATTR_NAMES_SQL` reads (unused places are given
+/// inode 0, which no inode has): a fixed count, so that each statement is prepared once per
+/// connection.
+const INODES_PER_STATEMENT: usize = 64;
+/// `IN (?, ?, …)` with `INODES_PER_STATEMENT` places.
+fn inode_places() -> String {
+    vec!["?"; INODES_PER_STATEMENT].join(", ")
+}
+/// The records of up to `INODES_PER_STATEMENT` inodes (a READDIRPLUS answer's entries).
+static GETATTRS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM inodes i WHERE i.ino IN ({})",
+        attr_columns!(),
+        inode_places()
+    )
+});
+/// The xattr names of up to `INODES_PER_STATEMENT` inodes.
+static XATTR_NAMES_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT ino, name FROM xattrs WHERE ino IN ({})",
+        inode_places()
+    )
+});
 /// `attr_columns!`'s count: the column after them is at this index.
 const ATTR_COLUMN_COUNT: usize = 11;
 /// An open's read of a file: its attributes and inline bytes in one row.
@@ -205,6 +230,42 @@ pub fn attr_from_row(r: &Row, at: usize) -> Result<InodeRec, DbError> {
 pub fn getattr(tx: &mut dyn Tx, ino: u64) -> Result<InodeRec, Errno> {
     let row = tx.query_opt(GETATTR_SQL, &args![ino])?;
     Ok(attr_from_row(&row.ok_or(libc::ENOENT)?, 0)?)
+}
+
+/// The rows `sql` (one of the `…_SQL` with `INODES_PER_STATEMENT` places) finds for
+/// `inos`: one statement per `INODES_PER_STATEMENT` inodes, all sent at once.
+fn rows_of_inodes(tx: &mut dyn Tx, sql: &'static str, inos: &[u64]) -> Result<Vec<Row>, DbError> {
+    let args: Vec<[Arg<'_>; INODES_PER_STATEMENT]> = inos
+        .chunks(INODES_PER_STATEMENT)
+        .map(|chunk| {
+            let mut args = [Arg::Int(0); INODES_PER_STATEMENT];
+            for (arg, ino) in args.iter_mut().zip(chunk) {
+                *arg = Arg::from(*ino);
+            }
+            args
+        })
+        .collect();
+    let steps: Vec<_> = args.iter().map(|args| (sql, &args[..])).collect();
+    Ok(tx.queries(&steps)?.into_iter().flatten().collect())
+}
+
+/// The records of those of `inos` that exist, in no particular order.
+pub fn getattrs(tx: &mut dyn Tx, inos: &[u64]) -> Result<Vec<InodeRec>, Errno> {
+    rows_of_inodes(tx, GETATTRS_SQL.as_str(), inos)?
+        .iter()
+        .map(|row| Ok(attr_from_row(row, 0)?))
+        .collect()
+}
+
+/// Each of `inos` with the names of its xattrs (most have none).
+pub fn xattr_names_of(tx: &mut dyn Tx, inos: &[u64]) -> Result<InodesXattrNames, Errno> {
+    let mut names: HashMap<u64, Vec<Vec<u8>>> = inos.iter().map(|&ino| (ino, Vec::new())).collect();
+    for row in rows_of_inodes(tx, XATTR_NAMES_SQL.as_str(), inos)? {
+        if let Some(of) = names.get_mut(&row.u64(0)?) {
+            of.push(row.bytes(1)?);
+        }
+    }
+    Ok(names.into_iter().collect())
 }
 
 pub fn lookup(tx: &mut dyn Tx, parent: u64, name: &[u8]) -> Result<InodeRec, Errno> {
@@ -1908,5 +1969,55 @@ mod tests {
             0,
             "{INSERT_SLICE_SQL}"
         );
+    }
+
+    /// A READDIRPLUS answer's reads: the records of the inodes that exist and every
+    /// inode's xattr names, however many statements they take, each planned once per
+    /// connection.
+    #[test]
+    fn getattrs_and_xattr_names_of_read_many_inodes_in_statements_planned_once() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        crate::sqlite::create_schema(&conn, 0).unwrap();
+        let mut tx = crate::sqlite::SqliteConn(conn);
+        let rec = |ino: u64| InodeRec {
+            ino,
+            mode: libc::S_IFREG | 0o644,
+            nlink: 1,
+            size: ino * 3,
+            parent: ROOT_INO,
+            ..Default::default()
+        };
+        for ino in 100..300 {
+            insert_inode(&mut tx, &rec(ino), None).unwrap();
+        }
+        // 150 asked: three statements, one of them partly filled; 140..150 and 400.. absent.
+        let asked: Vec<u64> = (100..140).chain(400..410).chain(150..250).collect();
+        for _ in 0..3 {
+            let mut found = getattrs(&mut tx, &asked).unwrap();
+            found.sort_by_key(|r| r.ino);
+            let expected: Vec<InodeRec> = (100..140).chain(150..250).map(rec).collect();
+            assert_eq!(found, expected);
+        }
+        assert!(getattrs(&mut tx, &[]).unwrap().is_empty());
+        for (ino, name) in [(120u64, &b"user.a"[..]), (120, b"user.b"), (200, b"user.a")] {
+            tx.execute(UPSERT_XATTR_SQL, &args![ino, name, &b"v"[..]])
+                .unwrap();
+        }
+        let mut names = xattr_names_of(&mut tx, &asked).unwrap();
+        names.sort();
+        names.iter_mut().for_each(|(_, n)| n.sort());
+        assert_eq!(names.len(), asked.len());
+        let of = |ino: u64| names.iter().find(|(i, _)| *i == ino).unwrap().1.clone();
+        assert_eq!(of(120), vec![b"user.a".to_vec(), b"user.b".to_vec()]);
+        assert_eq!(of(200), vec![b"user.a".to_vec()]);
+        assert!(of(121).is_empty() && of(405).is_empty());
+        for sql in [&*GETATTRS_SQL, &*XATTR_NAMES_SQL] {
+            let statement = tx.0.prepare_cached(sql).unwrap();
+            assert_eq!(
+                statement.get_status(rusqlite::StatementStatus::RePrepare),
+                0,
+                "{sql}"
+            );
+        }
     }
 }

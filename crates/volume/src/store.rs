@@ -1174,6 +1174,21 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.read(queue, |c| ops::getattr(c, ino))
     }
 
+    fn getattrs(&self, queue: usize, inos: &[u64]) -> Result<Vec<InodeRec>, Errno> {
+        let mut recs = Vec::with_capacity(inos.len());
+        let mut unknown = Vec::with_capacity(inos.len());
+        for &ino in inos {
+            match self.recent_dirs.as_ref().and_then(|r| r.get(ino)) {
+                Some(rec) => recs.push(rec),
+                None => unknown.push(ino),
+            }
+        }
+        if !unknown.is_empty() {
+            recs.extend(self.read(queue, |c| ops::getattrs(c, &unknown))?);
+        }
+        Ok(recs)
+    }
+
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
         self.read(queue, |c| ops::readdir(c, dir))
     }
@@ -1184,6 +1199,10 @@ impl<C: Conn> MetaStore for SqlStore<C> {
 
     fn getxattr(&self, queue: usize, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
         self.read(queue, |c| ops::getxattr(c, ino, name))
+    }
+
+    fn xattr_names_of(&self, queue: usize, inos: &[u64]) -> Result<InodesXattrNames, Errno> {
+        self.read(queue, |c| ops::xattr_names_of(c, inos))
     }
 
     fn listxattr(&self, queue: usize, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::sync::atomic::Ordering;
 
 use super::OpenTable;
-use crate::acl::DefaultAcls;
+use super::known::{DefaultAcls, XattrNames};
 use crate::meta::{ChangeKind, ChangeRec, MetaStore, wait};
 
 /// The reader of the change log: the last seq read of each other session.
@@ -21,8 +21,10 @@ pub(super) struct Follower {
     failing: bool,
     /// This mount's open files: one another mount unlinked is held (see `ops::hold_orphan`).
     open: Arc<OpenTable>,
-    /// Directories' default ACLs, forgotten for any inode another mount changed.
+    /// Directories' default ACLs and inodes' xattr names, forgotten for any inode another
+    /// mount changed.
     default_acls: Arc<DefaultAcls>,
+    xattr_names: Arc<XattrNames>,
 }
 
 impl Follower {
@@ -30,6 +32,7 @@ impl Follower {
         session_fd: Arc<OnceLock<i32>>,
         open: Arc<OpenTable>,
         default_acls: Arc<DefaultAcls>,
+        xattr_names: Arc<XattrNames>,
     ) -> Follower {
         Follower {
             cursors: HashMap::new(),
@@ -37,6 +40,7 @@ impl Follower {
             failing: false,
             open,
             default_acls,
+            xattr_names,
         }
     }
 
@@ -51,6 +55,7 @@ impl Follower {
                 for change in &changes {
                     invalidate(fd, change);
                     self.default_acls.forget(change.ino);
+                    self.xattr_names.forget(change.ino);
                     if change.kind == ChangeKind::Entry as i64 {
                         self.hold_if_open(store, change.ino);
                     }

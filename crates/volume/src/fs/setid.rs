@@ -143,7 +143,10 @@ impl VolumeFs {
             return Ok(());
         }
         // It may have gone meanwhile.
-        match wait(|done| self.store.removexattr(ino, CAPABILITY_XATTR.to_vec(), done)) {
+        self.xattr_names.forget(ino);
+        let removed = wait(|done| self.store.removexattr(ino, CAPABILITY_XATTR.to_vec(), done));
+        self.xattr_names.forget(ino);
+        match removed {
             Ok(()) | Err(libc::ENODATA) => Ok(()),
             Err(e) => Err(e),
         }
