@@ -216,6 +216,13 @@ fn quick_create_skips_anchors_that_cannot_run_and_measures_the_volume_on_postgre
         assert_eq!(r["system_config"]["metadata"], "PostgreSQL", "{r}");
         assert!(r["summary"]["median"].as_f64().unwrap() > 0.0, "{r}");
     }
+    // The creates are then listed with `ls -l`, a row of their own.
+    assert!(
+        pg_rows
+            .iter()
+            .any(|r| r["workload"] == "ls -l of the 1000 files"),
+        "no ls -l row on PostgreSQL: {pg_rows:?}"
+    );
     // Synchronous commits over both transports, and --async-commit (io_uring rows are
     // skipped with a note where the kernel has io_uring off).
     for (transport, async_commit) in [

@@ -52,7 +52,7 @@ pub enum Suite {
     /// Issue 4's benchmark: io_uring against cloned /dev/fuse fds (null and passthrough) and
     /// libfuse's clone_fd servers: 4k direct IOPS with p99 latency, and 10,000 creates.
     Transport,
-    /// Seed 003: 10,000 `echo foobarbaz > $i` in one bash.
+    /// Seed 003: 10,000 `echo foobarbaz > $i` in one bash, then `ls -l` of them.
     Create,
     /// Seed 003: untar of a kernel tree, then rm -rf.
     Untar,

@@ -51,9 +51,11 @@ pub enum Kind {
     Seek {
         readers: u32,
     },
-    /// `echo foobarbaz > $DIR/$i` for i in 1..=files, in one bash.
+    /// `echo foobarbaz > $DIR/$i` for i in 1..=files, in one bash; `then_list`: then
+    /// `ls -l` of them, timed apart (a second value).
     Create {
         files: u32,
+        then_list: bool,
     },
     /// Creates in one directory of a volume from `mounts` of its mounts at once: one bash
     /// per mount, each `echo foobarbaz > $DIR/m$K-$i` for i in 1..=files_each; the value is
@@ -223,11 +225,12 @@ impl Workload {
                     raw: serde_json::to_value(&r).unwrap_or(Value::Null),
                 }
             }
-            Kind::Create { files } => {
+            Kind::Create { files, then_list } => {
                 let Place::Dir(dir) = &target.place else {
                     return Err("needs a directory".into());
                 };
-                run_create(target, &work_dir(dir, self.caller)?, *files, self.caller)?
+                let dir = work_dir(dir, self.caller)?;
+                run_create(target, &dir, *files, *then_list, self.caller)?
             }
             Kind::CreateShared { files_each, mounts } => {
                 let Place::Dir(dir) = &target.place else {
@@ -507,6 +510,7 @@ fn run_create(
     target: &Target,
     dir: &Path,
     files: u32,
+    then_list: bool,
     caller: Caller,
 ) -> Result<RunOutput, String> {
     let tree = dir.join("create");
@@ -522,16 +526,42 @@ fn run_create(
     if caller == Caller::Unprivileged {
         hand_over(&tree)?;
     }
-    let mut command = command_as(caller, "bash", dir);
-    command
-        .args(["-c", CREATE_SCRIPT])
-        .env("LANEFS_BENCH_DIR", &tree)
-        .env("LANEFS_BENCH_FILES", files.to_string());
+    let script = |script: &str| {
+        let mut command = command_as(caller, "bash", dir);
+        command
+            .args(["-c", script])
+            .env("LANEFS_BENCH_DIR", &tree)
+            .env("LANEFS_BENCH_FILES", files.to_string());
+        command
+    };
+    let (secs, work) = timed_script(target, script(CREATE_SCRIPT), files)?;
+    let count = std::fs::read_dir(&tree).map(|d| d.count()).unwrap_or(0);
+    if count != files as usize {
+        return Err(format!("{count} files instead of {files}"));
+    }
+    let mut output = RunOutput {
+        values: vec![secs],
+        work: vec![Some(work)],
+        raw: json!({"seconds": secs, "files": files, "files_per_s": f64::from(files) / secs}),
+    };
+    if then_list {
+        let (list_secs, list_work) = timed_script(target, script(LIST_SCRIPT), files)?;
+        output.values.push(list_secs);
+        output.work.push(Some(list_work));
+        output.raw["list_seconds"] = json!(list_secs);
+    }
+    let _ = std::fs::remove_dir_all(&tree);
+    Ok(output)
+}
+
+/// Runs `command` (a bash script) to its end, timed; its seconds and the server's work for
+/// `ops` operations.
+fn timed_script(target: &Target, command: Command, ops: u32) -> Result<(f64, Work), String> {
     let meter = Meter::start(target);
     let start = Instant::now();
     let done = run_limited(command, Duration::from_secs(1800))?;
     let secs = start.elapsed().as_secs_f64();
-    let work = meter.work(f64::from(files));
+    let work = meter.work(f64::from(ops));
     if !done.ok {
         return Err(format!(
             "bash exited ({}): {}",
@@ -539,17 +569,12 @@ fn run_create(
             last_lines(&done.stderr, 1)
         ));
     }
-    let count = std::fs::read_dir(&tree).map(|d| d.count()).unwrap_or(0);
-    if count != files as usize {
-        return Err(format!("{count} files instead of {files}"));
-    }
-    let _ = std::fs::remove_dir_all(&tree);
-    Ok(RunOutput {
-        values: vec![secs],
-        work: vec![Some(work)],
-        raw: json!({"seconds": secs, "files": files, "files_per_s": f64::from(files) / secs}),
-    })
+    Ok((secs, work))
 }
+
+/// `ls -l` of the created files, as a user looks at what was made: READDIRPLUS, and the
+/// SELinux label and ACL of each file (two getxattrs).
+const LIST_SCRIPT: &str = r#"ls -l "$LANEFS_BENCH_DIR" > /dev/null"#;
 
 /// Seed 003's loop with a prefix per mount, so that mounts never pick the same name.
 const CREATE_SHARED_SCRIPT: &str = r#"for i in `seq 1 "$LANEFS_BENCH_FILES"`; do echo "foobarbaz" > "$LANEFS_BENCH_DIR/$LANEFS_BENCH_PREFIX$i"; done"#;
