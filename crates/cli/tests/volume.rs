@@ -2983,31 +2983,41 @@ mod on_postgres {
             }),
             "a's kernel kept b's old mode"
         );
-        // xattrs, which b answers from the names it read (ls -l's two questions): another
-        // mount's set and removal reach it within the same bound.
+        // xattrs, which b answers from the names it read (ls -l's two questions): an open
+        // on b after a's change reads it at once (close-to-open), and without an open the
+        // change log brings a's set and removal within the same bound.
         let selinux = || common::sys::lgetxattr(&b.path("g"), "security.selinux", 64);
-        let user_k = || common::sys::getxattr(&b.path("g"), "user.k", 64).map(|(_, v)| v);
-        assert_eq!(
-            selinux().map(|_| ()),
-            Err(common::sys::Errno(libc::ENODATA))
-        );
-        assert_eq!(user_k(), Err(common::sys::Errno(libc::ENODATA)));
+        let get = |name: &str| common::sys::getxattr(&b.path("g"), name, 64).map(|(_, v)| v);
+        let names = || common::sys::listxattr(&b.path("g"), 4096).map(|(_, names)| names);
+        let no_data = || Some(common::sys::Errno(libc::ENODATA));
+        assert_eq!(selinux().err(), no_data());
+        assert_eq!(get("user.k").err(), no_data());
         common::sys::setxattr(&a.path("g"), "user.k", b"v1", 0).unwrap();
+        let opened = std::fs::File::open(b.path("g")).unwrap();
+        assert_eq!(
+            get("user.k"),
+            Ok(b"v1".to_vec()),
+            "b's open did not read a's new xattr"
+        );
+        drop(opened);
+        common::sys::setxattr(&a.path("g"), "user.j", b"v2", 0).unwrap();
         assert!(
-            wait_until(soon, || user_k() == Ok(b"v1".to_vec())),
-            "b kept answering that g has no user.k: {:?}",
-            user_k()
+            wait_until(soon, || get("user.j") == Ok(b"v2".to_vec())),
+            "b kept answering that g has no user.j: {:?}",
+            get("user.j")
         );
         assert_eq!(
-            common::sys::listxattr(&b.path("g"), 4096).map(|(_, names)| names),
-            Ok(vec!["user.k".to_string()])
+            names(),
+            Ok(vec!["user.j".to_string(), "user.k".to_string()])
         );
         common::sys::removexattr(&a.path("g"), "user.k").unwrap();
+        common::sys::removexattr(&a.path("g"), "user.j").unwrap();
         assert!(
-            wait_until(soon, || user_k() == Err(common::sys::Errno(libc::ENODATA))),
-            "b kept a's removed user.k: {:?}",
-            user_k()
+            wait_until(soon, || names() == Ok(Vec::new())),
+            "b kept a's removed xattrs: {:?}",
+            names()
         );
+        assert_eq!(get("user.k").err(), no_data());
         a.unmount();
         b.unmount();
         volume.assert_clean();

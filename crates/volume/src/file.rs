@@ -487,7 +487,7 @@ impl FileState {
         *self.loaded.get_or_init(|| {
             let changes_before = self.xattrs_known.load(Ordering::SeqCst) & !1;
             let rec = fetch()?;
-            if rec.xattrs_absent {
+            if rec.xattr_names.as_ref().is_some_and(Vec::is_empty) {
                 // Fails if an xattr change began or ended since the read started.
                 let _ = self.xattrs_known.compare_exchange(
                     changes_before,

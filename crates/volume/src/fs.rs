@@ -386,8 +386,10 @@ impl VolumeFs {
                 .map(|_| Mutex::new(HashMap::new()))
                 .collect(),
         });
-        let default_acls = Arc::new(known::DefaultAcls::new());
-        let xattr_names = Arc::new(known::XattrNames::new());
+        // Another mount may change them: no longer than the kernel keeps attributes.
+        let known_max_age = options.shared.then_some(options.attr_timeout);
+        let default_acls = Arc::new(known::DefaultAcls::new(known_max_age));
+        let xattr_names = Arc::new(known::XattrNames::new(known_max_age));
         {
             let store = store.clone();
             let leases = dirops.clone();
@@ -1065,11 +1067,21 @@ impl VolumeFs {
     fn open_file(&self, req: &Request, ino: u64, flags: u32) -> Result<abi::OpenOut, Errno> {
         let state = self.open.open(ino);
         let mut read_now = None;
+        let names_since = self.xattr_names.generation(ino);
         let loaded = state.load(|| {
             let file = self.store.load_file(req.queue, ino)?;
             read_now = Some(file.attr.clone());
+            if let Some(names) = &file.xattr_names {
+                self.xattr_names
+                    .set_read(ino, Arc::from(&names[..]), names_since);
+            }
             Ok(file)
         });
+        if self.options.shared && read_now.is_none() {
+            // Close-to-open for xattrs: what another mount set before this open is read
+            // (a first open read the names with the file).
+            self.xattr_names.forget(ino);
+        }
         let checked = loaded
             .and_then(|()| match read_now {
                 Some(rec) => Ok(rec),

@@ -168,9 +168,9 @@ pub struct FileRec {
     pub inline: Option<Vec<u8>>,
     pub chunks: Vec<ChunkRec>,
     pub slices: Vec<SliceRec>,
-    /// Read with the rest and found to have no xattr a caller can list or get (the row of
-    /// its `chattr` flags is not one). False where not read.
-    pub xattrs_absent: bool,
+    /// The names of its xattrs that a caller can list or get (not the row of its `chattr`
+    /// flags), read with the rest; None where not read.
+    pub xattr_names: Option<Vec<Vec<u8>>>,
 }
 
 /// One directory entry as a listing sees it.

@@ -127,9 +127,6 @@ const CHUNKS_SQL: &str =
     "SELECT idx, block, len, crc FROM chunks WHERE ino = CAST(? AS BIGINT) ORDER BY idx";
 const SLICES_SQL: &str =
     "SELECT idx, pos, len, block, crc FROM slices WHERE ino = CAST(? AS BIGINT) ORDER BY idx, seq";
-/// Whether the inode has an xattr other than its `chattr` flags (CAST: as `CHUNKS_SQL`'s).
-const ANY_XATTR_SQL: &str =
-    "SELECT 1 FROM xattrs WHERE ino = CAST(? AS BIGINT) AND name <> ? LIMIT 1";
 /// A slice laid over the chunk's others (CAST: as `CHUNKS_SQL`'s; a max() over a key prefix
 /// is planned by the bound values too).
 const INSERT_SLICE_SQL: &str = "INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
@@ -265,6 +262,8 @@ pub fn xattr_names_of(tx: &mut dyn Tx, inos: &[u64]) -> Result<InodesXattrNames,
             of.push(row.bytes(1)?);
         }
     }
+    // In `listxattr`'s order, whichever read a LISTXATTR is answered from.
+    names.values_mut().for_each(|of| of.sort());
     Ok(names.into_iter().collect())
 }
 
@@ -325,20 +324,17 @@ pub fn listxattr(tx: &mut dyn Tx, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
     Ok(rows.iter().map(|r| r.bytes(0)).collect::<Result<_, _>>()?)
 }
 
-/// The inode, its inline bytes, its chunk map, its slices and, when `ask_xattrs`, whether it
-/// has xattrs (the caller makes it one snapshot; they are read in one round trip). A shared
-/// volume does not ask: another mount may set one at any time, so no answer uses it.
-pub fn load_file(tx: &mut dyn Tx, ino: u64, ask_xattrs: bool) -> Result<FileRec, Errno> {
-    let any_xattr = (ANY_XATTR_SQL, &args![ino, FILEATTR_XATTR][..]);
-    let queries = [
+/// The inode, its inline bytes, its chunk map, its slices and its xattr names (the caller
+/// makes it one snapshot; they are read in one round trip): an open of a file on a shared
+/// volume thus reads what another mount set before it at no cost of its own.
+pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
+    let rows = tx.queries(&[
         (LOAD_FILE_SQL, &args![ino][..]),
         (CHUNKS_SQL, &args![ino]),
         (SLICES_SQL, &args![ino]),
-        any_xattr,
-    ];
-    let mut rows = tx.queries(&queries[..if ask_xattrs { 4 } else { 3 }])?;
-    let xattr_rows = if ask_xattrs { rows.pop() } else { None };
-    let [inode, chunk_rows, slice_rows] = <[Vec<Row>; 3]>::try_from(rows)
+        (LIST_XATTRS_SQL, &args![ino]),
+    ])?;
+    let [inode, chunk_rows, slice_rows, xattr_rows] = <[Vec<Row>; 4]>::try_from(rows)
         .map_err(|_| DbError::Other("fewer answers than queries".into()))?;
     let inode = inode.first().ok_or(libc::ENOENT)?;
     let attr = attr_from_row(inode, 0)?;
@@ -371,7 +367,13 @@ pub fn load_file(tx: &mut dyn Tx, ino: u64, ask_xattrs: bool) -> Result<FileRec,
         inline,
         chunks,
         slices,
-        xattrs_absent: xattr_rows.is_some_and(|rows| rows.is_empty()),
+        xattr_names: Some(
+            xattr_rows
+                .iter()
+                .map(|r| r.bytes(0))
+                .filter(|name| !matches!(name, Ok(name) if name == FILEATTR_XATTR))
+                .collect::<Result<_, _>>()?,
+        ),
     })
 }
 
@@ -1534,16 +1536,21 @@ pub fn trim_change_log<C: Tx>(w: &mut Writer<C>, now_ns: i64) -> Result<(), Errn
 }
 
 /// The other sessions' change-log rows past `cursors` (session → last seq read), in each
-/// session's order; cursors move past what was read, sessions that ended are dropped.
+/// session's order; cursors move past what was read. A session that ended since the last
+/// read has its last rows read (its end leaves them), then its cursor is dropped.
 pub fn changes_since(
     tx: &mut dyn Tx,
     me: u64,
     cursors: &mut std::collections::HashMap<u64, u64>,
 ) -> Result<Vec<ChangeRec>, Errno> {
-    let sessions = blocks_of(tx.query("SELECT id FROM sessions WHERE id <> ?", &args![me])?)?;
-    cursors.retain(|s, _| sessions.contains(s));
+    let live = blocks_of(tx.query("SELECT id FROM sessions WHERE id <> ?", &args![me])?)?;
+    let ended: Vec<u64> = cursors
+        .keys()
+        .filter(|s| !live.contains(s))
+        .copied()
+        .collect();
     let mut out = Vec::new();
-    for session in sessions {
+    for &session in live.iter().chain(&ended) {
         let cursor = cursors
             .entry(session)
             .or_insert(session << CHANGE_SEQ_SESSION_SHIFT);
@@ -1562,6 +1569,9 @@ pub fn changes_since(
             *cursor = change.seq;
             out.push(change);
         }
+    }
+    for session in ended {
+        cursors.remove(&session);
     }
     Ok(out)
 }
@@ -2019,5 +2029,47 @@ mod tests {
                 "{sql}"
             );
         }
+    }
+
+    /// A session that ended between two reads of the change log: its last rows are read
+    /// once (other mounts forget what they knew of those inodes), then its cursor goes.
+    #[test]
+    fn the_last_changes_of_a_session_that_ended_are_read() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        crate::sqlite::create_schema(&conn, 0).unwrap();
+        let mut tx = crate::sqlite::SqliteConn(conn);
+        let (me, other) = (1u64, 2u64);
+        for id in [me, other] {
+            tx.execute(
+                "INSERT INTO sessions (id, host, pid, mountpoint, started_ns, heartbeat_ns) VALUES (?, 'h', 1, '/m', 0, 0)",
+                &args![id],
+            )
+            .unwrap();
+        }
+        let change = |tx: &mut crate::sqlite::SqliteConn, n: u64, ino: u64| {
+            let seq = (other << CHANGE_SEQ_SESSION_SHIFT) + n;
+            tx.execute(
+                "INSERT INTO changes (seq, ino, parent, name, kind, at_ns) VALUES (?, ?, 0, NULL, ?, 0)",
+                &args![seq, ino, ChangeKind::Inode as i64],
+            )
+            .unwrap();
+        };
+        let mut cursors = std::collections::HashMap::new();
+        change(&mut tx, 1, 10);
+        let inos = |changes: Vec<ChangeRec>| changes.iter().map(|c| c.ino).collect::<Vec<_>>();
+        assert_eq!(
+            inos(changes_since(&mut tx, me, &mut cursors).unwrap()),
+            [10]
+        );
+        // It changes inode 11, then ends before the next read.
+        change(&mut tx, 2, 11);
+        tx.execute("DELETE FROM sessions WHERE id = ?", &args![other])
+            .unwrap();
+        assert_eq!(
+            inos(changes_since(&mut tx, me, &mut cursors).unwrap()),
+            [11]
+        );
+        assert!(cursors.is_empty(), "the ended session's cursor stayed");
+        assert!(changes_since(&mut tx, me, &mut cursors).unwrap().is_empty());
     }
 }

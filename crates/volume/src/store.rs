@@ -1210,10 +1210,9 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn load_file(&self, queue: usize, ino: u64) -> Result<FileRec, Errno> {
-        let shared = self.session_expiry;
         self.read(queue, |c| {
             c.begin_read()?;
-            let result = ops::load_file(c, ino, shared.is_none());
+            let result = ops::load_file(c, ino);
             c.end_read();
             result
         })

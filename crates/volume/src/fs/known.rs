@@ -3,10 +3,14 @@
 //! mount changes it (once the change is made), when the change log shows that another mount
 //! changed the inode (within its poll interval, the staleness bound of the kernel's own
 //! caches), and wholesale per shard past `KNOWN_MAX` inodes. A read that a forget overtook
-//! is not kept (`Generation`): it may have read the store before the change.
+//! is not kept (`Generation`): it may have read the store before the change. On a shared
+//! volume a fact also lasts no longer than the attribute timeout (`max_age`), as the
+//! kernel's caches do, so that a change the change log did not bring (a poll that failed
+//! for longer than the log keeps rows) is not answered past that.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Directories' default ACLs (None: the directory has none), so that a create reads its
 /// directory's only once: creates in a directory this mount made find it here from the
@@ -19,13 +23,15 @@ pub type DefaultAcls = Known<Option<Arc<[u8]>>>;
 pub type XattrNames = Known<Arc<[Vec<u8>]>>;
 
 pub struct Known<V> {
-    /// Each mutex protects one shard: its map and its count of forgets. Leaf locks, held
-    /// for one map operation.
+    /// Each mutex protects one shard: its map (each fact with when it was learned) and its
+    /// count of forgets. Leaf locks, held for one map operation.
     shards: Vec<Mutex<Shard<V>>>,
+    /// How long a fact is answered; None: until it is forgotten.
+    max_age: Option<Duration>,
 }
 
 struct Shard<V> {
-    by_ino: HashMap<u64, V>,
+    by_ino: HashMap<u64, (V, Instant)>,
     forgets: u64,
 }
 
@@ -39,7 +45,7 @@ pub const KNOWN_MAX: usize = 1 << 16;
 const SHARDS: usize = 16;
 
 impl<V: Clone> Known<V> {
-    pub fn new() -> Known<V> {
+    pub fn new(max_age: Option<Duration>) -> Known<V> {
         Known {
             shards: (0..SHARDS)
                 .map(|_| {
@@ -49,6 +55,7 @@ impl<V: Clone> Known<V> {
                     })
                 })
                 .collect(),
+            max_age,
         }
     }
 
@@ -60,11 +67,22 @@ impl<V: Clone> Known<V> {
 
     /// Ok: known; Err: not known, with the generation to read it under.
     pub fn get(&self, ino: u64) -> Result<V, Generation> {
-        let shard = self.shard(ino);
+        let mut shard = self.shard(ino);
         match shard.by_ino.get(&ino) {
-            Some(known) => Ok(known.clone()),
+            Some((known, at)) if self.max_age.is_none_or(|max| at.elapsed() < max) => {
+                Ok(known.clone())
+            }
+            Some(_) => {
+                shard.by_ino.remove(&ino);
+                Err(Generation(shard.forgets))
+            }
             None => Err(Generation(shard.forgets)),
         }
+    }
+
+    /// The generation to read `ino`'s fact under, whether it is known or not.
+    pub fn generation(&self, ino: u64) -> Generation {
+        Generation(self.shard(ino).forgets)
     }
 
     /// What a read begun at `since` found, kept unless a forget came meanwhile.
@@ -84,7 +102,7 @@ impl<V: Clone> Known<V> {
         if shard.by_ino.len() >= KNOWN_MAX / SHARDS {
             shard.by_ino.clear();
         }
-        shard.by_ino.insert(ino, fact);
+        shard.by_ino.insert(ino, (fact, Instant::now()));
     }
 
     pub fn forget(&self, ino: u64) {
@@ -94,19 +112,13 @@ impl<V: Clone> Known<V> {
     }
 }
 
-impl<V: Clone> Default for Known<V> {
-    fn default() -> Self {
-        Known::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_read_that_a_forget_overtook_is_not_kept() {
-        let names = XattrNames::new();
+        let names = XattrNames::new(None);
         let none: Arc<[Vec<u8>]> = Arc::from(Vec::new());
         let Err(since) = names.get(7) else {
             panic!("nothing is known at first")
@@ -126,7 +138,7 @@ mod tests {
 
     #[test]
     fn a_full_shard_starts_again() {
-        let acls = DefaultAcls::new();
+        let acls = DefaultAcls::new(None);
         for i in 0..(KNOWN_MAX / SHARDS) as u64 {
             acls.set(i * SHARDS as u64, None);
         }
@@ -134,5 +146,18 @@ mod tests {
         acls.set(KNOWN_MAX as u64 * 2, None);
         assert!(acls.get(0).is_err(), "the shard was not emptied");
         assert!(acls.get(KNOWN_MAX as u64 * 2).is_ok());
+    }
+
+    #[test]
+    fn a_fact_older_than_max_age_is_read_again() {
+        let names = XattrNames::new(Some(Duration::from_millis(50)));
+        names.set(3, Arc::from(vec![b"user.k".to_vec()]));
+        assert!(names.get(3).is_ok());
+        std::thread::sleep(Duration::from_millis(60));
+        let Err(since) = names.get(3) else {
+            panic!("a fact older than max_age was answered")
+        };
+        names.set_read(3, Arc::from(Vec::new()), since);
+        assert_eq!(names.get(3).ok().map(|n| n.len()), Some(0));
     }
 }
