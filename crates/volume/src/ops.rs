@@ -1973,12 +1973,24 @@ mod tests {
                 .execute([7, 0, 0, 4096, seq, 0, 7, 0])
                 .unwrap();
         }
-        let statement = conn.prepare_cached(INSERT_SLICE_SQL).unwrap();
+        assert_planned_once(&conn, INSERT_SLICE_SQL);
+    }
+
+    /// SQLite has not prepared `sql` (in the statement cache) again since it first did.
+    fn assert_planned_once(conn: &rusqlite::Connection, sql: &str) {
+        let statement = conn.prepare_cached(sql).unwrap();
         assert_eq!(
             statement.get_status(rusqlite::StatementStatus::RePrepare),
             0,
-            "{INSERT_SLICE_SQL}"
+            "{sql}"
         );
+    }
+
+    /// A new volume's tables, in memory.
+    fn memory_tx() -> crate::sqlite::SqliteConn {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        crate::sqlite::create_schema(&conn, 0).unwrap();
+        crate::sqlite::SqliteConn(conn)
     }
 
     /// A READDIRPLUS answer's reads: the records of the inodes that exist and every
@@ -1986,9 +1998,7 @@ mod tests {
     /// connection.
     #[test]
     fn getattrs_and_xattr_names_of_read_many_inodes_in_statements_planned_once() {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        crate::sqlite::create_schema(&conn, 0).unwrap();
-        let mut tx = crate::sqlite::SqliteConn(conn);
+        let mut tx = memory_tx();
         let rec = |ino: u64| InodeRec {
             ino,
             mode: libc::S_IFREG | 0o644,
@@ -2021,23 +2031,15 @@ mod tests {
         assert_eq!(of(120), vec![b"user.a".to_vec(), b"user.b".to_vec()]);
         assert_eq!(of(200), vec![b"user.a".to_vec()]);
         assert!(of(121).is_empty() && of(405).is_empty());
-        for sql in [&*GETATTRS_SQL, &*XATTR_NAMES_SQL] {
-            let statement = tx.0.prepare_cached(sql).unwrap();
-            assert_eq!(
-                statement.get_status(rusqlite::StatementStatus::RePrepare),
-                0,
-                "{sql}"
-            );
-        }
+        assert_planned_once(&tx.0, &GETATTRS_SQL);
+        assert_planned_once(&tx.0, &XATTR_NAMES_SQL);
     }
 
     /// A session that ended between two reads of the change log: its last rows are read
     /// once (other mounts forget what they knew of those inodes), then its cursor goes.
     #[test]
     fn the_last_changes_of_a_session_that_ended_are_read() {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        crate::sqlite::create_schema(&conn, 0).unwrap();
-        let mut tx = crate::sqlite::SqliteConn(conn);
+        let mut tx = memory_tx();
         let (me, other) = (1u64, 2u64);
         for id in [me, other] {
             tx.execute(
