@@ -1048,6 +1048,10 @@ impl VolumeFs {
     }
 
     fn open_state(&self, req: &Request, ino: u64) -> Result<Arc<FileState>, Errno> {
+        if self.options.shared {
+            // An O_CREAT open of an existing file is an open too (see `open_file`).
+            self.xattr_names.forget(ino);
+        }
         let state = self.open.open(ino);
         let store = &self.store;
         match state.load(|| store.load_file(req.queue, ino)) {
@@ -1065,6 +1069,12 @@ impl VolumeFs {
     /// (one read transaction), and its checks use that record; a file open already is read
     /// again for them.
     fn open_file(&self, req: &Request, ino: u64, flags: u32) -> Result<abi::OpenOut, Errno> {
+        if self.options.shared {
+            // Close-to-open for xattrs: what another mount set before this open is read
+            // (by a first open with the file, just below). The forget also refuses any
+            // read of the names begun before it.
+            self.xattr_names.forget(ino);
+        }
         let state = self.open.open(ino);
         let mut read_now = None;
         let names_since = self.xattr_names.generation(ino);
@@ -1077,11 +1087,6 @@ impl VolumeFs {
             }
             Ok(file)
         });
-        if self.options.shared && read_now.is_none() {
-            // Close-to-open for xattrs: what another mount set before this open is read
-            // (a first open read the names with the file).
-            self.xattr_names.forget(ino);
-        }
         let checked = loaded
             .and_then(|()| match read_now {
                 Some(rec) => Ok(rec),

@@ -1536,13 +1536,16 @@ pub fn trim_change_log<C: Tx>(w: &mut Writer<C>, now_ns: i64) -> Result<(), Errn
 }
 
 /// The other sessions' change-log rows past `cursors` (session → last seq read), in each
-/// session's order; cursors move past what was read. A session that ended since the last
-/// read has its last rows read (its end leaves them), then its cursor is dropped.
+/// session's order; cursors move past what was read, and only if all of it was read (a
+/// failed read, or its retry after a reconnect, reads the same rows again). A session that
+/// ended since the last read has its rows past its cursor read (its end leaves them), then
+/// its cursor is dropped.
 pub fn changes_since(
     tx: &mut dyn Tx,
     me: u64,
-    cursors: &mut std::collections::HashMap<u64, u64>,
+    cursors_read: &mut std::collections::HashMap<u64, u64>,
 ) -> Result<Vec<ChangeRec>, Errno> {
+    let mut cursors = cursors_read.clone();
     let live = blocks_of(tx.query("SELECT id FROM sessions WHERE id <> ?", &args![me])?)?;
     let ended: Vec<u64> = cursors
         .keys()
@@ -1573,6 +1576,7 @@ pub fn changes_since(
     for session in ended {
         cursors.remove(&session);
     }
+    *cursors_read = cursors;
     Ok(out)
 }
 
