@@ -869,8 +869,7 @@ impl VolumeFs {
         let Ok(found) = self.store.xattr_names_of(queue, &unknown) else {
             return;
         };
-        for (ino, mut names) in found {
-            names.retain(|n| n != FILEATTR_XATTR);
+        for (ino, names) in found {
             if let Some(&since) = since.get(&ino) {
                 self.xattr_names.set_read(ino, names.into(), since);
             }
@@ -883,9 +882,7 @@ impl VolumeFs {
             Ok(known) => return Ok(known),
             Err(since) => since,
         };
-        let mut names = self.store.listxattr(queue, ino)?;
-        names.retain(|n| n != FILEATTR_XATTR);
-        let names: Arc<[Vec<u8>]> = names.into();
+        let names: Arc<[Vec<u8>]> = self.store.listxattr(queue, ino)?.into();
         self.xattr_names.set_read(ino, names.clone(), since);
         Ok(names)
     }
@@ -1047,12 +1044,19 @@ impl VolumeFs {
         }
     }
 
-    fn open_state(&self, req: &Request, ino: u64) -> Result<Arc<FileState>, Errno> {
+    /// Counts an open of an existing inode. On a shared volume it forgets the inode's xattr
+    /// names first: close-to-open holds for xattrs too (what another mount set before this
+    /// open is read again; a first open reads them with the file), and the forget refuses
+    /// any read of them begun before it.
+    fn open_existing(&self, ino: u64) -> Arc<FileState> {
         if self.options.shared {
-            // An O_CREAT open of an existing file is an open too (see `open_file`).
             self.xattr_names.forget(ino);
         }
-        let state = self.open.open(ino);
+        self.open.open(ino)
+    }
+
+    fn open_state(&self, req: &Request, ino: u64) -> Result<Arc<FileState>, Errno> {
+        let state = self.open_existing(ino);
         let store = &self.store;
         match state.load(|| store.load_file(req.queue, ino)) {
             Ok(()) => Ok(state),
@@ -1069,13 +1073,7 @@ impl VolumeFs {
     /// (one read transaction), and its checks use that record; a file open already is read
     /// again for them.
     fn open_file(&self, req: &Request, ino: u64, flags: u32) -> Result<abi::OpenOut, Errno> {
-        if self.options.shared {
-            // Close-to-open for xattrs: what another mount set before this open is read
-            // (by a first open with the file, just below). The forget also refuses any
-            // read of the names begun before it.
-            self.xattr_names.forget(ino);
-        }
-        let state = self.open.open(ino);
+        let state = self.open_existing(ino);
         let mut read_now = None;
         let names_since = self.xattr_names.generation(ino);
         let loaded = state.load(|| {

@@ -380,6 +380,7 @@ pub trait MetaStore: Send + Sync + 'static {
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno>;
     fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno>;
     fn getxattr(&self, queue: usize, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno>;
+    /// The names of the inode's xattrs that callers see (not its `chattr` flags' row).
     fn listxattr(&self, queue: usize, ino: u64) -> Result<Vec<Vec<u8>>, Errno>;
     /// `listxattr` of many inodes in one read: those of `inos` whose xattrs are all
     /// committed, each with its names (most have none).

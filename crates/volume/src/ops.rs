@@ -254,12 +254,12 @@ pub fn getattrs(tx: &mut dyn Tx, inos: &[u64]) -> Result<Vec<InodeRec>, Errno> {
         .collect()
 }
 
-/// Each of `inos` with the names of its xattrs (most have none).
+/// Each of `inos` with the names of its xattrs that callers see (most have none).
 pub fn xattr_names_of(tx: &mut dyn Tx, inos: &[u64]) -> Result<InodesXattrNames, Errno> {
     let mut names: HashMap<u64, Vec<Vec<u8>>> = inos.iter().map(|&ino| (ino, Vec::new())).collect();
     for row in rows_of_inodes(tx, XATTR_NAMES_SQL.as_str(), inos)? {
         if let Some(of) = names.get_mut(&row.u64(0)?) {
-            of.push(row.bytes(1)?);
+            of.extend(callers_names(std::slice::from_ref(&row), 1)?);
         }
     }
     // In `listxattr`'s order, whichever read a LISTXATTR is answered from.
@@ -319,9 +319,23 @@ pub fn getxattr(tx: &mut dyn Tx, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno
     Ok(row.ok_or(libc::ENODATA)?.bytes(0)?)
 }
 
+/// The names of the inode's xattrs that callers see (not its `chattr` flags' row).
 pub fn listxattr(tx: &mut dyn Tx, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
     let rows = tx.query(LIST_XATTRS_SQL, &args![ino])?;
-    Ok(rows.iter().map(|r| r.bytes(0)).collect::<Result<_, _>>()?)
+    Ok(callers_names(&rows, 0)?)
+}
+
+/// Column `at` of `rows`, xattr names, but the row of the `chattr` flags (`FILEATTR_XATTR`),
+/// which callers neither list nor get.
+fn callers_names(rows: &[Row], at: usize) -> Result<Vec<Vec<u8>>, DbError> {
+    let mut names = Vec::with_capacity(rows.len());
+    for row in rows {
+        let name = row.bytes(at)?;
+        if name != FILEATTR_XATTR {
+            names.push(name);
+        }
+    }
+    Ok(names)
 }
 
 /// The inode, its inline bytes, its chunk map, its slices and its xattr names (the caller
@@ -367,13 +381,7 @@ pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
         inline,
         chunks,
         slices,
-        xattr_names: Some(
-            xattr_rows
-                .iter()
-                .map(|r| r.bytes(0))
-                .filter(|name| !matches!(name, Ok(name) if name == FILEATTR_XATTR))
-                .collect::<Result<_, _>>()?,
-        ),
+        xattr_names: Some(callers_names(&xattr_rows, 0)?),
     })
 }
 
