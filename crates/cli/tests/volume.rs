@@ -986,7 +986,16 @@ fn a_full_data_directory_gives_enospc_at_fsync_and_loses_nothing_acknowledged() 
     // Room again: writes work.
     let mut again = std::fs::File::create(m.path("again")).unwrap();
     again.write_all(&content(3, MIB)).unwrap();
-    again.sync_all().unwrap();
+    if let Err(e) = again.sync_all() {
+        let listing = Command::new("find")
+            .args([tmpfs.path.to_str().unwrap(), "-printf", "%s %p\n"])
+            .output()
+            .unwrap();
+        panic!(
+            "fsync with room again: {e}; the data directory holds:\n{}",
+            String::from_utf8_lossy(&listing.stdout)
+        );
+    }
     drop(again);
     m.unmount();
     let out = lanefs(&["fsck", db.to_str().unwrap()]);
@@ -1424,6 +1433,65 @@ fn fio_verify_of_fsynced_random_rewrites_reads_back_after_remount() {
     );
     m.unmount();
     volume.assert_clean();
+}
+
+/// Blocks released by overwrites are kept as spares and written over by the next flush
+/// (`blocks_written_over`); a kill -9 while spares are kept leaves nothing for fsck once the
+/// next mount has cleaned up after the dead session, and a clean unmount deletes them: the
+/// data directory then holds the file's blocks only.
+#[test]
+fn released_blocks_are_written_over_and_a_kill_9_leaves_none_behind() {
+    let volume = Volume::format("spares");
+    let m = volume.mount(&[]);
+    let rewrite = |m: &common::Mount, i: usize| {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(m.path("f"))
+            .unwrap();
+        std::io::Write::write_all(&mut &f, &content(i, 8 * MIB)).unwrap();
+        f.sync_all().unwrap();
+    };
+    rewrite(&m, 1);
+    // The second version releases the first one's eight blocks: kept once their release is
+    // durable.
+    rewrite(&m, 2);
+    assert!(
+        wait_until(Duration::from_secs(10), || m.counter("spare_blocks") == 8),
+        "spares kept: {}",
+        m.counter("spare_blocks")
+    );
+    rewrite(&m, 3);
+    assert_eq!(m.counter("blocks_written_over"), 8);
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), content(3, 8 * MIB));
+    assert!(wait_until(Duration::from_secs(10), || m
+        .counter("spare_blocks")
+        == 8));
+    common::kill_daemon_leaving_a_dead_mount(m.pid, &m.mountpoint);
+    drop(m);
+
+    let m = volume.mount(&[]);
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), content(3, 8 * MIB));
+    rewrite(&m, 4);
+    assert!(wait_until(Duration::from_secs(10), || m
+        .counter("spare_blocks")
+        == 8));
+    m.unmount();
+    volume.assert_clean();
+    let mut files = 0;
+    let mut dirs = vec![volume.data.join("blocks")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                dirs.push(entry.path());
+            } else {
+                files += 1;
+            }
+        }
+    }
+    assert_eq!(files, 8, "the file's blocks and nothing else");
 }
 
 /// A file fsync'd in small pieces gathers slices over its chunk; its last close compacts them

@@ -67,7 +67,17 @@ pub const S3_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 pub trait BlockStore: Send + Sync + 'static {
     /// Stores the blocks (in parallel); all of them are stored when it returns Ok.
-    fn put(&self, blocks: Vec<(u64, Bytes)>) -> io::Result<()>;
+    /// Stores new blocks. The first `spares.len()` of them are written over those blocks'
+    /// files (released blocks this store kept, see `keep_as_spare`), which then take the new
+    /// blocks' names; the spares are used up either way. Precondition: no more spares than
+    /// blocks.
+    fn put(&self, blocks: Vec<(u64, Bytes)>, spares: Vec<u64>) -> io::Result<()>;
+    /// Keeps a released block's storage under the id `spare` instead of deleting it, so that
+    /// a later `put` writes over it: true when kept (local stores, where a new file costs
+    /// the allocation of its pages and the old one's deletion their freeing); false where
+    /// there is nothing to keep (S3), and the caller deletes the block. A block already gone
+    /// is NotFound.
+    fn keep_as_spare(&self, id: u64, spare: u64) -> io::Result<bool>;
     /// A block's bytes; NotFound when it is missing.
     fn get(&self, id: u64) -> io::Result<Bytes>;
     /// Deletes a block; a block already gone is no error.
@@ -284,26 +294,55 @@ impl ObjectBlockStore {
 }
 
 impl BlockStore for ObjectBlockStore {
-    fn put(&self, blocks: Vec<(u64, Bytes)>) -> io::Result<()> {
+    fn put(&self, blocks: Vec<(u64, Bytes)>, spares: Vec<u64>) -> io::Result<()> {
+        debug_assert!(spares.len() <= blocks.len());
         let store = &self.store;
-        if self.local_root.is_some() && blocks.len() <= INLINE_PUT_BLOCKS {
-            return self
-                .inline(async {
-                    for (id, data) in blocks {
-                        store.put(&key(id), PutPayload::from(data)).await?;
+        let error = |e| self.error(e);
+        let inline = blocks.len() <= INLINE_PUT_BLOCKS;
+        let spares = spares.into_iter().map(Some).chain(std::iter::repeat(None));
+        let puts = blocks.into_iter().zip(spares);
+        if let Some(root) = &self.local_root
+            && inline
+        {
+            return self.inline(async {
+                for ((id, data), spare) in puts {
+                    match spare {
+                        Some(spare) => write_over(root, spare, id, &data)?,
+                        None => store
+                            .put(&key(id), PutPayload::from(data))
+                            .await
+                            .map(drop)
+                            .map_err(error)?,
                     }
-                    Ok(())
-                })
-                .map_err(|e| self.error(e));
+                }
+                Ok(())
+            });
         }
         let failed = AtomicBool::new(false);
         let failed = &failed;
         self.runtime.block_on(async {
-            let mut puts = futures::stream::iter(blocks.into_iter().map(|(id, data)| async move {
+            let mut puts = futures::stream::iter(puts.map(|((id, data), spare)| async move {
                 if failed.load(Ordering::Relaxed) {
+                    // (The spare is used up: its file goes with the flush's blocks.)
+                    if let (Some(spare), Some(root)) = (spare, &self.local_root) {
+                        let _ = std::fs::remove_file(root.join(key(spare).as_ref()));
+                    }
                     return Ok(());
                 }
-                store.put(&key(id), PutPayload::from(data)).await.map(drop)
+                match (spare, &self.local_root) {
+                    (Some(spare), Some(root)) => {
+                        let root = root.clone();
+                        self.runtime
+                            .spawn_blocking(move || write_over(&root, spare, id, &data))
+                            .await
+                            .map_err(|e| io::Error::other(e.to_string()))?
+                    }
+                    _ => store
+                        .put(&key(id), PutPayload::from(data))
+                        .await
+                        .map(drop)
+                        .map_err(error),
+                }
             }))
             .buffer_unordered(PUTS_IN_FLIGHT);
             // After the first failure no new put starts, and those in flight are awaited,
@@ -318,8 +357,19 @@ impl BlockStore for ObjectBlockStore {
                     first_error.get_or_insert(e);
                 }
             }
-            first_error.map_or(Ok(()), |e| Err(self.error(e)))
+            first_error.map_or(Ok(()), Err)
         })
+    }
+
+    fn keep_as_spare(&self, id: u64, spare: u64) -> io::Result<bool> {
+        let Some(root) = &self.local_root else {
+            return Ok(false);
+        };
+        rename_into(
+            &root.join(key(id).as_ref()),
+            &root.join(key(spare).as_ref()),
+        )?;
+        Ok(true)
     }
 
     fn get(&self, id: u64) -> io::Result<Bytes> {
@@ -469,6 +519,41 @@ impl ObjectBlockStore {
             }
             Ok(())
         })
+    }
+}
+
+/// Writes block `id` over the file of block `spare` (a local store's kept file: its pages
+/// are overwritten, not allocated) and gives the file `id`'s name. On failure neither name
+/// is left (what remains of either would be a block nothing refers to).
+fn write_over(root: &Path, spare: u64, id: u64, data: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let (from, to) = (root.join(key(spare).as_ref()), root.join(key(id).as_ref()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&from)
+        .and_then(|mut file| {
+            file.write_all(data)?;
+            file.set_len(data.len() as u64)
+        })
+        .and_then(|()| rename_into(&from, &to));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&from);
+        let _ = std::fs::remove_file(&to);
+    }
+    written
+}
+
+/// rename(2), making the target's directory first when it is missing (a block directory
+/// `blocks/SESSION/XX` is made by the first block stored in it). NotFound: `from` is gone.
+fn rename_into(from: &Path, to: &Path) -> io::Result<()> {
+    match std::fs::rename(from, to) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && from.exists() => {
+            if let Some(dir) = to.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::rename(from, to)
+        }
+        other => other,
     }
 }
 

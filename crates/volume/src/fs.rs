@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -45,6 +45,10 @@ pub const ORPHAN_GRACE: Duration = Duration::from_secs(2);
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// statfs's usage figures are recomputed at most this often.
 const USAGE_REFRESH: Duration = Duration::from_secs(1);
+/// Spare blocks (`DataPath::release_block`) are deleted once the reaper was this long without
+/// a block to release (a burst of overwrites keeps its spares; a deletion's disk space comes
+/// back within this).
+const SPARES_IDLE: Duration = Duration::from_secs(30);
 /// Changes answered before their commit that may wait for it at once, by default: about
 /// three seconds of a create loop's work on SQLite, thirty batches; each costs about 1 KiB
 /// of memory until it commits (its overlay entries and its queued change).
@@ -417,9 +421,7 @@ impl VolumeFs {
                 .name("lanefs-heartbeat".into())
                 .spawn(move || {
                     let mut last_beat = std::time::Instant::now();
-                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                        beat_rx.recv_timeout(tick)
-                    {
+                    while let Err(RecvTimeoutError::Timeout) = beat_rx.recv_timeout(tick) {
                         if let Some(follower) = &mut changes {
                             follower.poll(&*store);
                             leases.serve_recalls();
@@ -1319,14 +1321,22 @@ fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath, crashed: Vec<u
     }
 }
 
-/// The reaper: makes the commits that released blocks durable, deletes the blocks from the
-/// block store, then forgets their gc rows (a batch of whatever was queued meanwhile shares
-/// one sync).
+/// The reaper: makes the commits that released blocks durable, gives the blocks up (kept as
+/// spares for new blocks to be written over, or deleted: `DataPath::release_block`), then
+/// forgets their gc rows (a batch of whatever was queued meanwhile shares one sync). Spares
+/// left unused for `SPARES_IDLE` are deleted, and at the end.
 fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
     let mut stopping = false;
     while !stopping {
         let mut blocks = Vec::new();
-        let Ok(first) = rx.recv() else { break };
+        let first = match rx.recv_timeout(SPARES_IDLE) {
+            Ok(first) => first,
+            Err(RecvTimeoutError::Timeout) => {
+                data.drop_spares();
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         for msg in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match msg {
                 ReapMsg::Blocks(b) => blocks.extend(b),
@@ -1338,7 +1348,7 @@ fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
         }
         let mut gone = Vec::with_capacity(blocks.len());
         for b in blocks {
-            match data.blocks.delete(b) {
+            match data.release_block(b) {
                 Ok(()) => gone.push(b),
                 Err(e) => tracing::warn!("volume: deleting block {b:016x}: {e} (gc will retry)"),
             }
@@ -1347,6 +1357,7 @@ fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
             tracing::warn!("volume: forgetting deleted blocks: {}", errno_name(e));
         }
     }
+    data.drop_spares();
 }
 
 fn time_of(
@@ -1472,6 +1483,12 @@ impl Filesystem for VolumeFs {
         .into_iter()
         .map(|(name, n)| (name.to_owned(), n.load(Ordering::Relaxed)))
         .collect();
+        counters.extend(
+            self.data
+                .counters()
+                .into_iter()
+                .map(|(name, n)| (name.to_owned(), n)),
+        );
         counters.extend(
             self.dirops
                 .counters()
@@ -2290,7 +2307,7 @@ mod tests {
             let (_, settings) = volume::check(&self.db, true).unwrap();
             let blocks = volume::open_blocks(&self.db, &settings).unwrap();
             let store = Arc::new(SqliteStore::open(&self.db, "test", "/none", 1).unwrap());
-            let data = Arc::new(DataPath::new(blocks, store.session));
+            let data = Arc::new(DataPath::new(blocks, store.session, true));
             (store, data)
         }
 
@@ -2387,7 +2404,10 @@ mod tests {
         let stray = (crashed.session << crate::file::BLOCK_ID_SESSION_SHIFT) + 1000;
         crashed_data
             .blocks
-            .put(vec![(stray, bytes::Bytes::from_static(b"stray"))])
+            .put(
+                vec![(stray, bytes::Bytes::from_static(b"stray"))],
+                Vec::new(),
+            )
             .unwrap();
         let (store, data) = dir.open();
         assert_eq!(store.crashed_sessions(), vec![crashed.session]);

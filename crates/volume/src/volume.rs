@@ -573,7 +573,11 @@ pub fn open_for_mount(
         .clone()
         .unwrap_or_else(|| intent_dir_of(db));
     start_intent_log(&store, &intent_dir, &mut options)?;
-    let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
+    let data = Arc::new(DataPath::new(
+        blocks as Arc<dyn BlockStore>,
+        store.session,
+        true,
+    ));
     Ok(VolumeFs::new(
         Arc::new(store),
         data,
@@ -614,7 +618,11 @@ pub fn open_for_mount_postgres(
         None => default_shared_intent_dir(&settings.uuid)?,
     };
     start_intent_log(&store, &intent_dir, &mut options)?;
-    let data = Arc::new(DataPath::new(blocks as Arc<dyn BlockStore>, store.session));
+    let data = Arc::new(DataPath::new(
+        blocks as Arc<dyn BlockStore>,
+        store.session,
+        false,
+    ));
     options.shared = true;
     options.heartbeat_interval = postgres::HEARTBEAT_INTERVAL;
     Ok(VolumeFs::new(
