@@ -145,8 +145,6 @@ impl BlockCache {
 /// Released blocks a local store keeps for new blocks to be written over: one flush past the
 /// dirty limit (`FILE_DIRTY_MAX_BYTES` of 1 MiB chunks).
 pub const SPARE_BLOCKS_MAX: usize = 64;
-/// Released blocks are kept as spares only this soon after a put (see `DataPath::spares`).
-const SPARES_KEPT_AFTER_PUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Reads of a chunk's stored pieces, when a flush replaced one under the read (see
 /// `FileState::read_stored`).
 const STORED_READ_TRIES: u32 = 16;
@@ -169,11 +167,6 @@ pub struct DataPath {
     /// file and a write over it would not.
     spares: Mutex<Vec<u64>>,
     keep_spares: bool,
-    /// When blocks were last put (ms since `born`, plus 1; 0: never): blocks released while
-    /// nothing is being written (a deletion) are deleted, not kept, so that their disk space
-    /// comes back at once.
-    last_put_ms: AtomicU64,
-    born: std::time::Instant,
     /// Blocks written over a spare since the mount (`lanefs stats`: blocks_written_over).
     written_over: AtomicU64,
 }
@@ -188,8 +181,6 @@ impl DataPath {
             next_block: AtomicU64::new(session << BLOCK_ID_SESSION_SHIFT),
             spares: Mutex::new(Vec::new()),
             written_over: AtomicU64::new(0),
-            last_put_ms: AtomicU64::new(0),
-            born: std::time::Instant::now(),
         }
     }
 
@@ -217,17 +208,16 @@ impl DataPath {
         };
         self.written_over
             .fetch_add(spares.len() as u64, Ordering::Relaxed);
-        // (+1: 0 means never.)
-        self.last_put_ms.store(self.now_ms() + 1, Ordering::Relaxed);
         self.blocks.put(puts, spares)
     }
 
-    /// Gives up a block whose release is durable (the reaper's): kept as a spare while
-    /// blocks were put in the last `SPARES_KEPT_AFTER_PUT`, there are fewer than
-    /// `SPARE_BLOCKS_MAX` and the store can keep it; else deleted. A block already gone is
-    /// no error.
+    /// Gives up a block that a new one replaced, once its release is durable (the
+    /// reaper's): kept as a spare while there are fewer than `SPARE_BLOCKS_MAX` and the store
+    /// can keep it (more writes are likely to follow an overwrite; a deletion's blocks are
+    /// deleted, so their space comes back at once), else deleted. A block already gone is no
+    /// error.
     pub fn release_block(&self, id: u64) -> std::io::Result<()> {
-        if self.keep_spares && self.put_recently() && lock(&self.spares).len() < SPARE_BLOCKS_MAX {
+        if self.keep_spares && lock(&self.spares).len() < SPARE_BLOCKS_MAX {
             let spare = self.new_block_id();
             match self.blocks.keep_as_spare(id, spare) {
                 Ok(true) => {
@@ -240,18 +230,6 @@ impl DataPath {
             }
         }
         self.blocks.delete(id)
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.born.elapsed().as_millis() as u64
-    }
-
-    /// Whether blocks were put within `SPARES_KEPT_AFTER_PUT`.
-    fn put_recently(&self) -> bool {
-        match self.last_put_ms.load(Ordering::Relaxed) {
-            0 => false,
-            at => self.now_ms() + 1 - at < SPARES_KEPT_AFTER_PUT.as_millis() as u64,
-        }
     }
 
     /// Deletes the kept spares (the reaper when idle, and at unmount).

@@ -46,8 +46,8 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// statfs's usage figures are recomputed at most this often.
 const USAGE_REFRESH: Duration = Duration::from_secs(1);
 /// Spare blocks (`DataPath::release_block`) are deleted once the reaper was this long without
-/// a block to release (a burst of overwrites keeps its spares; a deletion's disk space comes
-/// back within this).
+/// a block to release: a burst of overwrites keeps its spares, and the disk space of the last
+/// ones comes back within this.
 const SPARES_IDLE: Duration = Duration::from_secs(30);
 /// Changes answered before their commit that may wait for it at once, by default: about
 /// three seconds of a create loop's work on SQLite, thirty batches; each costs about 1 KiB
@@ -259,6 +259,9 @@ fn dirops_hooks(
 enum ReapMsg {
     /// Blocks released by a commit: delete them from the block store.
     Blocks(Vec<u64>),
+    /// Blocks a flush or a compaction replaced with new ones: kept as spares while more
+    /// writes are likely to come, else deleted (`DataPath::release_block`).
+    Replaced(Vec<u64>),
     /// Unmounting: finish what is queued and end.
     Stop,
 }
@@ -774,6 +777,14 @@ impl VolumeFs {
         let _ = self.reaper.send(ReapMsg::Blocks(blocks));
     }
 
+    /// Gives up blocks that new ones replaced, in the background.
+    fn reap_replaced(&self, blocks: Vec<u64>) {
+        if blocks.is_empty() {
+            return;
+        }
+        let _ = self.reaper.send(ReapMsg::Replaced(blocks));
+    }
+
     /// A new inode named `name` in `parent`, owned by the caller (the store applies a
     /// set-group-ID parent's group inside the create's transaction), its mode and ACLs
     /// from the requested `mode` and the caller's `umask` (DONT_MASK: the kernel leaves
@@ -990,7 +1001,7 @@ impl VolumeFs {
     fn flushed(&self, released: Result<Vec<u64>, Errno>) -> Result<(), Errno> {
         match released {
             Ok(released) => {
-                self.reap(released);
+                self.reap_replaced(released);
                 Ok(())
             }
             Err(e) => {
@@ -1321,14 +1332,16 @@ fn recover_crashed_blocks(store: &dyn MetaStore, data: &DataPath, crashed: Vec<u
     }
 }
 
-/// The reaper: makes the commits that released blocks durable, gives the blocks up (kept as
-/// spares for new blocks to be written over, or deleted: `DataPath::release_block`), then
-/// forgets their gc rows (a batch of whatever was queued meanwhile shares one sync). Spares
-/// left unused for `SPARES_IDLE` are deleted, and at the end.
+/// The reaper: makes the commits that released blocks durable, gives the blocks up (deleted;
+/// those that new blocks replaced may be kept as spares for new blocks to be written over:
+/// `DataPath::release_block`), then forgets their gc rows (a batch of whatever was queued
+/// meanwhile shares one sync). Spares are deleted once it idled for `SPARES_IDLE`, and at
+/// the end.
 fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
     let mut stopping = false;
     while !stopping {
         let mut blocks = Vec::new();
+        let mut replaced = Vec::new();
         let first = match rx.recv_timeout(SPARES_IDLE) {
             Ok(first) => first,
             Err(RecvTimeoutError::Timeout) => {
@@ -1340,15 +1353,18 @@ fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
         for msg in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match msg {
                 ReapMsg::Blocks(b) => blocks.extend(b),
+                ReapMsg::Replaced(b) => replaced.extend(b),
                 ReapMsg::Stop => stopping = true,
             }
         }
-        if blocks.is_empty() || !sync_before_deleting(&*store) {
+        if (blocks.is_empty() && replaced.is_empty()) || !sync_before_deleting(&*store) {
             continue;
         }
-        let mut gone = Vec::with_capacity(blocks.len());
-        for b in blocks {
-            match data.release_block(b) {
+        let mut gone = Vec::with_capacity(blocks.len() + replaced.len());
+        let freed = blocks.into_iter().map(|b| (b, data.blocks.delete(b)));
+        let replaced = replaced.into_iter().map(|b| (b, data.release_block(b)));
+        for (b, result) in freed.chain(replaced) {
+            match result {
                 Ok(()) => gone.push(b),
                 Err(e) => tracing::warn!("volume: deleting block {b:016x}: {e} (gc will retry)"),
             }
@@ -1907,7 +1923,7 @@ impl Filesystem for VolumeFs {
         {
             return self.answer_off_queue(reply, move |fs, reply| {
                 match state.compact(&fs.data, &*fs.store, crate::file::COMPACT_AT_CLOSE_SLICES) {
-                    Ok(released) => fs.reap(released),
+                    Ok(released) => fs.reap_replaced(released),
                     Err(e) => tracing::warn!(
                         "volume: compacting inode {ino} at its last close: {} (its next flush of those chunks will)",
                         errno_name(e)
