@@ -3,7 +3,8 @@
 //! bucket prefix (AWS or any S3-compatible server). The async runtime object_store needs
 //! lives inside `ObjectBlockStore` and nowhere else: callers block on it from their own
 //! thread. A local directory's reads, small writes and their fsyncs run on the caller's
-//! own thread instead (`ObjectBlockStore::inline`).
+//! own thread instead (`ObjectBlockStore::inline`), and a local directory keeps released
+//! blocks' files for new blocks to be written over (`keep_as_spare`, `write_over`).
 
 use std::collections::{BTreeSet, HashSet};
 use std::io;
@@ -66,11 +67,10 @@ pub const S3_BACKOFF_FIRST: Duration = Duration::from_millis(100);
 pub const S3_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 pub trait BlockStore: Send + Sync + 'static {
-    /// Stores the blocks (in parallel); all of them are stored when it returns Ok.
-    /// Stores new blocks. The first `spares.len()` of them are written over those blocks'
-    /// files (released blocks this store kept, see `keep_as_spare`), which then take the new
-    /// blocks' names; the spares are used up either way. Precondition: no more spares than
-    /// blocks.
+    /// Stores the blocks (in parallel); all of them are stored when it returns Ok. The first
+    /// `spares.len()` are written over those spares' files (released blocks this store kept,
+    /// see `keep_as_spare`), which then take the new blocks' names; the spares are used up
+    /// either way. Precondition: no more spares than blocks.
     fn put(&self, blocks: Vec<(u64, Bytes)>, spares: Vec<u64>) -> io::Result<()>;
     /// Keeps a released block's storage under the id `spare` instead of deleting it, so that
     /// a later `put` writes over it: true when kept (local stores, where a new file costs
