@@ -305,17 +305,25 @@ impl BlockStore for ObjectBlockStore {
             && inline
         {
             return self.inline(async {
+                let mut result = Ok(());
                 for ((id, data), spare) in puts {
-                    match spare {
-                        Some(spare) => write_over(root, spare, id, &data)?,
-                        None => store
+                    result = match (&result, spare) {
+                        // After a failure the spares left are used up all the same.
+                        (Err(_), spare) => {
+                            if let Some(spare) = spare {
+                                let _ = std::fs::remove_file(root.join(key(spare).as_ref()));
+                            }
+                            continue;
+                        }
+                        (Ok(()), Some(spare)) => write_over(root, spare, id, &data),
+                        (Ok(()), None) => store
                             .put(&key(id), PutPayload::from(data))
                             .await
                             .map(drop)
-                            .map_err(error)?,
-                    }
+                            .map_err(error),
+                    };
                 }
-                Ok(())
+                result
             });
         }
         let failed = AtomicBool::new(false);
@@ -323,7 +331,7 @@ impl BlockStore for ObjectBlockStore {
         self.runtime.block_on(async {
             let mut puts = futures::stream::iter(puts.map(|((id, data), spare)| async move {
                 if failed.load(Ordering::Relaxed) {
-                    // (The spare is used up: its file goes with the flush's blocks.)
+                    // (The spare is used up all the same: its file goes.)
                     if let (Some(spare), Some(root)) = (spare, &self.local_root) {
                         let _ = std::fs::remove_file(root.join(key(spare).as_ref()));
                     }
