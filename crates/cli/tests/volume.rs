@@ -963,14 +963,7 @@ fn a_full_data_directory_gives_enospc_at_fsync_and_loses_nothing_acknowledged() 
     let tmpfs = common::Tmpfs::new("3M");
     let dir = TempDir::new("vol-full");
     let db = dir.path().join("vol.db");
-    let data = tmpfs.path.join("data");
-    let out = lanefs(&[
-        "format",
-        db.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::volume::format_volume(&db, &tmpfs.path.join("data"));
     let m = common::Mount::start(db.to_str().unwrap(), &[]);
     let mut kept = std::fs::File::create(m.path("kept")).unwrap();
     kept.write_all(&content(1, MIB)).unwrap();
@@ -1437,22 +1430,15 @@ fn fio_verify_of_fsynced_random_rewrites_reads_back_after_remount() {
 
 /// Blocks released by overwrites are kept as spares and written over by the next flush
 /// (`blocks_written_over`); a kill -9 while spares are kept leaves nothing for fsck once the
-/// next mount has cleaned up after the dead session, and a clean unmount deletes them: the
-/// data directory then holds the file's blocks only.
+/// next mount has cleaned up after the dead session, and a clean unmount deletes them (fsck
+/// finds no block that nothing refers to).
 #[test]
 fn released_blocks_are_written_over_and_a_kill_9_leaves_none_behind() {
     // On a tmpfs of its own: the reaper keeps spares after a sync of the database, which
     // on a disk busy with another test's writes (the kernel tree) waited over a minute.
     let tmpfs = common::Tmpfs::new("256M");
     let db = tmpfs.path.join("vol.db");
-    let data = tmpfs.path.join("data");
-    let out = lanefs(&[
-        "format",
-        db.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::volume::format_volume(&db, &tmpfs.path.join("data"));
     let mount = || common::Mount::start(db.to_str().unwrap(), &[]);
     let m = mount();
     let rewrite = |m: &common::Mount, i: usize| {

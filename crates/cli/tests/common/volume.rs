@@ -54,7 +54,8 @@ impl Volume {
     }
 }
 
-fn format_volume(db: &Path, data: &Path) {
+/// `lanefs format DB --data DATA`, which must succeed.
+pub fn format_volume(db: &Path, data: &Path) {
     let out = Command::new(lanefs())
         .arg("format")
         .arg(db)
