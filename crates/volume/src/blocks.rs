@@ -535,9 +535,13 @@ impl ObjectBlockStore {
 /// is left (what remains of either would be a block nothing refers to).
 fn write_over(root: &Path, spare: u64, id: u64, data: &[u8]) -> io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let (from, to) = (root.join(key(spare).as_ref()), root.join(key(id).as_ref()));
+    // (O_NOFOLLOW: the spare is a file this store renamed there; a link in its place is not
+    // followed out of the data directory.)
     let written = std::fs::OpenOptions::new()
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&from)
         .and_then(|mut file| {
             file.write_all(data)?;

@@ -206,9 +206,10 @@ impl DataPath {
             let keep = spares.len().saturating_sub(puts.len());
             spares.split_off(keep)
         };
-        self.written_over
-            .fetch_add(spares.len() as u64, Ordering::Relaxed);
-        self.blocks.put(puts, spares)
+        let used = spares.len() as u64;
+        self.blocks.put(puts, spares)?;
+        self.written_over.fetch_add(used, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Gives up a block that a new one replaced, once its release is durable (the

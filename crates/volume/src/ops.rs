@@ -258,8 +258,10 @@ pub fn getattrs(tx: &mut dyn Tx, inos: &[u64]) -> Result<Vec<InodeRec>, Errno> {
 pub fn xattr_names_of(tx: &mut dyn Tx, inos: &[u64]) -> Result<InodesXattrNames, Errno> {
     let mut names: HashMap<u64, Vec<Vec<u8>>> = inos.iter().map(|&ino| (ino, Vec::new())).collect();
     for row in rows_of_inodes(tx, XATTR_NAMES_SQL.as_str(), inos)? {
-        if let Some(of) = names.get_mut(&row.u64(0)?) {
-            of.extend(callers_names(std::slice::from_ref(&row), 1)?);
+        if let Some(of) = names.get_mut(&row.u64(0)?)
+            && let Some(name) = callers_name(&row, 1)?
+        {
+            of.push(name);
         }
     }
     // In `listxattr`'s order, whichever read a LISTXATTR is answered from.
@@ -325,17 +327,18 @@ pub fn listxattr(tx: &mut dyn Tx, ino: u64) -> Result<Vec<Vec<u8>>, Errno> {
     Ok(callers_names(&rows, 0)?)
 }
 
-/// Column `at` of `rows`, xattr names, but the row of the `chattr` flags (`FILEATTR_XATTR`),
-/// which callers neither list nor get.
+/// Column `at` of `row`, an xattr name, unless it is the row of the `chattr` flags
+/// (`FILEATTR_XATTR`), which callers neither list nor get.
+fn callers_name(row: &Row, at: usize) -> Result<Option<Vec<u8>>, DbError> {
+    let name = row.bytes(at)?;
+    Ok((name != FILEATTR_XATTR).then_some(name))
+}
+
+/// `callers_name` of each of `rows`.
 fn callers_names(rows: &[Row], at: usize) -> Result<Vec<Vec<u8>>, DbError> {
-    let mut names = Vec::with_capacity(rows.len());
-    for row in rows {
-        let name = row.bytes(at)?;
-        if name != FILEATTR_XATTR {
-            names.push(name);
-        }
-    }
-    Ok(names)
+    rows.iter()
+        .filter_map(|row| callers_name(row, at).transpose())
+        .collect()
 }
 
 /// The inode, its inline bytes, its chunk map, its slices and its xattr names (the caller
