@@ -630,6 +630,146 @@ fn corrupt_and_missing_blocks_give_eio_and_a_log_line() {
     m.unmount();
 }
 
+/// A crafted or damaged database (rows written by hand, not by lanefs): rows no file can
+/// have fail their file's reads with EIO and a log line, never the daemon (a chunk of
+/// 2^40 bytes was an allocation of that size: the daemon aborted); bytes stored past a
+/// file's size stay gone; a listing skips a name no file can have instead of ending or
+/// failing there; a session counter past what block ids can number refuses the mount;
+/// fsck reports each and its repair leaves a volume that reads.
+#[test]
+fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
+    use std::os::unix::fs::FileExt;
+    let volume = Volume::format("crafted");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("huge"), content(1, 2 * MIB)).unwrap();
+    std::fs::write(m.path("past-size"), b"0123456789").unwrap();
+    std::fs::create_dir(m.path("dir")).unwrap();
+    for name in ["a", "b", "c"] {
+        std::fs::write(m.path(&format!("dir/{name}")), name).unwrap();
+    }
+    let (huge, past_size, dir) = (
+        ino(&m.path("huge")),
+        ino(&m.path("past-size")),
+        ino(&m.path("dir")),
+    );
+    m.unmount();
+
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    db.execute(
+        "UPDATE chunks SET len = ? WHERE ino = ? AND idx = 1",
+        [1i64 << 40, huge],
+    )
+    .unwrap();
+    db.execute(
+        "INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
+         SELECT ino, 0, 99, ?, 1, block, crc FROM chunks WHERE ino = ? AND idx = 0",
+        [1i64 << 40, huge],
+    )
+    .unwrap();
+    db.execute(
+        "UPDATE inodes SET inline_data = ? WHERE ino = ?",
+        rusqlite::params![b"0123456789stale bytes".to_vec(), past_size],
+    )
+    .unwrap();
+    db.execute(
+        "UPDATE entries SET name = ? WHERE parent = ? AND name = ?",
+        rusqlite::params![b"x/y".to_vec(), dir, b"b".to_vec()],
+    )
+    .unwrap();
+    let next_session: i64 = db
+        .query_row(
+            "SELECT value FROM counters WHERE name = 'next_session'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    db.execute(
+        "UPDATE counters SET value = ? WHERE name = 'next_session'",
+        [(1i64 << 24) + 5],
+    )
+    .unwrap();
+
+    let mnt = TempDir::new("crafted-mnt");
+    let out = lanefs(&[
+        "mount",
+        volume.source(),
+        mnt.path().to_str().unwrap(),
+        "--daemon",
+    ]);
+    if out.status.success() {
+        lanefs(&["umount", mnt.path().to_str().unwrap()]);
+        panic!("a volume whose next session number wraps block ids was mounted");
+    }
+    assert!(stderr(&out).contains("next_session"), "{}", stderr(&out));
+    db.execute(
+        "UPDATE counters SET value = ? WHERE name = 'next_session'",
+        [next_session],
+    )
+    .unwrap();
+    drop(db);
+
+    let log = volume.dir.path().join("daemon.log");
+    let m = volume.mount(&["--log", log.to_str().unwrap()]);
+    let err = std::fs::read(m.path("huge")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "reading huge: {err}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains(&format!(
+            "inode {huge}: chunk 1 of 1099511627776 bytes is out of range"
+        )),
+        "{logged}"
+    );
+    // The daemon lives on, and the bytes past the size did not come back with it.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("past-size"))
+        .unwrap();
+    f.set_len(21).unwrap();
+    let mut read = vec![0; 21];
+    f.read_exact_at(&mut read, 0).unwrap();
+    assert_eq!(read, b"0123456789\0\0\0\0\0\0\0\0\0\0\0");
+    f.set_len(10).unwrap();
+    drop(f);
+    assert_eq!(sorted_names(&m.path("dir")), ["a", "c"]);
+    m.unmount();
+
+    let (ok, report) = volume.fsck(false);
+    assert!(!ok, "fsck passed a damaged volume:\n{report}");
+    for expected in [
+        format!("inode {huge} has a chunk out of range"),
+        format!("inode {huge} has a slice out of range"),
+        format!("entry \"x/y\" in directory {dir}"),
+    ] {
+        assert!(
+            report.contains(&expected),
+            "fsck did not report {expected:?}:\n{report}"
+        );
+    }
+    let (ok, report) = volume.fsck(true);
+    assert!(ok, "{report}");
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    let read = std::fs::read(m.path("huge")).unwrap();
+    assert!(read[..MIB] == content(1, 2 * MIB)[..MIB]);
+    assert!(
+        read[MIB..].iter().all(|&b| b == 0),
+        "the dropped chunk reads as a hole"
+    );
+    let names = sorted_names(&m.path("dir"));
+    assert_eq!(names.len(), 3, "{names:?}");
+    let renamed = names
+        .iter()
+        .find(|n| n.starts_with("bad-name-"))
+        .expect("the renamed entry");
+    assert_eq!(
+        std::fs::read(m.path(&format!("dir/{renamed}"))).unwrap(),
+        b"b"
+    );
+    m.unmount();
+    volume.assert_clean();
+}
+
 #[test]
 fn small_files_write_no_object() {
     let volume = Volume::format("inline");
@@ -4198,6 +4338,98 @@ mod on_postgres {
     /// A file unlinked on one mount while open on another stays readable there until that
     /// close (the other mount holds the orphan), and is freed after it; an unlinked file no
     /// mount has open is freed after the grace period.
+    /// Close-to-open for a file that stays open on b: an open on b after a's close sees
+    /// a's bytes, though b's first open loaded the file before a wrote (a's write is a
+    /// slice over a block b still has, so only a stale view could read the old bytes).
+    #[test]
+    fn an_open_sees_another_mounts_close_while_the_file_is_open_already() {
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        let Some(volume) = Volume::format_on_postgres("reopen") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        let mut data = content(5, 2 * 1024 * KIB);
+        std::fs::write(a.path("f"), &data).unwrap();
+        let held = std::fs::File::open(b.path("f")).unwrap();
+        let mut first = vec![0; 4096];
+        held.read_exact_at(&mut first, 0).unwrap();
+        assert!(first == data[..4096]);
+        let patch = b"written on a while b had the file open";
+        let on_a = std::fs::OpenOptions::new()
+            .write(true)
+            .open(a.path("f"))
+            .unwrap();
+        on_a.write_all_at(patch, 100).unwrap();
+        drop(on_a);
+        data[100..100 + patch.len()].copy_from_slice(patch);
+        // O_DIRECT: read from b's daemon, not from pages b's kernel may still hold.
+        let reopened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(b.path("f"))
+            .unwrap();
+        let mut read = vec![0; data.len()];
+        reopened.read_exact_at(&mut read, 0).unwrap();
+        assert!(
+            read[..4096] == data[..4096],
+            "an open on b after a's close read {:?}",
+            String::from_utf8_lossy(&read[100..100 + patch.len()])
+        );
+        assert!(read == data);
+        drop((held, reopened));
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// A file open on b while a rewrites it: a frees the blocks b's view of the file still
+    /// names. b's next read of them reads the file's view again from the database and
+    /// returns a's bytes (close-to-open asks no more of an open file, and no less than the
+    /// bytes that were there: never EIO).
+    #[test]
+    fn a_read_of_blocks_another_mount_replaced_reads_the_new_ones() {
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        let Some(volume) = Volume::format_on_postgres("replaced") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        let old = content(3, 3 * 1024 * KIB);
+        std::fs::write(a.path("f"), &old).unwrap();
+        let old_blocks = block_files(&volume.data);
+        assert!(old_blocks.len() >= 3, "{old_blocks:?}");
+        // O_DIRECT: every read reaches b's daemon, none is answered from b's page cache.
+        let on_b = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(b.path("f"))
+            .unwrap();
+        let new = content(4, old.len());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(a.path("f"))
+            .unwrap()
+            .write_all_at(&new, 0)
+            .unwrap();
+        let freed = wait_until(Duration::from_secs(10), || {
+            old_blocks.iter().all(|path| !path.exists())
+        });
+        assert!(
+            freed,
+            "a kept the blocks it replaced: {:?}",
+            block_files(&volume.data)
+        );
+        let mut read = vec![0; old.len()];
+        on_b.read_exact_at(&mut read, 0)
+            .expect("reading on b blocks that a replaced");
+        assert!(read == new, "b read other bytes than a wrote");
+        drop(on_b);
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     #[test]
     fn a_file_unlinked_on_one_mount_stays_readable_where_it_is_open() {
         let Some(volume) = Volume::format_on_postgres("unlinked") else {

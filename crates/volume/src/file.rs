@@ -10,7 +10,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use bytes::Bytes;
 
 use crate::blocks::{BlockStore, checksum};
-use crate::meta::{self, ChunkRec, DataUpdate, Errno, FileRec, InlineUpdate, MetaStore, SliceRec};
+use crate::meta::{
+    self, ChunkRec, DataUpdate, Errno, FileRec, InlineUpdate, InodeRec, MetaStore, SliceRec,
+};
 
 /// A file is cut into chunks of this size; a chunk's content is one block and the slices
 /// laid over it (see ARCHITECTURE.md, "Data", for why 1 MiB).
@@ -325,6 +327,42 @@ struct Committed {
 }
 
 impl Committed {
+    /// The view of `rec` (its rows checked by `ops::check_file_rows`). Bytes that rows
+    /// hold past the file's size are not the file's (a later extension reads zeros
+    /// there): they are cut here, so that no read or write can bring them back.
+    fn of(rec: FileRec) -> Committed {
+        let size = rec.attr.size;
+        // How much of chunk `idx` lies within the size, from `pos` on.
+        let room = |idx: u64, pos: u64| size.saturating_sub(idx * CHUNK_BYTES + pos);
+        let mut c = Committed {
+            inline: rec.inline.map(|mut b| {
+                b.truncate(b.len().min(size as usize));
+                Bytes::from(b)
+            }),
+            chunks: rec
+                .chunks
+                .into_iter()
+                .filter(|c| room(c.idx, 0) > 0)
+                .map(|c| {
+                    let len = c.len.min(room(c.idx, 0));
+                    (c.idx, ChunkRec { len, ..c })
+                })
+                .collect(),
+            slices: BTreeMap::new(),
+        };
+        for slice in rec.slices {
+            let room = room(slice.idx, slice.pos);
+            if room > 0 {
+                let len = slice.len.min(room);
+                c.slices
+                    .entry(slice.idx)
+                    .or_default()
+                    .push(SliceRec { len, ..slice });
+            }
+        }
+        c
+    }
+
     /// A committed change, applied here as the store applied it (same fields, same order).
     fn apply(&mut self, u: DataUpdate) {
         self.inline = u.inline.map(Bytes::from);
@@ -535,6 +573,9 @@ impl EarlyCommit {
     }
 }
 
+/// Reads the file's record from the store again (`FileState::read`).
+pub type Reload<'a> = &'a dyn Fn() -> Result<FileRec, Errno>;
+
 /// Queues a file's data change for commit without waiting; the callback runs with the
 /// errno if the commit fails.
 pub type QueueEarly<'a> = &'a dyn Fn(InlineUpdate, Box<dyn FnOnce(Errno) + Send>);
@@ -591,14 +632,27 @@ impl FileState {
                 );
             }
             self.size.store(rec.attr.size, Ordering::Relaxed);
-            let mut c = write_lock(&self.committed);
-            c.inline = rec.inline.map(Bytes::from);
-            c.chunks = rec.chunks.into_iter().map(|c| (c.idx, c)).collect();
-            for slice in rec.slices {
-                c.slices.entry(slice.idx).or_default().push(slice);
-            }
+            *write_lock(&self.committed) = Committed::of(rec);
             Ok(())
         })
+    }
+
+    /// Replaces the committed view with the store's current one, `reload`'s read, and
+    /// returns the inode's attributes as read with it. On a shared volume another mount may
+    /// have changed the file since this mount's first open loaded it: a later open (close-
+    /// to-open) and a read of a block the other mount replaced and deleted call this. Waits
+    /// for a flush in progress (so the read cannot predate one of this mount's commits that
+    /// the view has), and takes the size too when nothing is unflushed here.
+    pub fn reload(&self, reload: Reload<'_>) -> Result<InodeRec, Errno> {
+        let _flushing = lock(&self.flushing);
+        let rec = reload()?;
+        let _gate = write_lock(&self.gate);
+        if lock(&self.dirty).is_empty() {
+            self.size.store(rec.attr.size, Ordering::Relaxed);
+        }
+        let attr = rec.attr.clone();
+        *write_lock(&self.committed) = Committed::of(rec);
+        Ok(attr)
     }
 
     pub fn size(&self) -> u64 {
@@ -646,7 +700,7 @@ impl FileState {
             c.extent(idx)
         };
         let mut bytes = vec![0; extent as usize];
-        self.read_stored(dp, idx, 0, &mut bytes)?;
+        self.read_stored(dp, idx, 0, &mut bytes, None)?;
         Ok(bytes)
     }
 
@@ -658,12 +712,16 @@ impl FileState {
     /// write a new block over one kept as a spare). A block that fails to read and that the
     /// view no longer holds was such a replaced one: the read starts again from the new
     /// view (at most `STORED_READ_TRIES` times, each after a commit of this chunk).
+    /// One that the view still holds may have been replaced by another mount of a shared
+    /// volume: with `reload`, the view is read again from the store once, and the read
+    /// starts again from it; a block that the store's view names and that fails is lost.
     fn read_stored(
         &self,
         dp: &DataPath,
         idx: u64,
         within: usize,
         dst: &mut [u8],
+        mut reload: Option<Reload<'_>>,
     ) -> Result<(), Errno> {
         let mut tries = 0;
         'view: loop {
@@ -693,6 +751,16 @@ impl FileState {
                             .any(|(_, _, b)| b.id == block.id);
                         if replaced && tries < STORED_READ_TRIES {
                             continue 'view;
+                        }
+                        if !replaced && let Some(reload) = reload.take() {
+                            match self.reload(reload) {
+                                Ok(_) => continue 'view,
+                                Err(e) => tracing::warn!(
+                                    "volume: reading inode {} again from the store: {}",
+                                    self.ino,
+                                    std::io::Error::from_raw_os_error(e)
+                                ),
+                            }
                         }
                         return Err(fault.report(self.ino, idx, block.id));
                     }
@@ -783,7 +851,15 @@ impl FileState {
     }
 
     /// Up to `len` bytes at `offset` (fewer at the end of the file).
-    pub fn read(&self, dp: &DataPath, offset: u64, len: u32) -> Result<Vec<u8>, Errno> {
+    /// Reads `len` bytes at `offset`. On a shared volume the caller passes `reload`, the
+    /// store's current record of the file (see `read_stored`).
+    pub fn read(
+        &self,
+        dp: &DataPath,
+        offset: u64,
+        len: u32,
+        reload: Option<Reload<'_>>,
+    ) -> Result<Vec<u8>, Errno> {
         let size = self.size();
         if offset >= size {
             return Ok(Vec::new());
@@ -803,7 +879,7 @@ impl FileState {
             if let Some(buf) = dirty {
                 copy_part(dst, &lock(&buf).bytes, within);
             } else {
-                self.read_stored(dp, idx, within, dst)?;
+                self.read_stored(dp, idx, within, dst, reload)?;
             }
             pos += n as u64;
         }
@@ -1577,7 +1653,9 @@ mod tests {
         let data = pattern(3 * CHUNK_BYTES as usize + 100, 1);
         file.write(&f.data, 10, &data, true, 5).unwrap();
         let expect = |state: &FileState| {
-            let got = state.read(&f.data, 0, data.len() as u32 + 50).unwrap();
+            let got = state
+                .read(&f.data, 0, data.len() as u32 + 50, None)
+                .unwrap();
             assert_eq!(got.len(), data.len() + 10);
             assert!(got[..10].iter().all(|b| *b == 0));
             assert!(got[10..] == data[..]);
@@ -1593,7 +1671,7 @@ mod tests {
         assert_eq!(released.len(), 0);
         let got = f
             .reopen(file.ino)
-            .read(&f.data, CHUNK_BYTES + 7, 3)
+            .read(&f.data, CHUNK_BYTES + 7, 3, None)
             .unwrap();
         assert_eq!(got, b"xyz");
     }
@@ -1623,10 +1701,12 @@ mod tests {
         let check = |model: &[u8], what: &str| {
             for state in [&file, &f.reopen(file.ino)] {
                 assert_eq!(state.size(), model.len() as u64, "{what}");
-                let got = state.read(&f.data, 0, model.len() as u32 + 10).unwrap();
+                let got = state
+                    .read(&f.data, 0, model.len() as u32 + 10, None)
+                    .unwrap();
                 assert!(got == model, "{what}: bytes differ");
                 // Unaligned reads across slice edges.
-                let got = state.read(&f.data, 36_990, 5000).unwrap();
+                let got = state.read(&f.data, 36_990, 5000, None).unwrap();
                 assert!(got[..] == model[36_990..41_990], "{what}: a partial read");
             }
         };
@@ -1806,7 +1886,7 @@ mod tests {
                         let mut reads = 0;
                         while !stop.load(Ordering::Relaxed) {
                             let got = file
-                                .read(&data, 0, CHUNK_BYTES as u32)
+                                .read(&data, 0, CHUNK_BYTES as u32, None)
                                 .expect("a read racing a flush");
                             assert!(got.iter().all(|b| *b == got[0]), "a torn read");
                             reads += 1;
@@ -1905,7 +1985,7 @@ mod tests {
             (before.size, before.mtime_ns, before.ctime_ns)
         );
         for state in [&file, &f.reopen(file.ino)] {
-            let got = state.read(&f.data, 0, model.len() as u32).unwrap();
+            let got = state.read(&f.data, 0, model.len() as u32, None).unwrap();
             assert!(got == model, "bytes differ after compaction");
         }
     }
@@ -1937,7 +2017,7 @@ mod tests {
         assert_eq!(again.seek(CHUNK_BYTES, libc::SEEK_DATA), Err(libc::ENXIO));
         assert!(
             again
-                .read(&f.data, CHUNK_BYTES, 4096)
+                .read(&f.data, CHUNK_BYTES, 4096, None)
                 .unwrap()
                 .iter()
                 .all(|b| *b == 0)
@@ -1980,15 +2060,22 @@ mod tests {
         file.flush(&f.data, &*f.store).unwrap();
         let again = f.reopen(file.ino);
         assert_eq!(again.size(), 2 * TIB);
-        assert_eq!(again.read(&f.data, 0, 5).unwrap(), pattern(5, 1));
+        assert_eq!(again.read(&f.data, 0, 5, None).unwrap(), pattern(5, 1));
         for at in [5, 7 * CHUNK_BYTES + 3, 3 * CHUNK_BYTES, TIB / 2, TIB - 10] {
             assert!(
-                again.read(&f.data, at, 15).unwrap().iter().all(|b| *b == 0),
+                again
+                    .read(&f.data, at, 15, None)
+                    .unwrap()
+                    .iter()
+                    .all(|b| *b == 0),
                 "data left at {at}"
             );
         }
         // The punch ends at TIB + 5, where the last write begins: it stays.
-        assert_eq!(again.read(&f.data, TIB + 5, 20).unwrap(), pattern(20, 5));
+        assert_eq!(
+            again.read(&f.data, TIB + 5, 20, None).unwrap(),
+            pattern(20, 5)
+        );
         // Stored chunks are data up to their length (chunk 0 keeps its 20 bytes, 15 of them
         // zeros); everything punched in between is a hole.
         assert_eq!(again.seek(20, libc::SEEK_DATA), Ok(TIB));
@@ -2029,7 +2116,7 @@ mod tests {
         );
         // The write's bytes are still to be flushed, then stored.
         assert_eq!(
-            file.read(&f.data, 5 * CHUNK_BYTES + 3, 6).unwrap(),
+            file.read(&f.data, 5 * CHUNK_BYTES + 3, 6, None).unwrap(),
             b"during"
         );
         assert!(
@@ -2039,13 +2126,13 @@ mod tests {
         file.flush(&f.data, &*f.store).unwrap();
         let again = f.reopen(file.ino);
         assert_eq!(
-            again.read(&f.data, 5 * CHUNK_BYTES + 3, 6).unwrap(),
+            again.read(&f.data, 5 * CHUNK_BYTES + 3, 6, None).unwrap(),
             b"during"
         );
         let mut expect = pattern(chunks * CHUNK_BYTES as usize, 1);
         expect[5 * CHUNK_BYTES as usize + 3..][..6].copy_from_slice(b"during");
         let got = again
-            .read(&f.data, 0, (chunks * CHUNK_BYTES as usize) as u32)
+            .read(&f.data, 0, (chunks * CHUNK_BYTES as usize) as u32, None)
             .unwrap();
         assert!(got == expect, "the file differs after the two flushes");
     }
@@ -2077,8 +2164,8 @@ mod tests {
         );
         file.flush(&f.data, &*f.store).unwrap();
         let again = f.reopen(file.ino);
-        assert!(again.read(&f.data, at, CHUNK_BYTES as u32).unwrap() == tail);
-        assert!(again.read(&f.data, 0, big.len() as u32).unwrap() == big);
+        assert!(again.read(&f.data, at, CHUNK_BYTES as u32, None).unwrap() == tail);
+        assert!(again.read(&f.data, 0, big.len() as u32, None).unwrap() == big);
     }
 
     #[test]
@@ -2109,7 +2196,7 @@ mod tests {
         let rec = f.store.load_file(0, file.ino).unwrap();
         assert_eq!(rec.inline, None);
         assert_eq!(rec.chunks.len(), 1);
-        let back = f.reopen(file.ino).read(&f.data, 0, 8).unwrap();
+        let back = f.reopen(file.ino).read(&f.data, 0, 8, None).unwrap();
         assert_eq!(&back[..5], b"hello");
         assert_eq!(&back[5..], &[0, 0, 0]);
     }
@@ -2126,7 +2213,9 @@ mod tests {
             .unwrap();
         let again = f.reopen(file.ino);
         assert_eq!(again.size(), 2 * CHUNK_BYTES);
-        let got = again.read(&f.data, 0, 2 * CHUNK_BYTES as u32).unwrap();
+        let got = again
+            .read(&f.data, 0, 2 * CHUNK_BYTES as u32, None)
+            .unwrap();
         assert!(got[..100] == pattern(100, 3)[..]);
         assert!(
             got[100..].iter().all(|b| *b == 0),

@@ -16,7 +16,7 @@ use lanefs_fuse::{DirBuffer, Filesystem, InitRequest, Reply, Request};
 
 use crate::acl;
 use crate::dirops::{self, AsyncDirops, ErrorReport};
-use crate::file::{DataPath, FileState};
+use crate::file::{DataPath, FileState, Reload};
 use crate::meta::*;
 use crate::now_ns;
 use crate::volume::VolumeLock;
@@ -1084,23 +1084,29 @@ impl VolumeFs {
 
     /// Opens regular file `ino`. The first open of a file reads its record with its content
     /// (one read transaction), and its checks use that record; a file open already is read
-    /// again for them.
+    /// again for them: its attributes, and on a shared volume its content too (close-to-open:
+    /// another mount may have changed it since this mount's first open).
     fn open_file(&self, req: &Request, ino: u64, flags: u32) -> Result<abi::OpenOut, Errno> {
         let state = self.open_existing(ino);
-        let mut read_now = None;
         let names_since = self.xattr_names.generation(ino);
-        let loaded = state.load(|| {
+        let load = || {
             let file = self.store.load_file(req.queue, ino)?;
-            read_now = Some(file.attr.clone());
             if let Some(names) = &file.xattr_names {
                 self.xattr_names
                     .set_read(ino, Arc::from(&names[..]), names_since);
             }
             Ok(file)
+        };
+        let mut first = None;
+        let loaded = state.load(|| {
+            let file = load()?;
+            first = Some(file.attr.clone());
+            Ok(file)
         });
         let checked = loaded
-            .and_then(|()| match read_now {
+            .and_then(|()| match first {
                 Some(rec) => Ok(rec),
+                None if self.options.shared => state.reload(&load),
                 None => self.store.getattr(req.queue, ino),
             })
             .and_then(|rec| match rec {
@@ -1828,7 +1834,11 @@ impl Filesystem for VolumeFs {
         let Some(state) = self.open.get(ino) else {
             return reply.error(libc::EBADF);
         };
-        match state.read(&self.data, arg.offset, arg.size) {
+        // On a shared volume, another mount may have replaced blocks this mount's view of
+        // the open file still names: a read that misses one reads the view again.
+        let reload = || self.store.load_file(req.queue, ino);
+        let reload = self.options.shared.then_some(&reload as Reload<'_>);
+        match state.read(&self.data, arg.offset, arg.size, reload) {
             Ok(bytes) => self.reply_read(req.queue, ino, arg.fh, bytes, reply),
             Err(e) => reply.error(e),
         }

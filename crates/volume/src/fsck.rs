@@ -13,9 +13,11 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use crate::blocks::{BlockStore, ObjectBlockStore};
+use crate::file::{CHUNK_BYTES, MAX_FILE_BYTES};
 use crate::meta::ROOT_INO;
+use crate::ops;
 use crate::postgres::{self, PgConn, PgTarget};
-use crate::sql::{DbError, Tx, args};
+use crate::sql::{Arg, DbError, Tx, args};
 use crate::sqlite::SqliteConn;
 use crate::store::Conn;
 use crate::volume::{self, Settings, VolumeLock};
@@ -175,6 +177,29 @@ fn problem(report: &mut Report, progress: &mut dyn FnMut(&str), line: String) {
     report.problems.push(line);
 }
 
+/// Data rows that no file can have: what each is, the inodes that have one, its deletion
+/// (of the inode's, the inode first), and the limits both take.
+const OUT_OF_RANGE_ROWS: [(&str, &str, &str, &[u64]); 3] = [
+    (
+        "a chunk",
+        "SELECT DISTINCT ino FROM chunks WHERE idx >= ? OR len > ?",
+        "DELETE FROM chunks WHERE ino = ? AND (idx >= ? OR len > ?)",
+        &[MAX_FILE_BYTES / CHUNK_BYTES, CHUNK_BYTES],
+    ),
+    (
+        "a slice",
+        "SELECT DISTINCT ino FROM slices WHERE idx >= ? OR pos >= ? OR len > ? - pos",
+        "DELETE FROM slices WHERE ino = ? AND (idx >= ? OR pos >= ? OR len > ? - pos)",
+        &[MAX_FILE_BYTES / CHUNK_BYTES, CHUNK_BYTES, CHUNK_BYTES],
+    ),
+    (
+        "inline bytes longer than a chunk",
+        "SELECT ino FROM inodes WHERE length(inline_data) > ?",
+        "UPDATE inodes SET inline_data = NULL WHERE ino = ? AND length(inline_data) > ?",
+        &[CHUNK_BYTES],
+    ),
+];
+
 /// Where a freed inode's rows are.
 const DELETE_INODE_ROWS: [&str; 6] = [
     "DELETE FROM chunks WHERE ino = ?",
@@ -305,6 +330,7 @@ fn check_all(
     // Each is reported; the repair names the lowest-numbered one in the root as
     // `lost+found-INO` (its old name goes) and looks again, until every one is reached.
     let mut reported = HashSet::new();
+    let mut repaired = HashSet::new();
     loop {
         let cut_off = ids(
             conn,
@@ -327,11 +353,28 @@ fn check_all(
         if !repair {
             break;
         }
+        if !repaired.insert(first) {
+            // Still cut off after its move: nothing more this repair can do.
+            problem(
+                report,
+                progress,
+                format!("directory {first} stays unreachable after its move to the root"),
+            );
+            break;
+        }
         let name = format!("lost+found-{first}");
+        // A directory has one name: any others go (the link counts below follow), and
+        // the one kept is a directory's entry (the walk above follows only those).
+        exec(
+            conn,
+            "DELETE FROM entries WHERE ino = ? AND (parent, name) <>
+                 (SELECT parent, name FROM entries WHERE ino = ? ORDER BY parent, name LIMIT 1)",
+            &args![first, first],
+        )?;
         let moved = conn
             .execute(
-                "UPDATE entries SET parent = ?, name = ? WHERE ino = ?",
-                &args![ROOT_INO, name.as_bytes(), first],
+                "UPDATE entries SET parent = ?, name = ?, kind = ? WHERE ino = ?",
+                &args![ROOT_INO, name.as_bytes(), DIR_KIND, first],
             )
             .map_err(sql)?;
         if moved == 0 {
@@ -448,6 +491,53 @@ fn check_all(
             )?;
             exec(conn, "DELETE FROM chunks WHERE ino = ?", &args![ino])?;
             exec(conn, "DELETE FROM slices WHERE ino = ?", &args![ino])?;
+        }
+    }
+
+    progress("fsck: data rows out of range");
+    // What `ops::check_file_rows` refuses at open (EIO): the rows go at repair, and the
+    // range they claimed reads as a hole (their blocks, unreferenced, go below).
+    for (what, find, delete, limits) in OUT_OF_RANGE_ROWS {
+        let limits: Vec<Arg> = limits.iter().map(|&l| Arg::from(l)).collect();
+        for ino in ids(conn, find, &limits)? {
+            problem(
+                report,
+                progress,
+                format!("inode {ino} has {what} out of range; dropped at repair"),
+            );
+            if repair {
+                let args: Vec<Arg> = [Arg::from(ino)].into_iter().chain(limits.clone()).collect();
+                exec(conn, delete, &args)?;
+            }
+        }
+    }
+
+    progress("fsck: entry names");
+    let misnamed = conn
+        .query("SELECT parent, name, ino FROM entries", &[])
+        .map_err(sql)?
+        .into_iter()
+        .map(|r| Ok((r.int(0)?, r.bytes(1)?, r.int(2)?)))
+        .collect::<Result<Vec<_>, crate::sql::DbError>>()
+        .map_err(sql)?
+        .into_iter()
+        .filter(|(_, name, _)| !ops::is_entry_name(name));
+    for (n, (parent, name, ino)) in misnamed.enumerate() {
+        let renamed = format!("bad-name-{ino}-{n}");
+        problem(
+            report,
+            progress,
+            format!(
+                "entry {:?} in directory {parent} (inode {ino}) is no file name; renamed {renamed} at repair",
+                String::from_utf8_lossy(&name)
+            ),
+        );
+        if repair {
+            exec(
+                conn,
+                "UPDATE entries SET name = ? WHERE parent = ? AND name = ?",
+                &args![renamed.as_bytes(), parent, &name],
+            )?;
         }
     }
 

@@ -300,12 +300,30 @@ pub fn lookup_and_foreign_lease(
 pub fn readdir(tx: &mut dyn Tx, dir: u64) -> Result<Vec<DirItem>, Errno> {
     let mut items = Vec::new();
     for r in tx.query(READDIR_SQL, &args![dir])? {
+        let name = r.bytes(0)?;
+        if !is_entry_name(&name) {
+            // One bad row must not hide the rest: an empty or over-long answer ends a
+            // listing, and the kernel fails a whole listing over a name with a '/'.
+            tracing::error!(
+                "volume: directory {dir} has an entry named {:?}, which no file can have; not listed (a damaged volume: see lanefs fsck)",
+                String::from_utf8_lossy(&name)
+            );
+            continue;
+        }
         items.push(DirItem {
-            name: r.bytes(0)?,
+            name,
             attr: attr_from_row(&r, 1)?,
         });
     }
     Ok(items)
+}
+
+/// Whether `name` can be a directory entry's: 1 to 255 bytes, no '/' or NUL, not "." or "..".
+pub fn is_entry_name(name: &[u8]) -> bool {
+    (1..=255).contains(&name.len())
+        && !name.iter().any(|&b| b == b'/' || b == 0)
+        && name != b"."
+        && name != b".."
 }
 
 pub fn readlink(tx: &mut dyn Tx, ino: u64) -> Result<Vec<u8>, Errno> {
@@ -379,13 +397,53 @@ pub fn load_file(tx: &mut dyn Tx, ino: u64) -> Result<FileRec, Errno> {
             })
         })
         .collect::<Result<_, DbError>>()?;
-    Ok(FileRec {
+    let file = FileRec {
         attr,
         inline,
         chunks,
         slices,
         xattr_names: Some(callers_names(&xattr_rows, 0)?),
-    })
+    };
+    check_file_rows(&file).map_err(|why| {
+        tracing::error!("volume: inode {ino}: {why} (a damaged volume: see lanefs fsck)");
+        libc::EIO
+    })?;
+    Ok(file)
+}
+
+/// What a file's data rows must be for reads and writes to use them: chunks within the
+/// largest file, pieces within their chunk, inline bytes within one chunk. A damaged or
+/// crafted row otherwise becomes an allocation of its length or an offset past u64.
+/// (Bytes past the size are cut when the view is made: `file::Committed`.)
+pub fn check_file_rows(file: &FileRec) -> Result<(), String> {
+    use crate::file::{CHUNK_BYTES, MAX_FILE_BYTES};
+    let chunks = MAX_FILE_BYTES / CHUNK_BYTES;
+    if file
+        .inline
+        .as_ref()
+        .is_some_and(|b| b.len() as u64 > CHUNK_BYTES)
+    {
+        return Err("inline bytes longer than a chunk".into());
+    }
+    if let Some(c) = file
+        .chunks
+        .iter()
+        .find(|c| c.idx >= chunks || c.len > CHUNK_BYTES)
+    {
+        return Err(format!(
+            "chunk {} of {} bytes is out of range",
+            c.idx, c.len
+        ));
+    }
+    let bad_slice =
+        |s: &&SliceRec| s.idx >= chunks || s.pos >= CHUNK_BYTES || s.len > CHUNK_BYTES - s.pos;
+    if let Some(s) = file.slices.iter().find(bad_slice) {
+        return Err(format!(
+            "slice of chunk {} at {} of {} bytes is out of range",
+            s.idx, s.pos, s.len
+        ));
+    }
+    Ok(())
 }
 
 pub fn usage(tx: &mut dyn Tx) -> Result<Usage, Errno> {
@@ -1645,6 +1703,14 @@ pub fn register_session(
         )?
         .ok_or_else(|| DbError::Other("the next_session counter is missing".into()))?
         .u64(0)?;
+    // Block ids are the session's number shifted up (`file::BLOCK_ID_SESSION_SHIFT`): a
+    // number past the bits left would share another session's ids (and overwrite its
+    // blocks) or make them negative in the database.
+    if session == 0 || session >= 1 << (63 - crate::file::BLOCK_ID_SESSION_SHIFT) {
+        return Err(DbError::Other(format!(
+            "the next_session counter holds {session}, past what block ids can number (a damaged volume)"
+        )));
+    }
     tx.execute(
         "INSERT INTO sessions (id, host, pid, mountpoint, started_ns, heartbeat_ns) VALUES (?, ?, ?, ?, ?, ?)",
         &args![session, host, std::process::id(), mountpoint, now_ns, now_ns],
