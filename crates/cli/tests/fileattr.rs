@@ -264,6 +264,37 @@ fn immutable_and_append_only_guard_every_change_as_on_tmpfs() {
     }
 }
 
+/// An append-only file written anywhere but at its end through a descriptor opened for
+/// appending: natively F_SETFL refuses to clear O_APPEND; a FUSE inode has no such flag for
+/// the kernel to check, so the volume refuses the write itself (it was written at offset 0).
+/// (The passthrough's own descriptor of the file keeps O_APPEND, so there the byte lands at
+/// the end: not compared.)
+#[test]
+fn an_append_only_file_is_written_only_at_its_end() {
+    fn session(root: &Path) -> Vec<String> {
+        let f = root.join("log");
+        std::fs::write(&f, b"line\n").unwrap();
+        chattr(&f, "+a").unwrap();
+        let fd = sys::open(&f, libc::O_WRONLY | libc::O_APPEND, 0).unwrap();
+        let overwrite = sys::setfl(&fd, 0).and_then(|()| sys::pwrite(&fd, b"X", 0));
+        // (Natively the descriptor never lost O_APPEND; on FUSE it did, and gets it back.)
+        let appended = sys::setfl(&fd, libc::O_APPEND).and_then(|()| sys::write(&fd, b"more\n"));
+        drop(fd);
+        chattr(&f, "-a").unwrap();
+        vec![
+            format!("overwrite: {overwrite:?}"),
+            format!("append: {appended:?}"),
+            format!("content: {:?}", std::fs::read_to_string(&f).unwrap()),
+        ]
+    }
+    let native = Tmpfs::new("16M");
+    let expected = session(&native.path);
+    let source = Source::new(Kind::Volume, "append-only");
+    let m = source.mount(&[]);
+    assert_eq!(session(&m.mountpoint), expected, "lanefs volume vs tmpfs");
+    m.unmount();
+}
+
 /// The volume keeps the flags across a remount, and its xattr calls never show the row
 /// that holds them.
 #[test]

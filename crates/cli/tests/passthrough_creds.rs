@@ -950,3 +950,47 @@ fn a_root_daemon_that_cannot_switch_says_so() {
         "the daemon's log does not say it cannot act as callers:\n{logged}"
     );
 }
+
+/// What `nobody` learns from listxattr of a file root gave a trusted.* and a user.* xattr,
+/// asking its size first and then the list, as getfattr does: bit 0 the list names the
+/// trusted one, bit 1 it misses the user one, bit 2 the size asked first is not the list's.
+fn nobody_lists_xattrs(file: &Path) -> i32 {
+    sys::setxattr(file, "trusted.secret", b"t", 0).unwrap();
+    sys::setxattr(file, "user.visible", b"u", 0).unwrap();
+    let path = c(file);
+    let mut buf = vec![0u8; 4096];
+    as_user(NOBODY, NOBODY, &[], || {
+        // SAFETY: path is NUL-terminated and buf has buf.len() writable bytes.
+        let (asked, got) = unsafe {
+            (
+                libc::listxattr(path.as_ptr(), std::ptr::null_mut(), 0),
+                libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()),
+            )
+        };
+        if got < 0 {
+            return 100 + errno();
+        }
+        let names: Vec<&[u8]> = buf[..got as usize].split(|&b| b == 0).collect();
+        let trusted = names.iter().any(|n| n.starts_with(b"trusted."));
+        let user = names.contains(&&b"user.visible"[..]);
+        trusted as i32 | (!user as i32) << 1 | ((asked != got) as i32) << 2
+    })
+}
+
+/// trusted.* xattrs are for CAP_SYS_ADMIN: natively nobody's listxattr leaves their names
+/// out. The daemon lists them with its own capability, so it leaves them out itself for a
+/// caller other than root (the passthrough listed them to everyone, and so did the volume).
+#[test]
+fn only_root_sees_trusted_xattr_names() {
+    let native = common::Tmpfs::new("16M");
+    let file = native.path.join("f");
+    std::fs::write(&file, b"x").unwrap();
+    assert_eq!(nobody_lists_xattrs(&file), 0, "natively");
+    for kind in common::subject::KINDS {
+        let source = common::subject::Source::new(kind, "trusted-names");
+        let m = source.mount(&[]);
+        std::fs::write(m.path("f"), b"x").unwrap();
+        assert_eq!(nobody_lists_xattrs(&m.path("f")), 0, "on lanefs ({kind:?})");
+        m.unmount();
+    }
+}

@@ -4395,6 +4395,92 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// chattr flags are the volume's, not a mount's: what root sets on one mount is
+    /// enforced on the other within the change log's poll (each mount loaded them once,
+    /// at its start, and never again), and a change on the other holds on the first.
+    #[test]
+    fn chattr_flags_set_on_one_mount_hold_on_the_other() {
+        let Some(volume) = Volume::format_on_postgres("chattr") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::write(a.path("f"), b"kept").unwrap();
+        let chattr = |p: PathBuf, change: &str| {
+            let out = Command::new("chattr").arg(change).arg(&p).output().unwrap();
+            assert!(out.status.success(), "chattr {change}: {}", stderr(&out));
+        };
+        let opens_for_writing = |p: PathBuf| match std::fs::OpenOptions::new().write(true).open(p) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.raw_os_error()),
+        };
+        chattr(a.path("f"), "+i");
+        assert!(
+            wait_until(Duration::from_secs(3), || {
+                opens_for_writing(b.path("f")) == Err(Some(libc::EPERM))
+            }),
+            "b opens for writing a file a made immutable"
+        );
+        assert!(std::fs::remove_file(b.path("f")).is_err());
+        chattr(b.path("f"), "-i");
+        assert!(
+            wait_until(Duration::from_secs(3), || opens_for_writing(a.path("f"))
+                .is_ok()),
+            "a still refuses a file b made mutable again"
+        );
+        assert_eq!(std::fs::read(a.path("f")).unwrap(), b"kept");
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// An O_CREAT open on b of a name b's kernel holds as free (a negative entry) that a
+    /// has just taken: b's kernel sent CREATE, and b's daemon opened a's file and answered
+    /// as if it had made it, so the kernel skipped the permission check: nobody got a
+    /// read-write descriptor of root's 0600 file. Now the kernel looks the name up again
+    /// and opens it as open(2) does.
+    #[test]
+    fn an_o_creat_open_of_a_name_another_mount_just_took_checks_permissions() {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let Some(volume) = Volume::format_on_postgres("creat-race") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::create_dir(a.path("shared")).unwrap();
+        std::fs::set_permissions(a.path("shared"), std::fs::Permissions::from_mode(0o1777))
+            .unwrap();
+        let mut opened = Vec::new();
+        for i in 0..20 {
+            let name = format!("shared/secret{i}");
+            // A negative entry on b, kept for the entry timeout.
+            assert!(!b.path(&name).exists());
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(a.path(&name))
+                .unwrap()
+                .write_all(b"secret")
+                .unwrap();
+            let script = format!("exec 3<> '{}'", b.path(&name).display());
+            if common::sh_as(65534, 65534, &script).status.success() {
+                opened.push(i);
+            }
+        }
+        assert!(
+            opened.is_empty(),
+            "nobody opened root's 0600 files read-write on b: {opened:?}"
+        );
+        for i in 0..20 {
+            let name = format!("shared/secret{i}");
+            assert_eq!(std::fs::read(b.path(&name)).unwrap(), b"secret");
+        }
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// A file open on b while a rewrites it: a frees the blocks b's view of the file still
     /// names. b's next read of them reads the file's view again from the database and
     /// returns a's bytes (close-to-open asks no more of an open file, and no less than the

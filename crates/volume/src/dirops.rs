@@ -1602,9 +1602,17 @@ impl MetaStore for AsyncDirops {
         self.inner.fileattr_flags()
     }
 
-    fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>) {
+    fn set_fileattr_flags(
+        &self,
+        ino: u64,
+        flags: u32,
+        may_guard: bool,
+        ctime_ns: i64,
+        done: Done<()>,
+    ) {
         self.mark_stale(ino);
-        self.inner.set_fileattr_flags(ino, flags, ctime_ns, done)
+        self.inner
+            .set_fileattr_flags(ino, flags, may_guard, ctime_ns, done)
     }
 
     fn lock_conflict(&self, queue: usize, req: &LockReq) -> Result<Option<LockHolder>, Errno> {

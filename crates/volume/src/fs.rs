@@ -300,9 +300,9 @@ pub struct VolumeFs {
     /// Atimes moved and not yet committed, overlaid on every attribute answer (see `atime`).
     pending_atimes: Arc<atime::PendingAtimes>,
     /// chattr's flags of the inodes that have any (see `fileattr`).
-    fileattrs: fileattr::FileAttrs,
+    fileattrs: Arc<fileattr::FileAttrs>,
     /// Open inodes known to have no set-ID bits and no capability (see `setid`).
-    no_privileges: setid::NoPrivileges,
+    no_privileges: Arc<setid::NoPrivileges>,
     /// flock and POSIX locks of a shared volume (see `locks`).
     locks: locks::Locks,
     /// Directories' default ACLs, which a create inherits (see `known`).
@@ -397,6 +397,8 @@ impl VolumeFs {
         let known_max_age = options.shared.then_some(options.attr_timeout);
         let default_acls = Arc::new(known::DefaultAcls::new(known_max_age));
         let xattr_names = Arc::new(known::XattrNames::new(known_max_age));
+        let fileattrs = Arc::new(fileattr::FileAttrs::load(&*store));
+        let no_privileges = Arc::new(setid::NoPrivileges::new());
         {
             let store = store.clone();
             let leases = dirops.clone();
@@ -412,13 +414,15 @@ impl VolumeFs {
             } else {
                 interval
             };
-            let mut changes = options.shared.then(|| {
-                changes::Follower::new(
-                    session_fd.clone(),
-                    open.clone(),
-                    default_acls.clone(),
-                    xattr_names.clone(),
-                )
+            let mut changes = options.shared.then(|| changes::Follower {
+                cursors: HashMap::new(),
+                session_fd: session_fd.clone(),
+                failing: false,
+                open: open.clone(),
+                default_acls: default_acls.clone(),
+                xattr_names: xattr_names.clone(),
+                fileattrs: fileattrs.clone(),
+                no_privileges: no_privileges.clone(),
             });
             match std::thread::Builder::new()
                 .name("lanefs-heartbeat".into())
@@ -451,7 +455,6 @@ impl VolumeFs {
                 Err(e) => tracing::warn!("volume: no heartbeat thread ({e})"),
             }
         }
-        let fileattrs = fileattr::FileAttrs::load(&*store);
         let (locks, lock_thread) = locks::Locks::new(&store, options.shared);
         threads.extend(lock_thread);
         dirops.set_hooks(dirops_hooks(&open, &reap_tx, &session_fd));
@@ -463,7 +466,7 @@ impl VolumeFs {
             atime_due: atime::AtimeDue::new(),
             pending_atimes: Arc::new(atime::PendingAtimes::new()),
             fileattrs,
-            no_privileges: setid::NoPrivileges::new(),
+            no_privileges,
             default_acls,
             xattr_names,
             session_fd,
@@ -543,36 +546,24 @@ impl VolumeFs {
         })
     }
 
-    /// An O_CREAT open: the new file, or the one another mount or process made since the
-    /// kernel's lookup (unless O_EXCL), opened.
-    fn create_and_open(&self, req: &Request, node: NewNode, flags: u32, reply: LeaseReply) {
-        let (parent, name) = (node.parent, node.name.clone());
+    /// An O_CREAT open of a name the kernel believes free: the new file, opened. A name that
+    /// another mount of a shared volume took since the kernel's lookup is not opened here:
+    /// the kernel would take it for the file it created, and skip the permission check and
+    /// O_TRUNC of opening an existing file. ESTALE (unless O_EXCL: EEXIST) makes it walk
+    /// the path again once with LOOKUP_REVAL, under which FUSE looks a negative entry up
+    /// afresh, and open what it finds as open(2) does. (No NOTIFY_INVAL_ENTRY here: it
+    /// takes the directory's lock, which the kernel holds until this CREATE is answered.)
+    fn create_and_open(&self, node: NewNode, flags: u32, reply: LeaseReply) {
         let exclusive = flags as i32 & libc::O_EXCL != 0;
-        let created = wait(|done| self.store.create(node, done));
-        // Whether this request made the inode (then its content is known: empty).
-        let mut fresh = true;
-        let rec = match created {
+        let rec = match wait(|done| self.store.create(node, done)) {
             Ok(rec) => rec,
-            // Created by someone else since the kernel's lookup: open it, as open(2) would.
-            Err(libc::EEXIST) if !exclusive => {
-                fresh = false;
-                match self.store.lookup(req.queue, parent, &name) {
-                    Ok(rec) if rec.is_dir() => return reply.error(libc::EISDIR),
-                    Ok(rec) => rec,
-                    Err(e) => return reply.error(e),
-                }
-            }
+            Err(libc::EEXIST) if !exclusive => return reply.error(libc::ESTALE),
             Err(e) => return reply.error(e),
         };
         if let Err(e) = self.fileattrs.may_open(rec.ino, flags) {
             return reply.error(e);
         }
-        let opened = if fresh {
-            self.open_created(&rec)
-        } else {
-            self.open_state(req, rec.ino)
-        };
-        match opened {
+        match self.open_created(&rec) {
             Ok(_) => reply
                 .ok()
                 .create(&self.entry_out(&rec), &self.open_out(&rec, flags)),
@@ -1824,9 +1815,9 @@ impl Filesystem for VolumeFs {
             Ok(node) => node,
             Err(e) => return reply.error(e),
         };
-        let (req, flags) = (*req, arg.flags);
+        let flags = arg.flags;
         self.with_lease_waits(reply, move |fs, reply| {
-            fs.create_and_open(&req, node.clone(), flags, reply)
+            fs.create_and_open(node.clone(), flags, reply)
         })
     }
 
@@ -1848,6 +1839,9 @@ impl Filesystem for VolumeFs {
         let Some(state) = self.open.get(ino) else {
             return reply.error(libc::EBADF);
         };
+        if let Err(e) = self.fileattrs.may_write(ino, arg.offset, state.size()) {
+            return reply.error(e);
+        }
         let unprivileged = arg.write_flags & abi::write_flags::KILL_SUIDGID != 0;
         if let Err(e) = self.drop_privileges(req, ino, setid::Change::Data { unprivileged }) {
             return reply.error(e);
@@ -2155,7 +2149,9 @@ impl Filesystem for VolumeFs {
         match names {
             Ok(names) => {
                 let mut list = Vec::new();
-                for n in names.iter() {
+                // As natively, only CAP_SYS_ADMIN (root here) sees trusted.* names.
+                let shown = |n: &&Vec<u8>| req.uid == 0 || !n.starts_with(b"trusted.");
+                for n in names.iter().filter(shown) {
                     list.extend_from_slice(n);
                     list.push(0);
                 }

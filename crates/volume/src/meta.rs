@@ -270,6 +270,8 @@ pub enum ChangeKind {
     Entry = 1,
     /// The inode's attributes and data.
     Inode = 2,
+    /// The inode's chattr flags and attributes: the other mounts read its flags again.
+    Flags = 3,
 }
 
 /// One change-log row.
@@ -492,8 +494,17 @@ pub trait MetaStore: Send + Sync + 'static {
     fn touch_atimes(&self, take: AtimeTake, done: Done<Vec<(u64, i64)>>);
     /// Every inode with file-attribute flags (chattr's), and its flags.
     fn fileattr_flags(&self) -> Result<Vec<(u64, u32)>, Errno>;
-    /// Sets an inode's file-attribute flags (none: 0) and its ctime, in one change.
-    fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>);
+    /// Sets an inode's file-attribute flags (none: 0) and its ctime, in one change; without
+    /// `may_guard` (CAP_LINUX_IMMUTABLE), EPERM if that would change immutable or
+    /// append-only as the store holds them (another mount may have set them meanwhile).
+    fn set_fileattr_flags(
+        &self,
+        ino: u64,
+        flags: u32,
+        may_guard: bool,
+        ctime_ns: i64,
+        done: Done<()>,
+    );
 
     // Locks of a shared volume (issue 14); a volume one mount holds leaves them to the kernel.
     /// The lock of another owner that conflicts with `req`, if any (F_GETLK).

@@ -481,13 +481,16 @@ pub fn fileattr_flags(tx: &mut dyn Tx) -> Result<Vec<(u64, u32)>, Errno> {
         "SELECT ino, value FROM xattrs WHERE name = ?",
         &args![FILEATTR_XATTR],
     )? {
-        let value = r.bytes(1)?;
-        let flags = value
-            .first_chunk::<4>()
-            .map_or(0, |b| u32::from_le_bytes(*b));
-        out.push((r.u64(0)?, flags));
+        out.push((r.u64(0)?, fileattr_flags_of(&r.bytes(1)?)));
     }
     Ok(out)
+}
+
+/// The flags a `FILEATTR_XATTR` value holds.
+pub fn fileattr_flags_of(value: &[u8]) -> u32 {
+    value
+        .first_chunk::<4>()
+        .map_or(0, |b| u32::from_le_bytes(*b))
 }
 
 // ---- The writer --------------------------------------------------------------------------
@@ -1668,12 +1671,27 @@ pub fn set_fileattr_flags<C: Tx>(
     w: &mut Writer<C>,
     ino: u64,
     flags: u32,
+    may_guard: bool,
     ctime_ns: i64,
 ) -> Result<(), Errno> {
+    // The inode's row first: a chattr of the same inode on another mount waits here, so
+    // the flags read below are the ones this change replaces.
     if w.set_ctime(ino, ctime_ns)? == 0 {
         return Err(libc::ENOENT);
     }
-    w.log(ChangeKind::Inode, ino, 0, None, ctime_ns)?;
+    if !may_guard {
+        let old = w
+            .tx()
+            .query_opt(
+                "SELECT value FROM xattrs WHERE ino = ? AND name = ?",
+                &args![ino, FILEATTR_XATTR],
+            )?
+            .map_or(Ok(0), |r| r.bytes(0).map(|v| fileattr_flags_of(&v)))?;
+        if (old ^ flags) & lanefs_fuse::fileattr::GUARD_FLAGS != 0 {
+            return Err(libc::EPERM);
+        }
+    }
+    w.log(ChangeKind::Flags, ino, 0, None, ctime_ns)?;
     if flags == 0 {
         w.tx().execute(
             "DELETE FROM xattrs WHERE ino = ? AND name = ?",
@@ -2118,6 +2136,34 @@ mod tests {
 
     /// A session that ended between two reads of the change log: its last rows are read
     /// once (other mounts forget what they knew of those inodes), then its cursor goes.
+    /// Without the capability, a change of immutable or append-only is refused against the
+    /// flags the store holds (another mount may have set them since this mount's copy), and
+    /// what does not touch them goes through.
+    #[test]
+    fn only_a_privileged_caller_changes_the_guard_flags_the_store_holds() {
+        use lanefs_fuse::fileattr::{FS_IMMUTABLE_FL, FS_NODUMP_FL};
+        let mut w = Writer::new(memory_tx(), 1);
+        w.tx()
+            .execute(
+                "INSERT INTO inodes (ino, mode, uid, gid, rdev, nlink, size, atime_ns, mtime_ns, ctime_ns, parent)
+                 VALUES (7, 33188, 1000, 1000, 0, 1, 0, 0, 0, 0, 1)",
+                &[],
+            )
+            .unwrap();
+        let stored = |w: &mut Writer<crate::sqlite::SqliteConn>| fileattr_flags(w.tx()).unwrap();
+        set_fileattr_flags(&mut w, 7, FS_IMMUTABLE_FL, true, 1).unwrap();
+        // An owner's `chattr +d` computed from a copy that missed the +i.
+        assert_eq!(
+            set_fileattr_flags(&mut w, 7, FS_NODUMP_FL, false, 2),
+            Err(libc::EPERM)
+        );
+        assert_eq!(stored(&mut w), [(7, FS_IMMUTABLE_FL)]);
+        set_fileattr_flags(&mut w, 7, FS_IMMUTABLE_FL | FS_NODUMP_FL, false, 3).unwrap();
+        assert_eq!(stored(&mut w), [(7, FS_IMMUTABLE_FL | FS_NODUMP_FL)]);
+        set_fileattr_flags(&mut w, 7, 0, true, 4).unwrap();
+        assert_eq!(stored(&mut w), []);
+    }
+
     #[test]
     fn the_last_changes_of_a_session_that_ended_are_read() {
         let mut tx = memory_tx();

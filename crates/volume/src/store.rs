@@ -1605,10 +1605,17 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         Ok(changes)
     }
 
-    fn set_fileattr_flags(&self, ino: u64, flags: u32, ctime_ns: i64, done: Done<()>) {
+    fn set_fileattr_flags(
+        &self,
+        ino: u64,
+        flags: u32,
+        may_guard: bool,
+        ctime_ns: i64,
+        done: Done<()>,
+    ) {
         self.submit(
             false,
-            move |w| ops::set_fileattr_flags(w, ino, flags, ctime_ns),
+            move |w| ops::set_fileattr_flags(w, ino, flags, may_guard, ctime_ns),
             done,
         )
     }

@@ -399,6 +399,11 @@ pub fn copy_file_range(
     })
 }
 
+/// fcntl F_SETFL: the descriptor's status flags (O_APPEND, O_NONBLOCK, ...).
+pub fn setfl(fd: &impl AsRawFd, flags: i32) -> R<()> {
+    ok(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) })
+}
+
 pub fn flock(fd: &impl AsRawFd, op: i32) -> R<()> {
     ok(unsafe { libc::flock(fd.as_raw_fd(), op) })
 }

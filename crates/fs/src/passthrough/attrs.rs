@@ -246,11 +246,24 @@ impl PassthroughFs {
         }
     }
 
-    pub(super) fn do_listxattr(&self, ino: u64, size: u32, reply: Reply) {
+    pub(super) fn do_listxattr(&self, req: &Request, ino: u64, size: u32, reply: Reply) {
         let inode = match self.inode(ino) {
             Ok(inode) => inode,
             Err(e) => return reply.error(e),
         };
+        if req.uid != 0 {
+            // The host lists trusted.* names to the daemon, which holds CAP_SYS_ADMIN;
+            // natively a caller without it never sees them (root stands for it here).
+            let list = match self.on_xattr_target(&inode, untrusted_names) {
+                Ok(list) => list,
+                Err(e) => return reply.error(e),
+            };
+            return match size {
+                0 => reply.xattr_size(list.len() as u32),
+                size if list.len() > size as usize => reply.error(libc::ERANGE),
+                _ => reply.data(&list),
+            };
+        }
         if size == 0 {
             match self.on_xattr_target(&inode, |t| sys::listxattr(t, &mut [])) {
                 Ok(n) => reply.xattr_size(n as u32),
@@ -348,4 +361,26 @@ impl PassthroughFs {
 fn xattr_name(name: &OsStr) -> SysResult<std::ffi::CString> {
     use std::os::unix::ffi::OsStrExt;
     std::ffi::CString::new(name.as_bytes()).map_err(|_| libc::EINVAL)
+}
+
+/// The target's xattr names (NUL-terminated, as listxattr gives them) but trusted.*.
+fn untrusted_names(target: &XattrTarget<'_>) -> SysResult<Vec<u8>> {
+    // The list may grow between asking its size and reading it: ask again (bounded).
+    for _ in 0..8 {
+        let mut buf = vec![0; sys::listxattr(target, &mut [])?];
+        match sys::listxattr(target, &mut buf) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf
+                    .split_inclusive(|&b| b == 0)
+                    .filter(|name| !name.starts_with(b"trusted."))
+                    .flatten()
+                    .copied()
+                    .collect());
+            }
+            Err(libc::ERANGE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(libc::ERANGE)
 }

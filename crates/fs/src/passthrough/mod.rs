@@ -1012,8 +1012,8 @@ impl Filesystem for PassthroughFs {
         self.do_getxattr(ino, name, size, reply)
     }
 
-    fn listxattr(&self, _req: &Request, ino: u64, size: u32, reply: Reply) {
-        self.do_listxattr(ino, size, reply)
+    fn listxattr(&self, req: &Request, ino: u64, size: u32, reply: Reply) {
+        self.do_listxattr(req, ino, size, reply)
     }
 
     fn removexattr(&self, _req: &Request, ino: u64, name: &OsStr, reply: Reply) {

@@ -9,41 +9,32 @@ use std::sync::{Arc, OnceLock};
 use std::sync::atomic::Ordering;
 
 use super::OpenTable;
+use super::fileattr::FileAttrs;
 use super::known::{DefaultAcls, XattrNames};
+use super::setid::NoPrivileges;
 use crate::meta::{ChangeKind, ChangeRec, MetaStore, wait};
 
 /// The reader of the change log: the last seq read of each other session.
 pub(super) struct Follower {
-    cursors: HashMap<u64, u64>,
+    pub(super) cursors: HashMap<u64, u64>,
     /// The session's /dev/fuse fd, set once the session is connected.
-    session_fd: Arc<OnceLock<i32>>,
+    pub(super) session_fd: Arc<OnceLock<i32>>,
     /// Whether the last poll failed (one log line per outage, not one per poll).
-    failing: bool,
+    pub(super) failing: bool,
     /// This mount's open files: one another mount unlinked is held (see `ops::hold_orphan`).
-    open: Arc<OpenTable>,
+    pub(super) open: Arc<OpenTable>,
     /// Directories' default ACLs and inodes' xattr names, forgotten for any inode another
     /// mount changed.
-    default_acls: Arc<DefaultAcls>,
-    xattr_names: Arc<XattrNames>,
+    pub(super) default_acls: Arc<DefaultAcls>,
+    pub(super) xattr_names: Arc<XattrNames>,
+    /// chattr flags: read again for an inode another mount set them on.
+    pub(super) fileattrs: Arc<FileAttrs>,
+    /// Open inodes known to have no set-ID bits or capability: forgotten for any inode
+    /// another mount changed (its chmod or setcap must be dropped by a write here too).
+    pub(super) no_privileges: Arc<NoPrivileges>,
 }
 
 impl Follower {
-    pub(super) fn new(
-        session_fd: Arc<OnceLock<i32>>,
-        open: Arc<OpenTable>,
-        default_acls: Arc<DefaultAcls>,
-        xattr_names: Arc<XattrNames>,
-    ) -> Follower {
-        Follower {
-            cursors: HashMap::new(),
-            session_fd,
-            failing: false,
-            open,
-            default_acls,
-            xattr_names,
-        }
-    }
-
     /// Reads what other sessions changed since the last poll and invalidates it.
     pub(super) fn poll(&mut self, store: &dyn MetaStore) {
         let Some(&fd) = self.session_fd.get() else {
@@ -56,8 +47,18 @@ impl Follower {
                     invalidate(fd, change);
                     self.default_acls.forget(change.ino);
                     self.xattr_names.forget(change.ino);
+                    self.no_privileges.forget(change.ino);
                     if change.kind == ChangeKind::Entry as i64 {
                         self.hold_if_open(store, change.ino);
+                    }
+                    if change.kind == ChangeKind::Flags as i64
+                        && let Err(e) = self.fileattrs.reload(store, change.ino)
+                    {
+                        tracing::warn!(
+                            "volume: reading inode {}'s chattr flags, which another mount changed: {} (they are enforced as before until its next change)",
+                            change.ino,
+                            std::io::Error::from_raw_os_error(e)
+                        );
                     }
                 }
             }

@@ -1,10 +1,11 @@
 //! File attributes on the volume (issue 17 item 9): the flags `lsattr` shows and `chattr`
 //! sets, kept per inode by the store ([`FILEATTR_XATTR`]) and enforced here, since FUSE
 //! inodes carry none of them for the kernel to check: immutable refuses every change to the
-//! inode and its entries; append-only opens for writing only with O_APPEND, and refuses
-//! unlink, rename and changes of mode, owner, size and times. As natively (tmpfs, the
-//! generic write path), a descriptor opened for writing before the flag was set keeps
-//! writing. The kernel checks the caller before it forwards a change
+//! inode and its entries; append-only opens for writing only with O_APPEND, writes only at
+//! the end, and refuses unlink, rename and changes of mode, owner, size and times. As
+//! natively (tmpfs, the generic write path), a descriptor opened for writing before the
+//! flag was set keeps writing, but here at the end only: its writes cannot be told from
+//! those of a descriptor that dropped O_APPEND (see `may_write`). The kernel checks the caller before it forwards a change
 //! (owner or CAP_FOWNER, CAP_LINUX_IMMUTABLE for immutable and append-only); we check again
 //! with the request's uid, root standing for the capabilities.
 
@@ -25,8 +26,10 @@ use crate::now_ns;
 /// The flags the volume keeps, as tmpfs: others are refused with EOPNOTSUPP.
 const SUPPORTED_FLAGS: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL | FS_NODUMP_FL | FS_NOATIME_FL;
 
-/// Inodes that have flags, and their flags: loaded at mount, changed by SETFLAGS. The volume
-/// is mounted by one process at a time (its lock), so this is the whole truth.
+/// Inodes that have flags, and their flags: loaded at mount, changed by SETFLAGS. On a
+/// volume one mount holds, this is the whole truth; on a shared one, another mount's chattr
+/// reaches it through the change log (`ChangeKind::Flags`, within its poll), and a SETFLAGS
+/// checks its change of immutable and append-only against the store's flags, not these.
 pub(super) struct FileAttrs {
     /// Each mutex protects one shard's map; leaf locks, held for one map operation.
     shards: Vec<Mutex<HashMap<u64, u32>>>,
@@ -68,6 +71,17 @@ impl FileAttrs {
             return 0;
         }
         self.shard(ino).get(&ino).copied().unwrap_or(0)
+    }
+
+    /// Reads `ino`'s flags from the store again (another mount changed them).
+    pub(super) fn reload(&self, store: &dyn MetaStore, ino: u64) -> Result<(), Errno> {
+        let flags = match store.getxattr(0, ino, FILEATTR_XATTR) {
+            Ok(value) => crate::ops::fileattr_flags_of(&value),
+            Err(libc::ENODATA | libc::ENOENT) => 0,
+            Err(e) => return Err(e),
+        };
+        self.set(ino, flags);
+        Ok(())
     }
 
     fn set(&self, ino: u64, flags: u32) {
@@ -125,6 +139,17 @@ impl FileAttrs {
         if flags & FS_APPEND_FL != 0
             && ((writes && open_flags & libc::O_APPEND == 0) || open_flags & libc::O_TRUNC != 0)
         {
+            return Err(libc::EPERM);
+        }
+        Ok(())
+    }
+
+    /// A write of an append-only file anywhere but at its end: EPERM. Natively F_SETFL and
+    /// RWF_NOAPPEND refuse to drop O_APPEND on such a file, but a FUSE inode carries no
+    /// flag for the kernel to check, so a descriptor opened with O_APPEND could write
+    /// anywhere after losing it (and so could a shared writable mapping).
+    pub(super) fn may_write(&self, ino: u64, offset: u64, size: u64) -> Result<(), Errno> {
+        if self.get(ino) & FS_APPEND_FL != 0 && offset != size {
             return Err(libc::EPERM);
         }
         Ok(())
@@ -258,7 +283,13 @@ impl VolumeFs {
         if !privileged && (req.uid != owner || (old ^ new) & GUARD_FLAGS != 0) {
             return reply.error(libc::EPERM);
         }
-        match wait(|done| self.store.set_fileattr_flags(ino, new, now_ns(), done)) {
+        // The store checks again against its own flags, which another mount may have
+        // changed since this mount's copy.
+        let set = |done| {
+            self.store
+                .set_fileattr_flags(ino, new, privileged, now_ns(), done)
+        };
+        match wait(set) {
             Ok(()) => {
                 self.fileattrs.set(ino, new);
                 reply.ioctl(0, &[])
