@@ -51,7 +51,9 @@ LANEFS_TEST_TRANSPORT=dev cargo test -p lanefs --test volume --locked -- \
   on_postgres::the_change_log_invalidates_the_other_mounts_caches \
   on_postgres::two_mounts_of_one_volume_see_each_others_changes \
   on_postgres::a_file_unlinked_on_one_mount_stays_readable_where_it_is_open \
-  on_postgres::flock_holds_across_mounts
+  on_postgres::flock_holds_across_mounts \
+  on_postgres::an_o_creat_open_of_a_name_another_mount_just_took_checks_permissions \
+  on_postgres::chattr_flags_set_on_one_mount_hold_on_the_other
 
 # Every other bench suite at minimal size (tests/bench.rs runs engine and create, which
 # pick their own transports: it is not run again over /dev/fuse above): checks that each one
