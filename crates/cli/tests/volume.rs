@@ -642,6 +642,7 @@ fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
     let volume = Volume::format("crafted");
     let m = volume.mount(&[]);
     std::fs::write(m.path("huge"), content(1, 2 * MIB)).unwrap();
+    std::fs::write(m.path("both"), content(6, 2 * MIB)).unwrap();
     std::fs::write(m.path("past-size"), b"0123456789").unwrap();
     std::fs::create_dir(m.path("dir")).unwrap();
     for name in ["a", "b", "c"] {
@@ -649,6 +650,7 @@ fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
     }
     std::fs::create_dir(m.path("kinded")).unwrap();
     std::fs::write(m.path("kinded/kept"), b"kept").unwrap();
+    let both = ino(&m.path("both"));
     let (huge, past_size, dir, kinded) = (
         ino(&m.path("huge")),
         ino(&m.path("past-size")),
@@ -672,6 +674,14 @@ fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
     db.execute(
         "UPDATE inodes SET inline_data = ? WHERE ino = ?",
         rusqlite::params![b"0123456789stale bytes".to_vec(), past_size],
+    )
+    .unwrap();
+    // Inline bytes longer than a chunk beside the file's chunks: the repair drops the
+    // inline value and keeps the chunks (dropped first as a file's second copy, the chunks
+    // went, and then the inline value too).
+    db.execute(
+        "UPDATE inodes SET inline_data = ? WHERE ino = ?",
+        rusqlite::params![vec![7u8; MIB + 1], both],
     )
     .unwrap();
     db.execute(
@@ -746,6 +756,7 @@ fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
     for expected in [
         format!("inode {huge} has a chunk out of range"),
         format!("inode {huge} has a slice out of range"),
+        format!("inode {both} has inline bytes longer than a chunk out of range"),
         format!("entry \"x/y\" in directory {dir}"),
         format!("directory {kinded} is not reachable from the root"),
     ] {
@@ -758,6 +769,7 @@ fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
     assert!(ok, "{report}");
     volume.assert_clean();
     let m = volume.mount(&[]);
+    assert!(std::fs::read(m.path("both")).unwrap() == content(6, 2 * MIB));
     let read = std::fs::read(m.path("huge")).unwrap();
     assert!(read[..MIB] == content(1, 2 * MIB)[..MIB]);
     assert!(

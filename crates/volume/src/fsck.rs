@@ -5,7 +5,9 @@
 //! entry names, orphans of ended sessions included (freed); directories no path from the
 //! root reaches (named in the root as `lost+found-INO`); wrong link counts and wrong `..`
 //! of directories (set); rows of symlinks, xattrs, chunks and slices whose inode is gone
-//! (removed); chunks and slices of a file whose bytes are inline (removed); chunks whose block
+//! (removed); data rows out of range, which reads refuse (removed: holes); chunks and
+//! slices of a file whose bytes are inline (removed); entry names no file can have
+//! (renamed); chunks whose block
 //! is missing from the block store (made holes), slices whose block is (removed: the chunk
 //! reads as it did before them); blocks nothing refers to (deleted). The checks are written once over [`Tx`] and run on SQLite and PostgreSQL alike.
 
@@ -465,6 +467,25 @@ fn check_all(
         }
     }
 
+    progress("fsck: data rows out of range");
+    // What `ops::check_file_rows` refuses at open (EIO): the rows go at repair, and the
+    // range they claimed reads as a hole (their blocks, unreferenced, go below). Before the
+    // next check: an oversized inline value dropped here leaves the file its chunks.
+    for (what, find, delete, limits) in OUT_OF_RANGE_ROWS {
+        let limits: Vec<Arg> = limits.iter().map(|&l| Arg::from(l)).collect();
+        for ino in ids(conn, find, &limits)? {
+            problem(
+                report,
+                progress,
+                format!("inode {ino} has {what} out of range; dropped at repair"),
+            );
+            if repair {
+                let args: Vec<Arg> = [Arg::from(ino)].into_iter().chain(limits.clone()).collect();
+                exec(conn, delete, &args)?;
+            }
+        }
+    }
+
     progress("fsck: inline files with chunks");
     // A file is inline or chunked, never both; reads go by the inline bytes, so those stay.
     for ino in ids(
@@ -491,24 +512,6 @@ fn check_all(
             )?;
             exec(conn, "DELETE FROM chunks WHERE ino = ?", &args![ino])?;
             exec(conn, "DELETE FROM slices WHERE ino = ?", &args![ino])?;
-        }
-    }
-
-    progress("fsck: data rows out of range");
-    // What `ops::check_file_rows` refuses at open (EIO): the rows go at repair, and the
-    // range they claimed reads as a hole (their blocks, unreferenced, go below).
-    for (what, find, delete, limits) in OUT_OF_RANGE_ROWS {
-        let limits: Vec<Arg> = limits.iter().map(|&l| Arg::from(l)).collect();
-        for ino in ids(conn, find, &limits)? {
-            problem(
-                report,
-                progress,
-                format!("inode {ino} has {what} out of range; dropped at repair"),
-            );
-            if repair {
-                let args: Vec<Arg> = [Arg::from(ino)].into_iter().chain(limits.clone()).collect();
-                exec(conn, delete, &args)?;
-            }
         }
     }
 

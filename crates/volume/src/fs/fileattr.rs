@@ -1,13 +1,14 @@
 //! File attributes on the volume (issue 17 item 9): the flags `lsattr` shows and `chattr`
 //! sets, kept per inode by the store ([`FILEATTR_XATTR`]) and enforced here, since FUSE
 //! inodes carry none of them for the kernel to check: immutable refuses every change to the
-//! inode and its entries; append-only opens for writing only with O_APPEND, writes only at
-//! the end, and refuses unlink, rename and changes of mode, owner, size and times. As
+//! inode and its entries; append-only opens for writing only with O_APPEND, writes nothing
+//! before its end, and refuses unlink, rename and changes of mode, owner, size and times. As
 //! natively (tmpfs, the generic write path), a descriptor opened for writing before the
-//! flag was set keeps writing, but here at the end only: its writes cannot be told from
-//! those of a descriptor that dropped O_APPEND (see `may_write`). The kernel checks the caller before it forwards a change
-//! (owner or CAP_FOWNER, CAP_LINUX_IMMUTABLE for immutable and append-only); we check again
-//! with the request's uid, root standing for the capabilities.
+//! flag was set keeps writing, but here not over the file's bytes: its writes cannot be
+//! told from those of a descriptor that dropped O_APPEND (see `may_write`). The kernel
+//! checks the caller before it forwards a change (owner or CAP_FOWNER, CAP_LINUX_IMMUTABLE
+//! for immutable and append-only); we check again with the request's uid, root standing
+//! for the capabilities.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -144,12 +145,14 @@ impl FileAttrs {
         Ok(())
     }
 
-    /// A write of an append-only file anywhere but at its end: EPERM. Natively F_SETFL and
-    /// RWF_NOAPPEND refuse to drop O_APPEND on such a file, but a FUSE inode carries no
-    /// flag for the kernel to check, so a descriptor opened with O_APPEND could write
-    /// anywhere after losing it (and so could a shared writable mapping).
+    /// A write of an append-only file over its bytes (before its end): EPERM. Natively
+    /// F_SETFL and RWF_NOAPPEND refuse to drop O_APPEND on such a file, but a FUSE inode
+    /// carries no flag for the kernel to check, so a descriptor opened with O_APPEND could
+    /// write anywhere after losing it (and so could a shared writable mapping). Past the end
+    /// is allowed: the kernel sends the pieces of one large direct append at once, and a
+    /// piece may arrive before the one that ends where it starts.
     pub(super) fn may_write(&self, ino: u64, offset: u64, size: u64) -> Result<(), Errno> {
-        if self.get(ino) & FS_APPEND_FL != 0 && offset != size {
+        if self.get(ino) & FS_APPEND_FL != 0 && offset < size {
             return Err(libc::EPERM);
         }
         Ok(())
