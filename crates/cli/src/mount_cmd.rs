@@ -270,9 +270,12 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
     match source_fs {
         SourceFs::Passthrough(fs) => {
             let remounted = fs.clone();
+            // The watcher starts before the mount is reported: whoever saw the report (a
+            // script that remounts at once, a test counting the daemon's threads) finds the
+            // daemon whole.
             let ready = move |mounted: &Mounted| {
-                ready(mounted);
                 follow_remounts(&mounted.mountpoint, move |atime| remounted.set_atime(atime));
+                ready(mounted);
             };
             serve(
                 Arc::new(fs),
@@ -287,11 +290,11 @@ fn mount_and_serve(args: MountArgs, child: bool) -> io::Result<()> {
         SourceFs::Volume(fs) => {
             let switch = fs.atime_switch();
             let ready = move |mounted: &Mounted| {
-                ready(mounted);
                 // A read-only mount moves no atime (the kernel's rule for its own).
                 follow_remounts(&mounted.mountpoint, move |atime| {
                     switch.set(atime);
                 });
+                ready(mounted);
             };
             serve(fs, &spec, &session_options, &source, "volume", ready)
         }

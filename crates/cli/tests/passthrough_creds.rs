@@ -785,13 +785,15 @@ fn lock_waiters_share_one_thread_and_are_bounded() {
     let threads = || {
         std::fs::read_dir(format!("/proc/{}/task", m.pid))
             .unwrap()
-            .filter(|t| {
-                let comm = t.as_ref().map_or(String::new(), |t| {
+            .map(|t| {
+                t.map_or(String::new(), |t| {
                     std::fs::read_to_string(t.path().join("comm")).unwrap_or_default()
-                });
-                !comm.starts_with("lanefs-kick")
+                })
+                .trim()
+                .to_owned()
             })
-            .count()
+            .filter(|comm| !comm.starts_with("lanefs-kick"))
+            .collect::<Vec<_>>()
     };
     let before = threads();
     // Over io_uring every waiter keeps a ring entry of its CPU until it is answered; the
@@ -814,10 +816,11 @@ fn lock_waiters_share_one_thread_and_are_bounded() {
         "{} of {waiters} waiters registered",
         m.counter("lock_waiters")
     );
-    let grown = threads() - before;
+    let after = threads();
     assert!(
-        grown <= 1,
-        "{waiters} waiters took {grown} more daemon threads"
+        after.len() <= before.len() + 1,
+        "{waiters} waiters took {} more daemon threads: {after:?} against {before:?}",
+        after.len() - before.len()
     );
     let refused = locker(&f, libc::O_RDONLY, libc::F_SETLKW, libc::F_RDLCK, 0, 0);
     assert_eq!(

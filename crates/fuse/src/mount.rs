@@ -3,7 +3,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Read, Seek};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -119,22 +119,16 @@ pub fn watch_mount_options(
             .find(|m| (m.major, m.minor) == (major, minor))
             .map(|m| m.options)
     };
+    // The options as they are now, read before this returns: a remount made as soon as the
+    // mount is reported (which comes after this) is a change the thread sees.
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
+    let mut last =
+        ours(&text).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the mount is gone"))?;
     std::thread::Builder::new()
         .name("lanefs-mountinfo".into())
         .spawn(move || {
-            use std::io::{Read, Seek};
-            let mut last: Option<String> = None;
-            let mut text = String::new();
             loop {
-                text.clear();
-                if file.rewind().is_err() || file.read_to_string(&mut text).is_err() {
-                    return;
-                }
-                let Some(options) = ours(&text) else { return };
-                if last.as_ref().is_some_and(|l| *l != options) {
-                    changed(&options);
-                }
-                last = Some(options);
                 let mut pfd = libc::pollfd {
                     fd: file.as_raw_fd(),
                     events: libc::POLLPRI,
@@ -145,6 +139,15 @@ pub fn watch_mount_options(
                     && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted
                 {
                     return;
+                }
+                text.clear();
+                if file.rewind().is_err() || file.read_to_string(&mut text).is_err() {
+                    return;
+                }
+                let Some(options) = ours(&text) else { return };
+                if options != last {
+                    changed(&options);
+                    last = options;
                 }
             }
         })?;
