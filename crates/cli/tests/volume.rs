@@ -794,6 +794,159 @@ fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
     volume.assert_clean();
 }
 
+/// Inode rows whose columns no attribute can have (written by hand or damaged): each costs
+/// its own file (EIO, and a log line naming it and the column), not its directory's
+/// listing (all of it failed with EIO before) nor the daemon; fsck reports every column
+/// and negative data rows (it stopped at the first before, or took them for none) and
+/// repairs them so that the data is there again.
+#[test]
+fn damaged_inode_columns_fail_their_file_not_the_listing_and_fsck_repairs_them() {
+    use std::os::unix::fs::FileExt;
+    let volume = Volume::format("damaged-inodes");
+    let m = volume.mount(&[]);
+    for name in ["sound", "oversized", "negative", "typeless", "unowned"] {
+        std::fs::write(m.path(name), b"hello\n").unwrap();
+    }
+    std::fs::create_dir(m.path("dir")).unwrap();
+    std::fs::write(m.path("dir/inner"), b"in").unwrap();
+    std::fs::write(m.path("chunked"), content(3, 3 * MIB)).unwrap();
+    std::os::unix::fs::symlink("target", m.path("link")).unwrap();
+    let inos: Vec<i64> = [
+        "oversized",
+        "negative",
+        "typeless",
+        "unowned",
+        "dir",
+        "chunked",
+    ]
+    .iter()
+    .map(|n| ino(&m.path(n)))
+    .collect();
+    let [oversized, negative, typeless, unowned, dir, chunked] = inos[..] else {
+        unreachable!()
+    };
+    let link = std::fs::symlink_metadata(m.path("link")).unwrap().ino() as i64;
+    m.unmount();
+
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    let set = |sql: &str, ino: i64| {
+        db.execute(sql, [ino]).unwrap();
+    };
+    set(
+        "UPDATE inodes SET size = 4611686018427387904 WHERE ino = ?",
+        oversized,
+    );
+    set("UPDATE inodes SET size = -5 WHERE ino = ?", negative);
+    set(
+        "UPDATE inodes SET mode = 61440 | 420 WHERE ino = ?",
+        typeless,
+    );
+    set(
+        "UPDATE inodes SET uid = -1, gid = 4294967295 WHERE ino = ?",
+        unowned,
+    );
+    // A directory of no known type: its entries are kept (fsck took them for entries
+    // under a file, and dropped them).
+    set(
+        "UPDATE inodes SET mode = 61440 | 493, size = -1 WHERE ino = ?",
+        dir,
+    );
+    set(
+        "UPDATE inodes SET size = -1, parent = -7 WHERE ino = ?",
+        link,
+    );
+    set("UPDATE inodes SET size = -9 WHERE ino = ?", chunked);
+    set(
+        "UPDATE chunks SET idx = -3 WHERE ino = ? AND idx = 1",
+        chunked,
+    );
+    set(
+        "INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
+         SELECT ino, 0, 99, -9223372036854775807, 5, block, crc FROM chunks
+         WHERE ino = ? AND idx = 0",
+        chunked,
+    );
+    drop(db);
+
+    let log = volume.dir.path().join("daemon.log");
+    let m = volume.mount(&["--log", log.to_str().unwrap()]);
+    assert_eq!(
+        sorted_names(&m.path("")),
+        [
+            "chunked",
+            "dir",
+            "link",
+            "negative",
+            "oversized",
+            "sound",
+            "typeless",
+            "unowned"
+        ],
+        "the listing of a directory with damaged inodes"
+    );
+    assert_eq!(std::fs::read(m.path("sound")).unwrap(), b"hello\n");
+    for name in ["negative", "typeless", "unowned", "dir"] {
+        let err = std::fs::metadata(m.path(name)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{name}: {err}");
+    }
+    let logged = std::fs::read_to_string(&log).unwrap();
+    for expected in [
+        format!("inode {negative}: size -5 is out of range"),
+        format!("inode {typeless}: mode 61860 is out of range"),
+        format!("inode {unowned}: uid -1 is out of range"),
+    ] {
+        assert!(logged.contains(&expected), "no {expected:?} in\n{logged}");
+    }
+    m.unmount();
+
+    let (ok, report) = volume.fsck(false);
+    assert!(!ok, "fsck passed a damaged volume:\n{report}");
+    for expected in [
+        format!("inode {typeless} has mode 61860, out of range; mode 100644 at repair"),
+        format!("inode {unowned} has uid -1, out of range; uid 0 at repair"),
+        format!("inode {unowned} has gid 4294967295, out of range; gid 0 at repair"),
+        format!("inode {dir} has mode 61933, out of range; mode 40755 at repair"),
+        format!("inode {link} has parent -7, out of range; parent 1 at repair"),
+        format!("inode {chunked} has a chunk out of range"),
+        format!("inode {chunked} has a slice out of range"),
+        format!("inode {oversized} has a size out of range; set to 6"),
+        format!("inode {chunked} has a size out of range; set to 3145728"),
+        format!("inode {link} has a size out of range; set to 6"),
+    ] {
+        assert!(
+            report.contains(&expected),
+            "fsck did not report {expected:?}:\n{report}"
+        );
+    }
+    let (ok, report) = volume.fsck(true);
+    assert!(ok, "{report}");
+    assert!(
+        !report.contains("dangling entry"),
+        "the repair dropped the damaged directory's entries:\n{report}"
+    );
+    volume.assert_clean();
+    let m = volume.mount(&[]);
+    assert_eq!(std::fs::read(m.path("dir/inner")).unwrap(), b"in");
+    assert_eq!(std::fs::read(m.path("negative")).unwrap(), b"hello\n");
+    let typeless = std::fs::metadata(m.path("typeless")).unwrap();
+    assert_eq!(typeless.mode(), 0o100644);
+    assert_eq!(std::fs::metadata(m.path("unowned")).unwrap().uid(), 0);
+    assert_eq!(
+        std::fs::read_link(m.path("link")).unwrap(),
+        Path::new("target")
+    );
+    // The chunk whose index was negative is a hole; the others read as written.
+    let f = std::fs::File::open(m.path("chunked")).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 3 * MIB as u64);
+    let mut read = vec![0; 3 * MIB];
+    f.read_exact_at(&mut read, 0).unwrap();
+    let written = content(3, 3 * MIB);
+    assert!(read[..MIB] == written[..MIB] && read[2 * MIB..] == written[2 * MIB..]);
+    assert!(read[MIB..2 * MIB].iter().all(|&b| b == 0));
+    drop(f);
+    m.unmount();
+}
+
 #[test]
 fn small_files_write_no_object() {
     let volume = Volume::format("inline");
@@ -2897,6 +3050,50 @@ fn wait_for_sessions(volume: &Volume, live: usize) {
 /// The volume with its metadata on a PostgreSQL server of the test's own (issue 14).
 mod on_postgres {
     use super::*;
+
+    /// fsck's checks of inode columns and data rows on PostgreSQL, which fails a whole
+    /// statement on a BIGINT overflow (`pos + len` of a crafted slice) and has its own
+    /// functions: the repaired sizes are the end of each file's data.
+    #[test]
+    fn fsck_repairs_sizes_and_rows_out_of_range() {
+        let Some(volume) = Volume::format_on_postgres("fsck-ranges") else {
+            return;
+        };
+        let m = volume.mount(&[]);
+        std::fs::write(m.path("chunked"), content(4, 2 * MIB)).unwrap();
+        std::fs::write(m.path("inline"), b"hello\n").unwrap();
+        std::os::unix::fs::symlink("target", m.path("link")).unwrap();
+        m.unmount();
+        let server = volume.server();
+        server.psql(
+            "vol",
+            "UPDATE inodes SET size = -1 WHERE ino IN (SELECT ino FROM entries);
+             UPDATE inodes SET mode = 61440 | 420 WHERE ino = (SELECT ino FROM entries WHERE name = 'inline');
+             INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
+               SELECT ino, 0, 99, 9223372036854775000, 5000, block, crc FROM chunks WHERE idx = 0;",
+        );
+        let (ok, report) = volume.fsck(false);
+        assert!(!ok, "fsck passed a damaged volume:\n{report}");
+        for expected in [
+            "has a slice out of range",
+            "has mode 61860, out of range; mode 100644 at repair",
+            "has a size out of range; set to 2097152",
+            "has a size out of range; set to 6",
+        ] {
+            assert!(report.contains(expected), "no {expected:?} in\n{report}");
+        }
+        let (ok, report) = volume.fsck(true);
+        assert!(ok, "{report}");
+        volume.assert_clean();
+        let m = volume.mount(&[]);
+        assert!(std::fs::read(m.path("chunked")).unwrap() == content(4, 2 * MIB));
+        assert_eq!(std::fs::read(m.path("inline")).unwrap(), b"hello\n");
+        assert_eq!(
+            std::fs::read_link(m.path("link")).unwrap(),
+            Path::new("target")
+        );
+        m.unmount();
+    }
 
     /// A mount killed with changes it answered under its directory's lease and could not
     /// commit (the test holds a lock that blocks every insert into `inodes`) leaves them in

@@ -1180,8 +1180,8 @@ impl MetaStore for AsyncDirops {
             let settled = self.settled.load(Ordering::Acquire);
             let mut items = self.inner.readdir(queue, dir)?;
             for item in &mut items {
-                match self.pending(item.attr.ino) {
-                    Some(Some(rec)) => item.attr = rec,
+                match self.pending(item.ino) {
+                    Some(Some(rec)) => item.attr = Some(rec),
                     Some(None) => break 'read,
                     None => {}
                 }

@@ -606,9 +606,12 @@ impl VolumeFs {
             ));
             records.extend([None, None]);
             for item in items {
-                let typ = (item.attr.mode & libc::S_IFMT) >> 12;
-                all.push((item.attr.ino, typ, item.name));
-                records.push(Some(item.attr));
+                let typ = item
+                    .attr
+                    .as_ref()
+                    .map_or(item.kind, |a| (a.mode & libc::S_IFMT) >> 12);
+                all.push((item.ino, typ, item.name));
+                records.push(item.attr);
             }
             *listing = Some(all);
             listed = Some(dir);

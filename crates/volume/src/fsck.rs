@@ -1,15 +1,18 @@
 //! `lanefs fsck`: checks a volume that is not mounted, and repairs it with `repair`.
 //!
 //! Found and repaired, in this order (a repair may create work for a later check):
-//! entries naming a missing inode or a parent that is not a directory (removed); inodes no
-//! entry names, orphans of ended sessions included (freed); directories no path from the
-//! root reaches (named in the root as `lost+found-INO`); wrong link counts and wrong `..`
-//! of directories (set); rows of symlinks, xattrs, chunks and slices whose inode is gone
-//! (removed); data rows out of range, which reads refuse (removed: holes); chunks and
-//! slices of a file whose bytes are inline (removed); entry names no file can have
-//! (renamed); chunks whose block
-//! is missing from the block store (made holes), slices whose block is (removed: the chunk
-//! reads as it did before them); blocks nothing refers to (deleted). The checks are written once over [`Tx`] and run on SQLite and PostgreSQL alike.
+//! inode columns no attribute can have (a mode of no known type, owners and device numbers
+//! past 32 bits, a negative parent: set, see `repaired_column`); entries naming a missing
+//! inode or a parent that is not a directory (removed); inodes no entry names, orphans of
+//! ended sessions included (freed); directories no path from the root reaches (named in the
+//! root as `lost+found-INO`); wrong link counts and wrong `..` of directories (set); rows of
+//! symlinks, xattrs, chunks and slices whose inode is gone (removed); data rows out of
+//! range, which reads refuse (removed: holes); chunks and slices of a file whose bytes are
+//! inline (removed); sizes out of range (set to the end of the data); entry names no file
+//! can have (renamed); chunks whose block is missing from the block store (made holes),
+//! slices whose block is (removed: the chunk reads as it did before them); blocks nothing
+//! refers to (deleted). The checks are written once over [`Tx`] and run on SQLite and
+//! PostgreSQL alike.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -179,20 +182,116 @@ fn problem(report: &mut Report, progress: &mut dyn FnMut(&str), line: String) {
     report.problems.push(line);
 }
 
+/// What a repair sets an inode's `column` (out of range in `stored`) to: the statement, the
+/// value, and its description. Modes keep their permission bits, less set-ID ones, with the
+/// type the inode's directory entry gives (a regular file's without one); owners become
+/// root (no one else gains a file by it); a parent is the directory that names the inode.
+fn repaired_column(
+    conn: &mut dyn Tx,
+    stored: &ops::StoredInode,
+    column: &str,
+) -> Result<(&'static str, i64, String), String> {
+    let named_by = |conn: &mut dyn Tx, what: &'static str| {
+        conn.query_opt(what, &args![stored.ino])
+            .map_err(sql)?
+            .map(|r| r.int(0))
+            .transpose()
+            .map_err(sql)
+    };
+    Ok(match column {
+        "mode" => {
+            let kind = named_by(
+                conn,
+                "SELECT kind FROM entries WHERE ino = ? ORDER BY kind LIMIT 1",
+            )?
+            .map(|k| k << 12)
+            .filter(|&m| ops::is_inode_mode(m))
+            .unwrap_or(i64::from(libc::S_IFREG));
+            let mode = kind | (stored.mode & 0o1777);
+            let set = "UPDATE inodes SET mode = ? WHERE ino = ?";
+            (set, mode, format!("mode {mode:o}"))
+        }
+        "uid" => ("UPDATE inodes SET uid = ? WHERE ino = ?", 0, "uid 0".into()),
+        "gid" => ("UPDATE inodes SET gid = ? WHERE ino = ?", 0, "gid 0".into()),
+        "rdev" => (
+            "UPDATE inodes SET rdev = ? WHERE ino = ?",
+            0,
+            "rdev 0".into(),
+        ),
+        _ => {
+            let parent = named_by(
+                conn,
+                "SELECT parent FROM entries WHERE ino = ? ORDER BY parent LIMIT 1",
+            )?
+            .unwrap_or(ROOT_INO as i64);
+            let set = "UPDATE inodes SET parent = ? WHERE ino = ?";
+            (set, parent, format!("parent {parent}"))
+        }
+    })
+}
+
+/// The end of the data an inode still has (a regular file's inline bytes, chunks and
+/// slices; a symlink's target), for a size out of range; 0 for any other.
+fn end_of_data(conn: &mut dyn Tx, ino: i64) -> Result<i64, String> {
+    let Some(row) = conn
+        .query_opt(
+            // Rows in range only (a check without repair leaves the others): products of
+            // theirs cannot overflow.
+            "SELECT i.mode, coalesce(length(i.inline_data), 0),
+               coalesce((SELECT max(idx * ? + len) FROM chunks WHERE ino = i.ino
+                 AND idx >= 0 AND idx < ? AND len >= 0 AND len <= ?), 0),
+               coalesce((SELECT max(idx * ? + pos + len) FROM slices WHERE ino = i.ino
+                 AND idx >= 0 AND idx < ? AND pos >= 0 AND pos < ? AND len >= 0 AND len <= ?), 0),
+               coalesce((SELECT length(target) FROM symlinks WHERE ino = i.ino), 0)
+             FROM inodes i WHERE i.ino = ?",
+            &args![
+                CHUNK_BYTES,
+                MAX_FILE_BYTES / CHUNK_BYTES,
+                CHUNK_BYTES,
+                CHUNK_BYTES,
+                MAX_FILE_BYTES / CHUNK_BYTES,
+                CHUNK_BYTES,
+                CHUNK_BYTES,
+                ino
+            ],
+        )
+        .map_err(sql)?
+    else {
+        return Ok(0);
+    };
+    let int = |i| row.int(i).map_err(sql);
+    Ok(match int(0)? & i64::from(libc::S_IFMT) {
+        t if t == i64::from(libc::S_IFREG) => int(1)?.max(int(2)?).max(int(3)?),
+        t if t == i64::from(libc::S_IFLNK) => int(4)?,
+        _ => 0,
+    })
+}
+
 /// Data rows that no file can have: what each is, the inodes that have one, its deletion
 /// (of the inode's, the inode first), and the limits both take.
 const OUT_OF_RANGE_ROWS: [(&str, &str, &str, &[u64]); 3] = [
     (
         "a chunk",
-        "SELECT DISTINCT ino FROM chunks WHERE idx >= ? OR len > ?",
-        "DELETE FROM chunks WHERE ino = ? AND (idx >= ? OR len > ?)",
+        "SELECT DISTINCT ino FROM chunks WHERE idx < 0 OR idx >= ? OR len < 0 OR len > ?",
+        "DELETE FROM chunks WHERE ino = ? AND (idx < 0 OR idx >= ? OR len < 0 OR len > ?)",
         &[MAX_FILE_BYTES / CHUNK_BYTES, CHUNK_BYTES],
     ),
+    // pos + len is summed only once both are known small: SQL does not say in which order
+    // an OR's terms run, and PostgreSQL fails the statement on a BIGINT overflow.
     (
         "a slice",
-        "SELECT DISTINCT ino FROM slices WHERE idx >= ? OR pos >= ? OR len > ? - pos",
-        "DELETE FROM slices WHERE ino = ? AND (idx >= ? OR pos >= ? OR len > ? - pos)",
-        &[MAX_FILE_BYTES / CHUNK_BYTES, CHUNK_BYTES, CHUNK_BYTES],
+        "SELECT DISTINCT ino FROM slices WHERE CASE
+             WHEN idx < 0 OR idx >= ? OR pos < 0 OR pos >= ? OR len < 0 OR len > ? THEN 1
+             WHEN pos + len > ? THEN 1 ELSE 0 END = 1",
+        "DELETE FROM slices WHERE ino = ? AND CASE
+             WHEN idx < 0 OR idx >= ? OR pos < 0 OR pos >= ? OR len < 0 OR len > ? THEN 1
+             WHEN pos + len > ? THEN 1 ELSE 0 END = 1",
+        &[
+            MAX_FILE_BYTES / CHUNK_BYTES,
+            CHUNK_BYTES,
+            CHUNK_BYTES,
+            CHUNK_BYTES,
+        ],
     ),
     (
         "inline bytes longer than a chunk",
@@ -256,6 +355,41 @@ fn check_all(
     report: &mut Report,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<u64>, String> {
+    progress("fsck: inode columns");
+    // First: the entries check takes an entry under a parent whose mode is not a
+    // directory's for dangling, and would drop a damaged directory's whole content.
+    let mut bad_sizes = Vec::new();
+    for row in conn
+        .query(
+            "SELECT ino, mode, uid, gid, rdev, nlink, size, atime_ns, mtime_ns, ctime_ns, parent
+             FROM inodes ORDER BY ino",
+            &[],
+        )
+        .map_err(sql)?
+    {
+        let stored = ops::StoredInode::from_row(&row, 0).map_err(sql)?;
+        // Link counts are set by their own check below.
+        for (column, value) in stored.out_of_range() {
+            if column == "nlink" {
+                continue;
+            }
+            let ino = stored.ino;
+            if column == "size" {
+                bad_sizes.push(ino);
+                continue;
+            }
+            let (set, to, described) = repaired_column(conn, &stored, column)?;
+            problem(
+                report,
+                progress,
+                format!("inode {ino} has {column} {value}, out of range; {described} at repair"),
+            );
+            if repair {
+                exec(conn, set, &args![to, ino])?;
+            }
+        }
+    }
+
     progress("fsck: entries");
     let dangling = conn
         .query(
@@ -512,6 +646,27 @@ fn check_all(
             )?;
             exec(conn, "DELETE FROM chunks WHERE ino = ?", &args![ino])?;
             exec(conn, "DELETE FROM slices WHERE ino = ?", &args![ino])?;
+        }
+    }
+
+    progress("fsck: inode sizes");
+    // After the data rows' checks: a size out of range becomes the end of the data the
+    // file still has (a symlink's, its target's length; any other's, 0).
+    for ino in bad_sizes {
+        let size = end_of_data(conn, ino)?;
+        problem(
+            report,
+            progress,
+            format!(
+                "inode {ino} has a size out of range; set to {size}, the end of its data, at repair"
+            ),
+        );
+        if repair {
+            exec(
+                conn,
+                "UPDATE inodes SET size = ? WHERE ino = ?",
+                &args![size, ino],
+            )?;
         }
     }
 

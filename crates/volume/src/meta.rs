@@ -177,7 +177,11 @@ pub struct FileRec {
 #[derive(Debug, Clone)]
 pub struct DirItem {
     pub name: Vec<u8>,
-    pub attr: InodeRec,
+    pub ino: u64,
+    /// The entry's file type (`d_type`, S_IFMT >> 12).
+    pub kind: u32,
+    /// None where the inode's row is damaged (`ops::StoredInode::record`).
+    pub attr: Option<InodeRec>,
 }
 
 /// The outcome of a flush or truncate of a file's data, committed as one change.

@@ -118,7 +118,7 @@ const LOOKUP_AND_LEASE_SQL: &str = concat!(
     " WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?"
 );
 const READDIR_SQL: &str = concat!(
-    "SELECT e.name, ",
+    "SELECT e.name, e.kind, ",
     attr_columns!(),
     " FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = CAST(? AS BIGINT) ORDER BY e.name"
 );
@@ -206,20 +206,126 @@ pub fn initialize(
     insert_inode(tx, root, None)
 }
 
+/// An inode row's columns as stored (`attr_columns!`, in that order), before they are
+/// taken for attributes: a damaged or crafted row may hold any 64-bit value in each.
+#[derive(Debug, Clone, Copy)]
+pub struct StoredInode {
+    pub ino: i64,
+    pub mode: i64,
+    pub uid: i64,
+    pub gid: i64,
+    pub rdev: i64,
+    pub nlink: i64,
+    pub size: i64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub parent: i64,
+}
+
+/// The file types an inode's mode may have.
+const FILE_TYPES: [u32; 7] = [
+    libc::S_IFREG,
+    libc::S_IFDIR,
+    libc::S_IFLNK,
+    libc::S_IFCHR,
+    libc::S_IFBLK,
+    libc::S_IFIFO,
+    libc::S_IFSOCK,
+];
+
+/// Whether `mode` is an inode's: 16 bits with a known file type.
+pub fn is_inode_mode(mode: i64) -> bool {
+    u16::try_from(mode).is_ok_and(|m| FILE_TYPES.contains(&(u32::from(m) & libc::S_IFMT)))
+}
+
+/// Whether `id` can be a file's owner or group: 32 bits, and not -1 (which chown takes as
+/// "leave it", and the kernel as no id at all).
+pub fn is_owner_id(id: i64) -> bool {
+    u32::try_from(id).is_ok_and(|id| id != u32::MAX)
+}
+
+impl StoredInode {
+    pub fn from_row(r: &Row, at: usize) -> Result<StoredInode, DbError> {
+        Ok(StoredInode {
+            ino: r.int(at)?,
+            mode: r.int(at + 1)?,
+            uid: r.int(at + 2)?,
+            gid: r.int(at + 3)?,
+            rdev: r.int(at + 4)?,
+            nlink: r.int(at + 5)?,
+            size: r.int(at + 6)?,
+            atime_ns: r.int(at + 7)?,
+            mtime_ns: r.int(at + 8)?,
+            ctime_ns: r.int(at + 9)?,
+            parent: r.int(at + 10)?,
+        })
+    }
+
+    /// Each column an attribute is taken from: its name, its value, and whether an
+    /// attribute can have it (any timestamp can; a directory's parent of 0 is taken for the
+    /// root, as listings do).
+    fn columns(&self) -> [(&'static str, i64, bool); 7] {
+        [
+            ("mode", self.mode, is_inode_mode(self.mode)),
+            ("uid", self.uid, is_owner_id(self.uid)),
+            ("gid", self.gid, is_owner_id(self.gid)),
+            ("rdev", self.rdev, u32::try_from(self.rdev).is_ok()),
+            ("nlink", self.nlink, u32::try_from(self.nlink).is_ok()),
+            (
+                "size",
+                self.size,
+                u64::try_from(self.size).is_ok_and(|s| s <= crate::file::MAX_FILE_BYTES),
+            ),
+            ("parent", self.parent, self.parent >= 0),
+        ]
+    }
+
+    /// The columns no attribute can have, by name, with their values: fsck reports them,
+    /// and a mount refuses the inode over the first.
+    pub fn out_of_range(&self) -> impl Iterator<Item = (&'static str, i64)> {
+        self.columns()
+            .into_iter()
+            .filter(|(_, _, fits)| !fits)
+            .map(|(name, value, _)| (name, value))
+    }
+
+    /// The attributes, or an error naming the inode and its first column out of range
+    /// (the inode's requests fail with EIO and this goes to the log; the daemon goes on).
+    pub fn record(&self) -> Result<InodeRec, DbError> {
+        let damaged = |what: &str| {
+            DbError::Other(format!(
+                "inode {}: {what} is out of range (a damaged volume: see lanefs fsck)",
+                self.ino
+            ))
+        };
+        let ino = u64::try_from(self.ino)
+            .ok()
+            .filter(|&i| i > 0)
+            .ok_or_else(|| damaged(&format!("inode number {}", self.ino)))?;
+        if let Some((name, value)) = self.out_of_range().next() {
+            return Err(damaged(&format!("{name} {value}")));
+        }
+        // Each checked above.
+        let narrow = |v: i64| v as u32;
+        Ok(InodeRec {
+            ino,
+            mode: narrow(self.mode),
+            uid: narrow(self.uid),
+            gid: narrow(self.gid),
+            rdev: narrow(self.rdev),
+            nlink: narrow(self.nlink),
+            size: self.size as u64,
+            atime_ns: self.atime_ns,
+            mtime_ns: self.mtime_ns,
+            ctime_ns: self.ctime_ns,
+            parent: self.parent as u64,
+        })
+    }
+}
+
 pub fn attr_from_row(r: &Row, at: usize) -> Result<InodeRec, DbError> {
-    Ok(InodeRec {
-        ino: r.u64(at)?,
-        mode: r.u32(at + 1)?,
-        uid: r.u32(at + 2)?,
-        gid: r.u32(at + 3)?,
-        rdev: r.u32(at + 4)?,
-        nlink: r.u32(at + 5)?,
-        size: r.u64(at + 6)?,
-        atime_ns: r.int(at + 7)?,
-        mtime_ns: r.int(at + 8)?,
-        ctime_ns: r.int(at + 9)?,
-        parent: r.u64(at + 10)?,
-    })
+    StoredInode::from_row(r, at)?.record()
 }
 
 // ---- Reads -------------------------------------------------------------------------------
@@ -248,9 +354,18 @@ fn rows_of_inodes(tx: &mut dyn Tx, sql: &'static str, inos: &[u64]) -> Result<Ve
 
 /// The records of those of `inos` that exist, in no particular order.
 pub fn getattrs(tx: &mut dyn Tx, inos: &[u64]) -> Result<Vec<InodeRec>, Errno> {
+    // A damaged row is left out (and logged), as an inode removed since: the others'
+    // attributes still go with a READDIRPLUS answer.
     rows_of_inodes(tx, GETATTRS_SQL.as_str(), inos)?
         .iter()
-        .map(|row| Ok(attr_from_row(row, 0)?))
+        .filter_map(|row| match attr_from_row(row, 0) {
+            Ok(rec) => Some(Ok(rec)),
+            Err(e @ DbError::Other(_)) => {
+                tracing::error!("volume metadata: {e}");
+                None
+            }
+            Err(e) => Some(Err(e.into())),
+        })
         .collect()
 }
 
@@ -310,9 +425,19 @@ pub fn readdir(tx: &mut dyn Tx, dir: u64) -> Result<Vec<DirItem>, Errno> {
             );
             continue;
         }
+        let stored = StoredInode::from_row(&r, 2)?;
+        // A damaged inode is listed by its entry, without attributes (READDIRPLUS then
+        // gives no entry, and the name's own LOOKUP fails): it costs its file, not the
+        // directory's listing (`ls`, `rm -rf` see it).
+        let attr = stored
+            .record()
+            .inspect_err(|e| tracing::error!("volume metadata: {e}"))
+            .ok();
         items.push(DirItem {
             name,
-            attr: attr_from_row(&r, 1)?,
+            ino: u64::try_from(stored.ino).unwrap_or(0),
+            kind: u32::try_from(r.int(1)?).unwrap_or(0),
+            attr,
         });
     }
     Ok(items)
