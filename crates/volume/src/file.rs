@@ -147,8 +147,8 @@ impl BlockCache {
 /// Released blocks a local store keeps for new blocks to be written over: one flush past the
 /// dirty limit (`FILE_DIRTY_MAX_BYTES` of 1 MiB chunks).
 pub const SPARE_BLOCKS_MAX: usize = 64;
-/// Reads of a chunk's stored pieces, when a flush replaced one under the read (see
-/// `FileState::read_stored`).
+/// Reads of a chunk's stored pieces that a flush may overtake (replace a block under the
+/// read) before the next one holds the view (see `FileState::read_stored`).
 const STORED_READ_TRIES: u32 = 16;
 
 /// The data path shared by all files: the block store, the block cache, block ids.
@@ -542,7 +542,8 @@ pub struct FileState {
     /// Where the last read ended: a read starting there is sequential and reads ahead.
     last_read_end: AtomicU64,
     /// What the store holds. Written only under the gate held exclusive (after a commit);
-    /// read by reads and lseek. Leaf lock, never held across I/O.
+    /// read by reads and lseek. Leaf lock, held across I/O only by a read that flushes
+    /// overtook many times (`read_stored`), which a flush's apply then waits for.
     committed: RwLock<Committed>,
     /// The commit of the file's bytes last queued without waiting (`flush_early`).
     early: Arc<EarlyCommit>,
@@ -711,7 +712,7 @@ impl FileState {
     /// the chunk may commit meanwhile and the reaper give the old blocks up (delete them, or
     /// write a new block over one kept as a spare). A block that fails to read and that the
     /// view no longer holds was such a replaced one: the read starts again from the new
-    /// view (at most `STORED_READ_TRIES` times, each after a commit of this chunk).
+    /// view (each time after a commit of this chunk; past `STORED_READ_TRIES`, holding it).
     /// One that the view still holds may have been replaced by another mount of a shared
     /// volume: with `reload`, the view is read again from the store once, and the read
     /// starts again from it; a block that the store's view names and that fails is lost.
@@ -725,11 +726,13 @@ impl FileState {
     ) -> Result<(), Errno> {
         let mut tries = 0;
         'view: loop {
-            let (inline, pieces) = {
-                let c = read_lock(&self.committed);
-                let inline = if idx == 0 { c.inline.clone() } else { None };
-                (inline, c.pieces(idx))
-            };
+            let view = read_lock(&self.committed);
+            let inline = if idx == 0 { view.inline.clone() } else { None };
+            let pieces = view.pieces(idx);
+            // Overtaken `STORED_READ_TRIES` times, the read holds the view across its
+            // fetches: a flush applies its view (and only then gives the old blocks up)
+            // once the read is done, so a stream of flushes cannot starve it into an error.
+            let mut held = (tries >= STORED_READ_TRIES).then_some(view);
             if let Some(inline) = inline {
                 copy_part(dst, &inline, within);
                 return Ok(());
@@ -745,11 +748,15 @@ impl FileState {
                     Ok(bytes) => bytes,
                     Err(fault) => {
                         tries += 1;
-                        let replaced = !read_lock(&self.committed)
-                            .pieces(idx)
-                            .iter()
-                            .any(|(_, _, b)| b.id == block.id);
-                        if replaced && tries < STORED_READ_TRIES {
+                        // Held, the view cannot have changed: the block is not a replaced
+                        // one. Let go before anything below takes the lock again.
+                        let was_held = held.take().is_some();
+                        let replaced = !was_held
+                            && !read_lock(&self.committed)
+                                .pieces(idx)
+                                .iter()
+                                .any(|(_, _, b)| b.id == block.id);
+                        if replaced {
                             continue 'view;
                         }
                         if !replaced && let Some(reload) = reload.take() {
