@@ -4556,9 +4556,6 @@ mod on_postgres {
         volume.assert_clean();
     }
 
-    /// A file unlinked on one mount while open on another stays readable there until that
-    /// close (the other mount holds the orphan), and is freed after it; an unlinked file no
-    /// mount has open is freed after the grace period.
     /// Close-to-open for a file that stays open on b: an open on b after a's close sees
     /// a's bytes, though b's first open loaded the file before a wrote (a's write is a
     /// slice over a block b still has, so only a stale view could read the old bytes).
@@ -4598,6 +4595,45 @@ mod on_postgres {
             String::from_utf8_lossy(&read[100..100 + patch.len()])
         );
         assert!(read == data);
+        drop((held, reopened));
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// Close-to-open for a small file b made and wrote in a directory it holds the lease
+    /// of, and keeps open: b's close queued the bytes' commit without waiting and kept them
+    /// in memory, where they stayed after the commit; an open on b after a rewrote the
+    /// file (recalling the lease) read b's old bytes from there, at b's old size.
+    #[test]
+    fn an_open_sees_another_mounts_rewrite_of_a_file_it_wrote_early() {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let Some(volume) = Volume::format_on_postgres("reopen-early") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        std::fs::create_dir(b.path("d")).unwrap();
+        let written = std::fs::File::create(b.path("d/f")).unwrap();
+        let held = std::fs::File::open(b.path("d/f")).unwrap();
+        (&written).write_all(b"written on b").unwrap();
+        drop(written);
+        let rewrite = b"rewritten on a, longer than b's";
+        std::fs::write(a.path("d/f"), rewrite).unwrap();
+        // O_DIRECT: read from b's daemon, not from pages b's kernel may still hold.
+        let reopened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(b.path("d/f"))
+            .unwrap();
+        let mut read = vec![0; 4096];
+        let n = (&reopened).read(&mut read).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&read[..n]),
+            String::from_utf8_lossy(rewrite),
+            "an open on b after a's rewrite"
+        );
         drop((held, reopened));
         a.unmount();
         b.unmount();
@@ -4737,6 +4773,9 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// A file unlinked on one mount while open on another stays readable there until that
+    /// close (the other mount holds the orphan), and is freed after it; an unlinked file no
+    /// mount has open is freed after the grace period.
     #[test]
     fn a_file_unlinked_on_one_mount_stays_readable_where_it_is_open() {
         let Some(volume) = Volume::format_on_postgres("unlinked") else {

@@ -910,7 +910,11 @@ impl AsyncDirops {
     /// (an open reads the store only after); its predicted attributes, where it has them,
     /// take the new size and times, else none are answered until the commit; a failure is
     /// logged, counted and reported by the file's next fsync.
-    pub fn update_data_early(&self, update: InlineUpdate, failed: Box<dyn FnOnce(Errno) + Send>) {
+    pub fn update_data_early(
+        &self,
+        update: InlineUpdate,
+        done: Box<dyn FnOnce(Result<(), Errno>) + Send>,
+    ) {
         let ino = update.ino;
         {
             let mut inodes = self.inodes.shard(ino);
@@ -935,12 +939,13 @@ impl AsyncDirops {
                 let Some(this) = this.upgrade() else { return };
                 match r {
                     Ok(released) => {
+                        done(Ok(()));
                         if let Some(hooks) = this.hooks.get() {
                             (hooks.reap)(released);
                         }
                     }
                     Err(e) => {
-                        failed(e);
+                        done(Err(e));
                         this.failed_inode_change(
                             "its data, committed after its close returned",
                             ino,

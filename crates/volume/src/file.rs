@@ -559,6 +559,8 @@ struct EarlyCommit {
     writes: AtomicU64,
     /// Its commit failed (set by its completion on the committer).
     failed: AtomicBool,
+    /// `FileState::writes` of the last one whose commit finished; `NO_EARLY_COMMIT`: none.
+    committed: AtomicU64,
 }
 
 const NO_EARLY_COMMIT: u64 = u64::MAX;
@@ -569,6 +571,12 @@ impl EarlyCommit {
         self.writes.load(Ordering::Acquire) == writes && !self.failed.load(Ordering::Acquire)
     }
 
+    /// Whether the store holds the file's bytes as of `writes`: a commit queued early
+    /// covers them and has finished.
+    fn stored(&self, writes: u64) -> bool {
+        self.covers(writes) && self.committed.load(Ordering::Acquire) == writes
+    }
+
     fn forget(&self) {
         self.writes.store(NO_EARLY_COMMIT, Ordering::Release);
     }
@@ -577,9 +585,9 @@ impl EarlyCommit {
 /// Reads the file's record from the store again (`FileState::read`).
 pub type Reload<'a> = &'a dyn Fn() -> Result<FileRec, Errno>;
 
-/// Queues a file's data change for commit without waiting; the callback runs with the
-/// errno if the commit fails.
-pub type QueueEarly<'a> = &'a dyn Fn(InlineUpdate, Box<dyn FnOnce(Errno) + Send>);
+/// Queues a file's data change for commit without waiting; the callback runs with its
+/// outcome.
+pub type QueueEarly<'a> = &'a dyn Fn(InlineUpdate, Box<dyn FnOnce(Result<(), Errno>) + Send>);
 
 fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|e| e.into_inner())
@@ -614,6 +622,7 @@ impl FileState {
             early: Arc::new(EarlyCommit {
                 writes: AtomicU64::new(NO_EARLY_COMMIT),
                 failed: AtomicBool::new(false),
+                committed: AtomicU64::new(NO_EARLY_COMMIT),
             }),
         }
     }
@@ -643,14 +652,24 @@ impl FileState {
     /// have changed the file since this mount's first open loaded it: a later open (close-
     /// to-open) and a read of a block the other mount replaced and deleted call this. Waits
     /// for a flush in progress (so the read cannot predate one of this mount's commits that
-    /// the view has), and takes the size too when nothing is unflushed here.
+    /// the view has), and takes the size too when nothing is unflushed here. Bytes a close
+    /// committed early (`flush_early`) and kept are dropped once that commit has finished:
+    /// the store has them, or what another mount wrote over them since.
     pub fn reload(&self, reload: Reload<'_>) -> Result<InodeRec, Errno> {
         let _flushing = lock(&self.flushing);
         let rec = reload()?;
         let _gate = write_lock(&self.gate);
-        if lock(&self.dirty).is_empty() {
+        let mut dirty = lock(&self.dirty);
+        if !dirty.is_empty() && self.early.stored(self.writes.load(Ordering::Relaxed)) {
+            dirty.clear();
+            self.dirty_bytes.store(0, Ordering::Relaxed);
+            self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+            self.early.forget();
+        }
+        if dirty.is_empty() {
             self.size.store(rec.attr.size, Ordering::Relaxed);
         }
+        drop(dirty);
         let attr = rec.attr.clone();
         *write_lock(&self.committed) = Committed::of(rec);
         Ok(attr)
@@ -1254,7 +1273,10 @@ impl FileState {
         let early = self.early.clone();
         queue(
             update,
-            Box::new(move |_| early.failed.store(true, Ordering::Release)),
+            Box::new(move |outcome| match outcome {
+                Ok(()) => early.committed.store(writes, Ordering::Release),
+                Err(_) => early.failed.store(true, Ordering::Release),
+            }),
         );
         true
     }

@@ -974,7 +974,7 @@ impl VolumeFs {
             return false;
         };
         let dirops = &self.dirops;
-        state.flush_early(&|update, failed| dirops.update_data_early(update, failed))
+        state.flush_early(&|update, done| dirops.update_data_early(update, done))
     }
 
     fn flush_state(&self, state: &FileState) -> Result<(), Errno> {
