@@ -650,12 +650,16 @@ fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
     }
     std::fs::create_dir(m.path("kinded")).unwrap();
     std::fs::write(m.path("kinded/kept"), b"kept").unwrap();
+    // The names the repair gives, taken already (the repair failed on them).
+    let b_ino = ino(&m.path("dir/b"));
+    std::fs::write(m.path(&format!("dir/bad-name-{b_ino}-0")), b"taken").unwrap();
+    let kinded = ino(&m.path("kinded"));
+    std::fs::write(m.path(&format!("lost+found-{kinded}")), b"taken").unwrap();
     let both = ino(&m.path("both"));
-    let (huge, past_size, dir, kinded) = (
+    let (huge, past_size, dir) = (
         ino(&m.path("huge")),
         ino(&m.path("past-size")),
         ino(&m.path("dir")),
-        ino(&m.path("kinded")),
     );
     m.unmount();
 
@@ -748,7 +752,10 @@ fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
     assert_eq!(read, b"0123456789\0\0\0\0\0\0\0\0\0\0\0");
     f.set_len(10).unwrap();
     drop(f);
-    assert_eq!(sorted_names(&m.path("dir")), ["a", "c"]);
+    assert_eq!(
+        sorted_names(&m.path("dir")),
+        ["a", &format!("bad-name-{b_ino}-0"), "c"]
+    );
     m.unmount();
 
     let (ok, report) = volume.fsck(false);
@@ -776,19 +783,22 @@ fn crafted_rows_fail_their_file_not_the_daemon_and_fsck_repairs_them() {
         read[MIB..].iter().all(|&b| b == 0),
         "the dropped chunk reads as a hole"
     );
-    let names = sorted_names(&m.path("dir"));
-    assert_eq!(names.len(), 3, "{names:?}");
-    let renamed = names
-        .iter()
-        .find(|n| n.starts_with("bad-name-"))
-        .expect("the renamed entry");
+    let renamed = format!("bad-name-{b_ino}-0-1");
+    assert_eq!(
+        sorted_names(&m.path("dir")),
+        ["a", &format!("bad-name-{b_ino}-0"), &renamed, "c"]
+    );
     assert_eq!(
         std::fs::read(m.path(&format!("dir/{renamed}"))).unwrap(),
         b"b"
     );
     assert_eq!(
-        std::fs::read(m.path(&format!("lost+found-{kinded}/kept"))).unwrap(),
+        std::fs::read(m.path(&format!("lost+found-{kinded}-1/kept"))).unwrap(),
         b"kept"
+    );
+    assert_eq!(
+        std::fs::read(m.path(&format!("lost+found-{kinded}"))).unwrap(),
+        b"taken"
     );
     m.unmount();
     volume.assert_clean();
@@ -899,8 +909,10 @@ fn damaged_inode_columns_fail_their_file_not_the_listing_and_fsck_repairs_them()
     }
     m.unmount();
 
+    // The check reports what the repair does: the damaged directory's entries stay.
     let (ok, report) = volume.fsck(false);
     assert!(!ok, "fsck passed a damaged volume:\n{report}");
+    assert!(!report.contains("dangling entry"), "{report}");
     for expected in [
         format!("inode {typeless} has mode 61860, out of range; mode 100644 at repair"),
         format!("inode {unowned} has uid -1, out of range; uid 0 at repair"),
@@ -3070,12 +3082,15 @@ mod on_postgres {
             "UPDATE inodes SET size = -1 WHERE ino IN (SELECT ino FROM entries);
              UPDATE inodes SET mode = 61440 | 420 WHERE ino = (SELECT ino FROM entries WHERE name = 'inline');
              INSERT INTO slices (ino, idx, seq, pos, len, block, crc)
-               SELECT ino, 0, 99, 9223372036854775000, 5000, block, crc FROM chunks WHERE idx = 0;",
+               SELECT ino, 0, 99, 9223372036854775000, 5000, block, crc FROM chunks WHERE idx = 0;
+             INSERT INTO chunks (ino, idx, block, len, crc)
+               SELECT ino, 5, -1, 10, crc FROM chunks WHERE idx = 0;",
         );
         let (ok, report) = volume.fsck(false);
         assert!(!ok, "fsck passed a damaged volume:\n{report}");
         for expected in [
             "has a slice out of range",
+            "has a chunk out of range",
             "has mode 61860, out of range; mode 100644 at repair",
             "has a size out of range; set to 2097152",
             "has a size out of range; set to 6",

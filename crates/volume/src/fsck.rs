@@ -1,4 +1,6 @@
-//! `lanefs fsck`: checks a volume that is not mounted, and repairs it with `repair`.
+//! `lanefs fsck`: checks a volume that is not mounted, and repairs it with `repair`. Both
+//! make the repairs in one transaction; a check rolls it back, so that it reports what a
+//! repair would do (a later check sees what an earlier repair changed).
 //!
 //! Found and repaired, in this order (a repair may create work for a later check):
 //! inode columns no attribute can have (a mode of no known type, owners and device numbers
@@ -151,7 +153,10 @@ fn check_and_repair<C: Conn>(
     };
     let conn = &mut held.conn;
     conn.begin(false).map_err(sql)?;
-    let result = check_all(conn, &*held.blocks, repair, &mut report, progress);
+    // The repairs are made in the transaction either way, and rolled back without
+    // `repair`: what a check reports is what a repair would do (a later check sees the
+    // earlier repairs, as in a repair).
+    let result = check_all(conn, &*held.blocks, &mut report, progress);
     match result {
         Ok(unreferenced) if repair => {
             conn.commit(false).map_err(sql)?;
@@ -267,13 +272,33 @@ fn end_of_data(conn: &mut dyn Tx, ino: i64) -> Result<i64, String> {
     })
 }
 
+/// `name` if `dir` has no entry by that name, else the first of `name-1`, `name-2`, … it
+/// has none by (a repair's name taken by a file already failed the repair).
+fn free_name(conn: &mut dyn Tx, dir: i64, name: String) -> Result<String, String> {
+    let mut candidate = name.clone();
+    for n in 1.. {
+        let taken = conn
+            .query_opt(
+                "SELECT 1 FROM entries WHERE parent = ? AND name = ?",
+                &args![dir, candidate.as_bytes()],
+            )
+            .map_err(sql)?
+            .is_some();
+        if !taken {
+            break;
+        }
+        candidate = format!("{name}-{n}");
+    }
+    Ok(candidate)
+}
+
 /// Data rows that no file can have: what each is, the inodes that have one, its deletion
 /// (of the inode's, the inode first), and the limits both take.
 const OUT_OF_RANGE_ROWS: [(&str, &str, &str, &[u64]); 3] = [
     (
         "a chunk",
-        "SELECT DISTINCT ino FROM chunks WHERE idx < 0 OR idx >= ? OR len < 0 OR len > ?",
-        "DELETE FROM chunks WHERE ino = ? AND (idx < 0 OR idx >= ? OR len < 0 OR len > ?)",
+        "SELECT DISTINCT ino FROM chunks WHERE idx < 0 OR idx >= ? OR len < 0 OR len > ? OR block < 0",
+        "DELETE FROM chunks WHERE ino = ? AND (idx < 0 OR idx >= ? OR len < 0 OR len > ? OR block < 0)",
         &[MAX_FILE_BYTES / CHUNK_BYTES, CHUNK_BYTES],
     ),
     // pos + len is summed only once both are known small: SQL does not say in which order
@@ -281,10 +306,10 @@ const OUT_OF_RANGE_ROWS: [(&str, &str, &str, &[u64]); 3] = [
     (
         "a slice",
         "SELECT DISTINCT ino FROM slices WHERE CASE
-             WHEN idx < 0 OR idx >= ? OR pos < 0 OR pos >= ? OR len < 0 OR len > ? THEN 1
+             WHEN idx < 0 OR idx >= ? OR pos < 0 OR pos >= ? OR len < 0 OR len > ? OR block < 0 THEN 1
              WHEN pos + len > ? THEN 1 ELSE 0 END = 1",
         "DELETE FROM slices WHERE ino = ? AND CASE
-             WHEN idx < 0 OR idx >= ? OR pos < 0 OR pos >= ? OR len < 0 OR len > ? THEN 1
+             WHEN idx < 0 OR idx >= ? OR pos < 0 OR pos >= ? OR len < 0 OR len > ? OR block < 0 THEN 1
              WHEN pos + len > ? THEN 1 ELSE 0 END = 1",
         &[
             MAX_FILE_BYTES / CHUNK_BYTES,
@@ -351,7 +376,6 @@ const UNREACHABLE_DIRS_SQL: &str = "WITH RECURSIVE reached (ino) AS (
 fn check_all(
     conn: &mut dyn Tx,
     blocks: &dyn BlockStore,
-    repair: bool,
     report: &mut Report,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<u64>, String> {
@@ -384,9 +408,7 @@ fn check_all(
                 progress,
                 format!("inode {ino} has {column} {value}, out of range; {described} at repair"),
             );
-            if repair {
-                exec(conn, set, &args![to, ino])?;
-            }
+            exec(conn, set, &args![to, ino])?;
         }
     }
 
@@ -413,13 +435,11 @@ fn check_all(
                 String::from_utf8_lossy(&name)
             ),
         );
-        if repair {
-            exec(
-                conn,
-                "DELETE FROM entries WHERE parent = ? AND name = ?",
-                &args![parent, &name],
-            )?;
-        }
+        exec(
+            conn,
+            "DELETE FROM entries WHERE parent = ? AND name = ?",
+            &args![parent, &name],
+        )?;
     }
 
     progress("fsck: inodes");
@@ -436,16 +456,14 @@ fn check_all(
             progress,
             format!("orphan inode {ino}: no directory entry names it"),
         );
-        if repair {
-            exec(
-                conn,
-                "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks WHERE ino = ?
-                 UNION SELECT block, 0 FROM slices WHERE ino = ? ON CONFLICT (block) DO NOTHING",
-                &args![*ino, *ino],
-            )?;
-            for q in DELETE_INODE_ROWS {
-                exec(conn, q, &args![*ino])?;
-            }
+        exec(
+            conn,
+            "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks WHERE ino = ?
+             UNION SELECT block, 0 FROM slices WHERE ino = ? ON CONFLICT (block) DO NOTHING",
+            &args![*ino, *ino],
+        )?;
+        for q in DELETE_INODE_ROWS {
+            exec(conn, q, &args![*ino])?;
         }
     }
     let stale_orphans = ids(conn, "SELECT ino FROM orphans", &[])?;
@@ -455,9 +473,7 @@ fn check_all(
             progress,
             format!("orphan row for inode {ino} left by an ended mount"),
         );
-        if repair {
-            exec(conn, "DELETE FROM orphans WHERE ino = ?", &args![ino])?;
-        }
+        exec(conn, "DELETE FROM orphans WHERE ino = ?", &args![ino])?;
     }
 
     progress("fsck: directories reachable from the root");
@@ -486,9 +502,6 @@ fn check_all(
             );
         }
         let Some(&first) = cut_off.first() else { break };
-        if !repair {
-            break;
-        }
         if !repaired.insert(first) {
             // Still cut off after its move: nothing more this repair can do.
             problem(
@@ -498,7 +511,7 @@ fn check_all(
             );
             break;
         }
-        let name = format!("lost+found-{first}");
+        let name = free_name(conn, ROOT_INO as i64, format!("lost+found-{first}"))?;
         // A directory has one name: any others go (the link counts below follow), and
         // the one kept is a directory's entry (the walk above follows only those).
         exec(
@@ -554,13 +567,11 @@ fn check_all(
                 progress,
                 format!("inode {ino} has link count {nlink}, should be {want}"),
             );
-            if repair {
-                exec(
-                    conn,
-                    "UPDATE inodes SET nlink = ? WHERE ino = ?",
-                    &args![want, ino],
-                )?;
-            }
+            exec(
+                conn,
+                "UPDATE inodes SET nlink = ? WHERE ino = ?",
+                &args![want, ino],
+            )?;
         }
     }
     let wrong_parent = conn
@@ -578,13 +589,11 @@ fn check_all(
             progress,
             format!("directory {ino} records parent {recorded}, but lives in {parent}"),
         );
-        if repair {
-            exec(
-                conn,
-                "UPDATE inodes SET parent = ? WHERE ino = ?",
-                &args![parent, ino],
-            )?;
-        }
+        exec(
+            conn,
+            "UPDATE inodes SET parent = ? WHERE ino = ?",
+            &args![parent, ino],
+        )?;
     }
 
     progress("fsck: rows of missing inodes");
@@ -595,9 +604,7 @@ fn check_all(
                 progress,
                 format!("{table} rows for missing inode {ino}"),
             );
-            if repair {
-                exec(conn, delete, &args![ino])?;
-            }
+            exec(conn, delete, &args![ino])?;
         }
     }
 
@@ -613,10 +620,8 @@ fn check_all(
                 progress,
                 format!("inode {ino} has {what} out of range; dropped at repair"),
             );
-            if repair {
-                let args: Vec<Arg> = [Arg::from(ino)].into_iter().chain(limits.clone()).collect();
-                exec(conn, delete, &args)?;
-            }
+            let args: Vec<Arg> = [Arg::from(ino)].into_iter().chain(limits.clone()).collect();
+            exec(conn, delete, &args)?;
         }
     }
 
@@ -633,20 +638,18 @@ fn check_all(
             progress,
             format!("inode {ino} has inline bytes and chunks; the chunks are dropped at repair"),
         );
-        if repair {
-            exec(
-                conn,
-                // Not a block another file's chunk refers to (damage may share one).
-                "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks c WHERE ino = ?
-                 AND NOT EXISTS (SELECT 1 FROM chunks o WHERE o.block = c.block AND o.ino <> c.ino)
-                 UNION SELECT block, 0 FROM slices s WHERE ino = ?
-                 AND NOT EXISTS (SELECT 1 FROM slices o WHERE o.block = s.block AND o.ino <> s.ino)
-                 ON CONFLICT (block) DO NOTHING",
-                &args![ino, ino],
-            )?;
-            exec(conn, "DELETE FROM chunks WHERE ino = ?", &args![ino])?;
-            exec(conn, "DELETE FROM slices WHERE ino = ?", &args![ino])?;
-        }
+        exec(
+            conn,
+            // Not a block another file's chunk refers to (damage may share one).
+            "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks c WHERE ino = ?
+             AND NOT EXISTS (SELECT 1 FROM chunks o WHERE o.block = c.block AND o.ino <> c.ino)
+             UNION SELECT block, 0 FROM slices s WHERE ino = ?
+             AND NOT EXISTS (SELECT 1 FROM slices o WHERE o.block = s.block AND o.ino <> s.ino)
+             ON CONFLICT (block) DO NOTHING",
+            &args![ino, ino],
+        )?;
+        exec(conn, "DELETE FROM chunks WHERE ino = ?", &args![ino])?;
+        exec(conn, "DELETE FROM slices WHERE ino = ?", &args![ino])?;
     }
 
     progress("fsck: inode sizes");
@@ -661,13 +664,11 @@ fn check_all(
                 "inode {ino} has a size out of range; set to {size}, the end of its data, at repair"
             ),
         );
-        if repair {
-            exec(
-                conn,
-                "UPDATE inodes SET size = ? WHERE ino = ?",
-                &args![size, ino],
-            )?;
-        }
+        exec(
+            conn,
+            "UPDATE inodes SET size = ? WHERE ino = ?",
+            &args![size, ino],
+        )?;
     }
 
     progress("fsck: entry names");
@@ -681,7 +682,7 @@ fn check_all(
         .into_iter()
         .filter(|(_, name, _)| !ops::is_entry_name(name));
     for (n, (parent, name, ino)) in misnamed.enumerate() {
-        let renamed = format!("bad-name-{ino}-{n}");
+        let renamed = free_name(conn, parent, format!("bad-name-{ino}-{n}"))?;
         problem(
             report,
             progress,
@@ -690,13 +691,11 @@ fn check_all(
                 String::from_utf8_lossy(&name)
             ),
         );
-        if repair {
-            exec(
-                conn,
-                "UPDATE entries SET name = ? WHERE parent = ? AND name = ?",
-                &args![renamed.as_bytes(), parent, &name],
-            )?;
-        }
+        exec(
+            conn,
+            "UPDATE entries SET name = ? WHERE parent = ? AND name = ?",
+            &args![renamed.as_bytes(), parent, &name],
+        )?;
     }
 
     progress("fsck: blocks");
@@ -723,13 +722,11 @@ fn check_all(
                     "block {block:016x} of inode {ino} (chunk {idx}) is missing from the data directory; after repair its bytes read as zeros, but where the chunk's slices lie"
                 ),
             );
-            if repair {
-                exec(
-                    conn,
-                    "DELETE FROM chunks WHERE ino = ? AND idx = ?",
-                    &args![ino, idx],
-                )?;
-            }
+            exec(
+                conn,
+                "DELETE FROM chunks WHERE ino = ? AND idx = ?",
+                &args![ino, idx],
+            )?;
         } else {
             referenced.insert(block);
         }
@@ -752,13 +749,11 @@ fn check_all(
                     "block {block:016x} of inode {ino} (chunk {idx}, slice {seq}) is missing from the data directory; the chunk reads without it after repair"
                 ),
             );
-            if repair {
-                exec(
-                    conn,
-                    "DELETE FROM slices WHERE ino = ? AND idx = ? AND seq = ?",
-                    &args![ino, idx, seq],
-                )?;
-            }
+            exec(
+                conn,
+                "DELETE FROM slices WHERE ino = ? AND idx = ? AND seq = ?",
+                &args![ino, idx, seq],
+            )?;
         } else {
             referenced.insert(block);
         }
