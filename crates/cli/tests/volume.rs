@@ -909,10 +909,20 @@ fn damaged_inode_columns_fail_their_file_not_the_listing_and_fsck_repairs_them()
     }
     m.unmount();
 
-    // The check reports what the repair does: the damaged directory's entries stay.
+    // The root's mode too: no entry names it, so no entry's kind gives its type (made a
+    // file's, it would have had every entry in the volume dropped as dangling).
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    db.execute("UPDATE inodes SET mode = 61440 | 493 WHERE ino = 1", [])
+        .unwrap();
+    drop(db);
+    // The check reports what the repair does: the damaged directories' entries stay.
     let (ok, report) = volume.fsck(false);
     assert!(!ok, "fsck passed a damaged volume:\n{report}");
     assert!(!report.contains("dangling entry"), "{report}");
+    assert!(
+        report.contains("inode 1 has mode 61933, out of range; mode 40755 at repair"),
+        "{report}"
+    );
     for expected in [
         format!("inode {typeless} has mode 61860, out of range; mode 100644 at repair"),
         format!("inode {unowned} has uid -1, out of range; uid 0 at repair"),

@@ -559,8 +559,12 @@ struct EarlyCommit {
     writes: AtomicU64,
     /// Its commit failed (set by its completion on the committer).
     failed: AtomicBool,
-    /// `FileState::writes` of the last one whose commit finished; `NO_EARLY_COMMIT`: none.
-    committed: AtomicU64,
+    /// How many have been queued, and the number (in that count) of the last whose commit
+    /// finished: equal when the last one queued has committed (an older one finishing
+    /// late does not vouch for it, nor for a punch or truncate between, which are no
+    /// writes).
+    queued: AtomicU64,
+    finished: AtomicU64,
 }
 
 const NO_EARLY_COMMIT: u64 = u64::MAX;
@@ -574,7 +578,8 @@ impl EarlyCommit {
     /// Whether the store holds the file's bytes as of `writes`: a commit queued early
     /// covers them and has finished.
     fn stored(&self, writes: u64) -> bool {
-        self.covers(writes) && self.committed.load(Ordering::Acquire) == writes
+        self.covers(writes)
+            && self.finished.load(Ordering::Acquire) == self.queued.load(Ordering::Acquire)
     }
 
     fn forget(&self) {
@@ -622,7 +627,8 @@ impl FileState {
             early: Arc::new(EarlyCommit {
                 writes: AtomicU64::new(NO_EARLY_COMMIT),
                 failed: AtomicBool::new(false),
-                committed: AtomicU64::new(NO_EARLY_COMMIT),
+                queued: AtomicU64::new(0),
+                finished: AtomicU64::new(0),
             }),
         }
     }
@@ -659,6 +665,11 @@ impl FileState {
         let _flushing = lock(&self.flushing);
         let rec = reload()?;
         let _gate = write_lock(&self.gate);
+        let (attr, size) = (rec.attr.clone(), rec.attr.size);
+        // The view first, the dirty bytes it replaces after: reads and lseek take neither
+        // the gate nor both locks at once, and one between the two would find neither.
+        // (Not both held: a flush takes the view, then the dirty map.)
+        *write_lock(&self.committed) = Committed::of(rec);
         let mut dirty = lock(&self.dirty);
         if !dirty.is_empty() && self.early.stored(self.writes.load(Ordering::Relaxed)) {
             dirty.clear();
@@ -667,11 +678,8 @@ impl FileState {
             self.early.forget();
         }
         if dirty.is_empty() {
-            self.size.store(rec.attr.size, Ordering::Relaxed);
+            self.size.store(size, Ordering::Relaxed);
         }
-        drop(dirty);
-        let attr = rec.attr.clone();
-        *write_lock(&self.committed) = Committed::of(rec);
         Ok(attr)
     }
 
@@ -1268,13 +1276,14 @@ impl FileState {
             ctime_ns: mtime,
             bytes: content,
         };
+        let number = self.early.queued.fetch_add(1, Ordering::AcqRel) + 1;
         self.early.failed.store(false, Ordering::Release);
         self.early.writes.store(writes, Ordering::Release);
         let early = self.early.clone();
         queue(
             update,
             Box::new(move |outcome| match outcome {
-                Ok(()) => early.committed.store(writes, Ordering::Release),
+                Ok(()) => _ = early.finished.fetch_max(number, Ordering::AcqRel),
                 Err(_) => early.failed.store(true, Ordering::Release),
             }),
         );

@@ -205,13 +205,21 @@ fn repaired_column(
     };
     Ok(match column {
         "mode" => {
-            let kind = named_by(
+            // A directory if anything is in it (the root always: no entry names it, and a
+            // file's type would drop everything in the volume as dangling).
+            let holds_entries = stored.ino == ROOT_INO as i64
+                || named_by(conn, "SELECT 1 FROM entries WHERE parent = ? LIMIT 1")?.is_some();
+            let named_kind = named_by(
                 conn,
                 "SELECT kind FROM entries WHERE ino = ? ORDER BY kind LIMIT 1",
             )?
             .map(|k| k << 12)
-            .filter(|&m| ops::is_inode_mode(m))
-            .unwrap_or(i64::from(libc::S_IFREG));
+            .filter(|&m| ops::is_inode_mode(m));
+            let kind = match named_kind {
+                _ if holds_entries => i64::from(libc::S_IFDIR),
+                Some(kind) => kind,
+                None => i64::from(libc::S_IFREG),
+            };
             let mode = kind | (stored.mode & 0o1777);
             let set = "UPDATE inodes SET mode = ? WHERE ino = ?";
             (set, mode, format!("mode {mode:o}"))
@@ -236,8 +244,9 @@ fn repaired_column(
 }
 
 /// The end of the data an inode still has (a regular file's inline bytes, chunks and
-/// slices; a symlink's target), for a size out of range; 0 for any other.
-fn end_of_data(conn: &mut dyn Tx, ino: i64) -> Result<i64, String> {
+/// slices; a symlink's target), for a size out of range; 0 for any other; None for an inode
+/// an earlier repair freed.
+fn end_of_data(conn: &mut dyn Tx, ino: i64) -> Result<Option<i64>, String> {
     let Some(row) = conn
         .query_opt(
             // Rows in range only (a check without repair leaves the others): products of
@@ -262,14 +271,14 @@ fn end_of_data(conn: &mut dyn Tx, ino: i64) -> Result<i64, String> {
         )
         .map_err(sql)?
     else {
-        return Ok(0);
+        return Ok(None);
     };
     let int = |i| row.int(i).map_err(sql);
-    Ok(match int(0)? & i64::from(libc::S_IFMT) {
+    Ok(Some(match int(0)? & i64::from(libc::S_IFMT) {
         t if t == i64::from(libc::S_IFREG) => int(1)?.max(int(2)?).max(int(3)?),
         t if t == i64::from(libc::S_IFLNK) => int(4)?,
         _ => 0,
-    })
+    }))
 }
 
 /// `name` if `dir` has no entry by that name, else the first of `name-1`, `name-2`, … it
@@ -656,7 +665,9 @@ fn check_all(
     // After the data rows' checks: a size out of range becomes the end of the data the
     // file still has (a symlink's, its target's length; any other's, 0).
     for ino in bad_sizes {
-        let size = end_of_data(conn, ino)?;
+        let Some(size) = end_of_data(conn, ino)? else {
+            continue;
+        };
         problem(
             report,
             progress,

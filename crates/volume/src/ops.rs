@@ -435,8 +435,12 @@ pub fn readdir(tx: &mut dyn Tx, dir: u64) -> Result<Vec<DirItem>, Errno> {
             .ok();
         items.push(DirItem {
             name,
-            ino: u64::try_from(stored.ino).unwrap_or(0),
-            kind: u32::try_from(r.int(1)?).unwrap_or(0),
+            // As stored: a d_ino of 0 hides the entry from some tools.
+            ino: stored.ino as u64,
+            kind: u32::try_from(r.int(1)?)
+                .ok()
+                .filter(|&k| k <= 0o17)
+                .unwrap_or(u32::from(libc::DT_UNKNOWN)),
             attr,
         });
     }
