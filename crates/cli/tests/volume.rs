@@ -836,6 +836,7 @@ fn damaged_inode_columns_fail_their_file_not_the_listing_and_fsck_repairs_them()
         unreachable!()
     };
     let link = std::fs::symlink_metadata(m.path("link")).unwrap().ino() as i64;
+    let ino_of_sound = ino(&m.path("sound"));
     m.unmount();
 
     let db = rusqlite::Connection::open(&volume.db).unwrap();
@@ -914,15 +915,30 @@ fn damaged_inode_columns_fail_their_file_not_the_listing_and_fsck_repairs_them()
     let db = rusqlite::Connection::open(&volume.db).unwrap();
     db.execute("UPDATE inodes SET mode = 61440 | 493 WHERE ino = 1", [])
         .unwrap();
+    // An inode numbered below 1, which every mount refuses, and its entry.
+    db.execute(
+        "INSERT INTO inodes SELECT -5, mode, uid, gid, rdev, nlink, size, atime_ns, mtime_ns,
+         ctime_ns, parent, inline_data FROM inodes WHERE ino = ?",
+        [ino_of_sound],
+    )
+    .unwrap();
+    db.execute(
+        "INSERT INTO entries (parent, name, ino, kind) VALUES (1, ?, -5, 8)",
+        [b"numbered-below-1".to_vec()],
+    )
+    .unwrap();
     drop(db);
     // The check reports what the repair does: the damaged directories' entries stay.
     let (ok, report) = volume.fsck(false);
     assert!(!ok, "fsck passed a damaged volume:\n{report}");
-    assert!(!report.contains("dangling entry"), "{report}");
-    assert!(
-        report.contains("inode 1 has mode 61933, out of range; mode 40755 at repair"),
-        "{report}"
-    );
+    assert!(!report.contains("dangling entry \"inner\""), "{report}");
+    for expected in [
+        "inode 1 has mode 61933, out of range; mode 40755 at repair",
+        "an inode row is numbered -5, which no inode can be; freed at repair",
+        "dangling entry \"numbered-below-1\"",
+    ] {
+        assert!(report.contains(expected), "no {expected:?} in\n{report}");
+    }
     for expected in [
         format!("inode {typeless} has mode 61860, out of range; mode 100644 at repair"),
         format!("inode {unowned} has uid -1, out of range; uid 0 at repair"),
@@ -943,7 +959,7 @@ fn damaged_inode_columns_fail_their_file_not_the_listing_and_fsck_repairs_them()
     let (ok, report) = volume.fsck(true);
     assert!(ok, "{report}");
     assert!(
-        !report.contains("dangling entry"),
+        !report.contains("dangling entry \"inner\""),
         "the repair dropped the damaged directory's entries:\n{report}"
     );
     volume.assert_clean();

@@ -3,8 +3,9 @@
 //! repair would do (a later check sees what an earlier repair changed).
 //!
 //! Found and repaired, in this order (a repair may create work for a later check):
-//! inode columns no attribute can have (a mode of no known type, owners and device numbers
-//! past 32 bits, a negative parent: set, see `repaired_column`); entries naming a missing
+//! inode rows numbered 0 or below (freed) and inode columns no attribute can have (a mode
+//! of no known type, owners and device numbers past 32 bits, a negative parent: set, see
+//! `repaired_column`); entries naming a missing
 //! inode or a parent that is not a directory (removed); inodes no entry names, orphans of
 //! ended sessions included (freed); directories no path from the root reaches (named in the
 //! root as `lost+found-INO`); wrong link counts and wrong `..` of directories (set); rows of
@@ -281,6 +282,20 @@ fn end_of_data(conn: &mut dyn Tx, ino: i64) -> Result<Option<i64>, String> {
     }))
 }
 
+/// Deletes an inode's rows, its blocks to gc.
+fn free_inode(conn: &mut dyn Tx, ino: i64) -> Result<(), String> {
+    exec(
+        conn,
+        "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks WHERE ino = ?
+         UNION SELECT block, 0 FROM slices WHERE ino = ? ON CONFLICT (block) DO NOTHING",
+        &args![ino, ino],
+    )?;
+    for q in DELETE_INODE_ROWS {
+        exec(conn, q, &args![ino])?;
+    }
+    Ok(())
+}
+
 /// `name` if `dir` has no entry by that name, else the first of `name-1`, `name-2`, … it
 /// has none by (a repair's name taken by a file already failed the repair).
 fn free_name(conn: &mut dyn Tx, dir: i64, name: String) -> Result<String, String> {
@@ -401,6 +416,19 @@ fn check_all(
         .map_err(sql)?
     {
         let stored = ops::StoredInode::from_row(&row, 0).map_err(sql)?;
+        if stored.ino <= 0 {
+            // Refused by every mount; the entries naming it go as dangling below.
+            problem(
+                report,
+                progress,
+                format!(
+                    "an inode row is numbered {}, which no inode can be; freed at repair",
+                    stored.ino
+                ),
+            );
+            free_inode(conn, stored.ino)?;
+            continue;
+        }
         // Link counts are set by their own check below.
         for (column, value) in stored.out_of_range() {
             if column == "nlink" {
@@ -465,15 +493,7 @@ fn check_all(
             progress,
             format!("orphan inode {ino}: no directory entry names it"),
         );
-        exec(
-            conn,
-            "INSERT INTO gc_blocks (block, since_ns) SELECT block, 0 FROM chunks WHERE ino = ?
-             UNION SELECT block, 0 FROM slices WHERE ino = ? ON CONFLICT (block) DO NOTHING",
-            &args![*ino, *ino],
-        )?;
-        for q in DELETE_INODE_ROWS {
-            exec(conn, q, &args![*ino])?;
-        }
+        free_inode(conn, *ino)?;
     }
     let stale_orphans = ids(conn, "SELECT ino FROM orphans", &[])?;
     for ino in stale_orphans {
