@@ -4850,3 +4850,94 @@ mod on_postgres {
         volume.assert_clean();
     }
 }
+
+/// Bytes written through a shared mapping after close(2) (munmap writes them back, after
+/// the FLUSH, before the RELEASE) are what an open racing with that RELEASE reads, from
+/// another CPU, and what is stored: the last release flushes them while its open still
+/// counts, so a new open shares that state rather than reading the record without them.
+#[test]
+fn bytes_mapped_after_close_are_read_by_an_open_racing_the_release() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Chunked files and inline ones (committed early) in turn.
+    let len = |i: u8| if i % 2 == 0 { 256 * KIB } else { 3000 };
+    let volume = Volume::format("mmap-after-close");
+    let m = volume.mount(&[]);
+    let pin = |cpu: usize| {
+        // SAFETY: cpu_set_t is plain data; CPUs 0 and 1 exist on every machine we test.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    };
+    let (to_reader, files) = std::sync::mpsc::channel::<(PathBuf, u8, usize)>();
+    let (to_writer, verdicts) = std::sync::mpsc::channel::<Result<(), String>>();
+    let reader = std::thread::spawn(move || {
+        pin(1);
+        for (path, fill, len) in files {
+            // O_DIRECT: read from the daemon, not from pages the mapping left cached.
+            let got = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&path)
+                .and_then(|mut f| {
+                    let mut got = Vec::new();
+                    std::io::Read::read_to_end(&mut f, &mut got).map(|_| got)
+                })
+                .map_err(|e| e.to_string());
+            let verdict = got.and_then(|got| match got.iter().position(|&b| b != fill) {
+                None if got.len() == len => Ok(()),
+                None => Err(format!("{} bytes", got.len())),
+                Some(at) => Err(format!("byte {at} is {} (fill {fill})", got[at])),
+            });
+            to_writer.send(verdict).unwrap();
+        }
+    });
+    pin(0);
+    for i in 0..60u8 {
+        let path = m.path(&format!("mapped-{i}"));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let n = len(i);
+        f.set_len(n as u64).unwrap();
+        // SAFETY: a fresh shared mapping of n bytes of an open file, unmapped below; the
+        // slice is used only while it is mapped.
+        unsafe {
+            let at = libc::mmap(
+                std::ptr::null_mut(),
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(at, libc::MAP_FAILED, "mmap");
+            drop(f);
+            std::slice::from_raw_parts_mut(at as *mut u8, n).fill(i + 1);
+            assert_eq!(libc::munmap(at, n), 0, "munmap");
+        }
+        to_reader.send((path, i + 1, n)).unwrap();
+        if let Err(why) = verdicts.recv().unwrap() {
+            panic!("mapped-{i}, read by an open racing its release: {why}");
+        }
+    }
+    drop(to_reader);
+    reader.join().unwrap();
+    m.unmount();
+    let m = volume.mount(&[]);
+    for i in 0..60u8 {
+        let got = std::fs::read(m.path(&format!("mapped-{i}"))).unwrap();
+        assert!(
+            got.len() == len(i) && got.iter().all(|&b| b == i + 1),
+            "mapped-{i} after a remount"
+        );
+    }
+    m.unmount();
+    volume.assert_clean();
+}

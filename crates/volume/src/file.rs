@@ -702,13 +702,13 @@ impl FileState {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| Some((w + 2) & !1));
     }
 
-    /// The mtime of writes not yet flushed, if any.
     /// Whether a flush has anything to commit: writes since the last commit that no
     /// queued early commit covers.
     pub fn unflushed(&self) -> bool {
         self.dirty_mtime().is_some() && !self.early.covers(self.writes.load(Ordering::Relaxed))
     }
 
+    /// The mtime of writes not yet flushed, if any.
     pub fn dirty_mtime(&self) -> Option<i64> {
         match self.dirty_mtime_ns.load(Ordering::Relaxed) {
             0 => None,

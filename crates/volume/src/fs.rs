@@ -1913,6 +1913,21 @@ impl Filesystem for VolumeFs {
                 errno_name(e)
             );
         }
+        // The last open's bytes that came after its FLUSH (a shared mapping written after
+        // close(2): munmap writes the pages back between the FLUSH and this RELEASE) are
+        // flushed while the open still counts, as above: once the state leaves the open
+        // table, an open from another CPU would make a new one from the record without them
+        // (zeros to an O_DIRECT read, and a chunk its own writes would store over them).
+        if let Some(state) = self.open.get(ino)
+            && state.opens.load(Ordering::Relaxed) == 1
+            && state.unflushed()
+            && let Err(e) = self.flush_state(&state)
+        {
+            tracing::error!(
+                "volume: flushing inode {ino} at its last close: {}",
+                errno_name(e)
+            );
+        }
         if arg.release_flags & abi::RELEASE_FLOCK_UNLOCK != 0
             && self.locks.forget(ino, arg.lock_owner, LockKind::Flock)
         {
