@@ -4941,3 +4941,52 @@ fn bytes_mapped_after_close_are_read_by_an_open_racing_the_release() {
     m.unmount();
     volume.assert_clean();
 }
+
+/// A chmod that sets the set-user-ID bit of a file another user is writing, with
+/// asynchronous direct writes in flight (the kernel releases the inode's lock once they are
+/// sent, so they reach the daemon alongside the chmod): the writes that follow drop the bit,
+/// as natively. A write that read the mode while the chmod was being committed must not
+/// leave this mount remembering the file as without set-ID bits.
+#[test]
+fn writes_racing_a_chmod_that_sets_set_user_id_drop_it() {
+    let volume = Volume::format("setid-race");
+    let m = volume.mount(&[]);
+    let f = m.path("shared");
+    std::fs::write(&f, vec![7u8; MIB]).unwrap();
+    let mode = |bits: u32| std::fs::set_permissions(&f, std::fs::Permissions::from_mode(bits));
+    use std::os::unix::fs::PermissionsExt;
+    mode(0o666).unwrap();
+    let mut writer = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "fio"])
+        .args(["--name=w", "--rw=randwrite", "--bs=4k", "--direct=1"])
+        .args([
+            "--ioengine=libaio",
+            "--iodepth=16",
+            "--size=1M",
+            "--time_based",
+        ])
+        .args(["--runtime=6", "--output-format=terse"])
+        .arg(format!("--filename={}", f.display()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("setpriv and fio are installed");
+    std::thread::sleep(Duration::from_millis(500));
+    for round in 0..25 {
+        mode(0o4666).unwrap();
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(
+            writer.try_wait().unwrap().is_none(),
+            "fio as nobody ended before round {round}"
+        );
+        let now = std::fs::metadata(&f).unwrap().mode();
+        assert_eq!(
+            now & libc::S_ISUID,
+            0,
+            "round {round}: 80 ms of writes by nobody after chmod 04666 kept the \
+             set-user-ID bit (mode {now:o})"
+        );
+    }
+    assert!(writer.wait().unwrap().success(), "fio as nobody failed");
+    m.unmount();
+    volume.assert_clean();
+}

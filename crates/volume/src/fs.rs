@@ -302,7 +302,7 @@ pub struct VolumeFs {
     /// chattr's flags of the inodes that have any (see `fileattr`).
     fileattrs: Arc<fileattr::FileAttrs>,
     /// Open inodes known to have no set-ID bits and no capability (see `setid`).
-    no_privileges: Arc<setid::NoPrivileges>,
+    no_privileges: Arc<known::NoPrivileges>,
     /// flock and POSIX locks of a shared volume (see `locks`).
     locks: locks::Locks,
     /// Directories' default ACLs, which a create inherits (see `known`).
@@ -398,7 +398,7 @@ impl VolumeFs {
         let default_acls = Arc::new(known::DefaultAcls::new(known_max_age));
         let xattr_names = Arc::new(known::XattrNames::new(known_max_age));
         let fileattrs = Arc::new(fileattr::FileAttrs::load(&*store));
-        let no_privileges = Arc::new(setid::NoPrivileges::new());
+        let no_privileges = Arc::new(known::NoPrivileges::new(known_max_age));
         {
             let store = store.clone();
             let leases = dirops.clone();
@@ -845,6 +845,11 @@ impl VolumeFs {
             self.default_acls.forget(ino);
             self.default_acls.clone()
         });
+        // A file capability set: writes look again for it (before the commit and after).
+        let no_privileges = (name == setid::CAPABILITY_XATTR).then(|| {
+            self.forget_privileges(ino);
+            self.no_privileges.clone()
+        });
         self.xattr_names.forget(ino);
         if let Some(state) = self.open.get(ino) {
             state.xattrs_changing();
@@ -853,6 +858,9 @@ impl VolumeFs {
         Box::new(move |r| {
             if let Some(acls) = default_acls {
                 acls.forget(ino);
+            }
+            if let Some(no_privileges) = no_privileges {
+                no_privileges.forget(ino);
             }
             xattr_names.forget(ino);
             if let Some(state) = open.get(ino) {
@@ -1646,23 +1654,29 @@ impl Filesystem for VolumeFs {
         }
         let fs_open = self.open.clone();
         let tmpl = self.entry_template();
+        let privileges_changed = (mode.is_some() || chown).then(|| self.no_privileges.clone());
         self.store.setattr(
             ino,
             change,
-            Box::new(move |r| match r {
-                Ok(rec) => {
-                    let mut out = tmpl.fill(&rec);
-                    if let Some(state) = fs_open.get(ino) {
-                        out.attr.size = state.size();
-                    }
-                    reply.attr(&abi::AttrOut {
-                        attr_valid: out.attr_valid,
-                        attr_valid_nsec: out.attr_valid_nsec,
-                        attr: out.attr,
-                        ..Default::default()
-                    })
+            Box::new(move |r| {
+                if let Some(no_privileges) = privileges_changed {
+                    no_privileges.forget(ino);
                 }
-                Err(e) => reply.error(e),
+                match r {
+                    Ok(rec) => {
+                        let mut out = tmpl.fill(&rec);
+                        if let Some(state) = fs_open.get(ino) {
+                            out.attr.size = state.size();
+                        }
+                        reply.attr(&abi::AttrOut {
+                            attr_valid: out.attr_valid,
+                            attr_valid_nsec: out.attr_valid_nsec,
+                            attr: out.attr,
+                            ..Default::default()
+                        })
+                    }
+                    Err(e) => reply.error(e),
+                }
             }),
         )
     }
@@ -2107,7 +2121,6 @@ impl Filesystem for VolumeFs {
             return reply.error(e);
         }
         if name.as_bytes() == setid::CAPABILITY_XATTR {
-            self.forget_privileges(ino);
             // Before the commit: a GETXATTR from here on reads the store.
             if let Some(state) = self.open.get(ino) {
                 state.capability_absent.store(false, Ordering::SeqCst);

@@ -10,8 +10,7 @@ use std::sync::atomic::Ordering;
 
 use super::OpenTable;
 use super::fileattr::FileAttrs;
-use super::known::{DefaultAcls, XattrNames};
-use super::setid::NoPrivileges;
+use super::known::{DefaultAcls, NoPrivileges, XattrNames};
 use crate::meta::{ChangeKind, ChangeRec, MetaStore, wait};
 
 /// The reader of the change log: the last seq read of each other session.

@@ -1,5 +1,6 @@
 //! What this mount knows of inodes without asking the store: directories' default ACLs
-//! (`DefaultAcls`) and inodes' xattr names (`XattrNames`). Each fact is forgotten when this
+//! (`DefaultAcls`), inodes' xattr names (`XattrNames`) and open files without set-ID bits
+//! or capability (`NoPrivileges`). Each fact is forgotten when this
 //! mount changes it (once the change is made), when the change log shows that another mount
 //! changed the inode (within its poll interval, the staleness bound of the kernel's own
 //! caches), and wholesale per shard past `KNOWN_MAX` inodes. A read that a forget overtook
@@ -21,6 +22,11 @@ pub type DefaultAcls = Known<Option<Arc<[u8]>>>;
 /// every file (security.selinux, system.posix_acl_access) are answered without the store
 /// after the first: on PostgreSQL each would be a round trip.
 pub type XattrNames = Known<Arc<[Vec<u8>]>>;
+
+/// Open inodes known to have neither set-ID bits nor a file capability, so that a write
+/// (every write of an unprivileged caller is flagged) costs no store read (see `setid`).
+/// A read that a chmod or setcap overtook is not kept: it may have found the mode before.
+pub type NoPrivileges = Known<()>;
 
 pub struct Known<V> {
     /// Each mutex protects one shard: its map (each fact with when it was learned) and its

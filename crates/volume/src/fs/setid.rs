@@ -9,52 +9,12 @@
 //! FUSE a mode it computed from group execute alone, so an outsider's write would keep a
 //! set-group-ID bit that it loses natively.
 
-use std::collections::HashSet;
-use std::sync::{Mutex, MutexGuard};
-
 use lanefs_fuse::Request;
 
-use super::{OPEN_SHARDS, VolumeFs};
+use super::VolumeFs;
 use crate::meta::*;
 
 pub(super) const CAPABILITY_XATTR: &[u8] = b"security.capability";
-
-/// Open inodes known to have neither set-ID bits nor a file capability, so that a write
-/// (every write of an unprivileged caller is flagged) costs no store read. Entries go when
-/// the mode or the capability changes, and at the last close.
-pub(super) struct NoPrivileges {
-    /// Each mutex protects one shard's set; leaf locks, held for one set operation.
-    shards: Vec<Mutex<HashSet<u64>>>,
-}
-
-impl NoPrivileges {
-    pub(super) fn new() -> NoPrivileges {
-        NoPrivileges {
-            shards: (0..OPEN_SHARDS)
-                .map(|_| Mutex::new(HashSet::new()))
-                .collect(),
-        }
-    }
-
-    fn shard(&self, ino: u64) -> MutexGuard<'_, HashSet<u64>> {
-        self.shards[(ino as usize) % OPEN_SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn known(&self, ino: u64) -> bool {
-        self.shard(ino).contains(&ino)
-    }
-
-    fn learn(&self, ino: u64) {
-        self.shard(ino).insert(ino);
-    }
-
-    /// The inode's mode or capability changed (or it is no longer open).
-    pub(super) fn forget(&self, ino: u64) {
-        self.shard(ino).remove(&ino);
-    }
-}
 
 /// What is changing the file.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -103,9 +63,10 @@ impl VolumeFs {
         ino: u64,
         change: Change,
     ) -> Result<(), Errno> {
-        if self.no_privileges.known(ino) {
-            return Ok(());
-        }
+        let since = match self.no_privileges.get(ino) {
+            Ok(()) => return Ok(()),
+            Err(since) => since,
+        };
         let rec = self.store.getattr(req.queue, ino)?;
         if !rec.is_reg() {
             return Ok(());
@@ -128,7 +89,7 @@ impl VolumeFs {
         }
         self.drop_capability(req, ino)?;
         if mode & (libc::S_ISUID | libc::S_ISGID) == 0 && self.open.get(ino).is_some() {
-            self.no_privileges.learn(ino);
+            self.no_privileges.set_read(ino, (), since);
         }
         Ok(())
     }
@@ -156,11 +117,13 @@ impl VolumeFs {
     /// so without set-ID bits in its mode its first write needs no store read either.
     pub(super) fn created_without_privileges(&self, rec: &InodeRec) {
         if rec.mode & (libc::S_ISUID | libc::S_ISGID) == 0 {
-            self.no_privileges.learn(rec.ino);
+            self.no_privileges.set(rec.ino, ());
         }
     }
 
-    /// The inode's mode or capability may have changed: look again at the next write.
+    /// The inode's mode or capability may have changed, or it is no longer open: look
+    /// again at the next write. A change forgets before it is committed and again once it
+    /// is, so that a write's read of the store in between is not kept either.
     pub(super) fn forget_privileges(&self, ino: u64) {
         self.no_privileges.forget(ino)
     }
