@@ -1947,6 +1947,28 @@ mod cases {
             "OFD RDLCK via b elsewhere",
             sys::setlk(b.as_raw_fd(), libc::F_OFD_SETLK, libc::F_RDLCK, 20, 10),
         );
+        // An OFD lock goes with its open, while another open of the file stays (the kernel
+        // sends no unlock for it: its owner is the open, not the closing process).
+        drop(a);
+        t.e(
+            "OFD WRLCK via b after a's close",
+            sys::setlk(b.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, 0, 10),
+        );
+        let c = rw(&f).unwrap();
+        t.e(
+            "OFD WRLCK via c over b's",
+            sys::setlk(c.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, 5, 1),
+        );
+        drop(b);
+        t.e(
+            "OFD WRLCK via c after b's close",
+            sys::setlk(c.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, 0, 30),
+        );
+        let r = child_probe(&f, &[Probe::Set(libc::F_WRLCK, 40, 1)]);
+        t.note(format!("child beside c's OFD lock: {}", describe(&r, me)));
+        let r = child_probe(&f, &[Probe::Set(libc::F_WRLCK, 0, 1)]);
+        t.note(format!("child over c's OFD lock: {}", describe(&r, me)));
+        drop(c);
     }
 
     pub fn unlinked_while_open(root: &Path, t: &mut T) {

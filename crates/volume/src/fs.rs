@@ -1947,6 +1947,11 @@ impl Filesystem for VolumeFs {
         {
             self.release_locks(ino, Some((arg.lock_owner, LockKind::Flock)));
         }
+        // OFD locks taken through this open (their owner is the open: the kernel sends no
+        // unlock for them, see `locks`).
+        for owner in self.locks.forget_handle(ino, arg.fh) {
+            self.release_locks(ino, Some((owner, LockKind::Posix)));
+        }
         // The last close of a file whose chunks gathered slices (a log fsync'd in small
         // pieces): compacted off the queue before the state leaves the open table, so that an
         // open meanwhile shares it (and sees the compaction). The application's close

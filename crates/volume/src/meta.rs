@@ -339,6 +339,9 @@ pub struct LockReq {
     pub start: i64,
     pub end: i64,
     pub pid: u32,
+    /// The open (FUSE handle) it came through: an OFD lock's owner is that open, and its
+    /// locks go at its RELEASE (see `fs::locks`). Not stored.
+    pub fh: u64,
 }
 
 /// A lock that stands in a request's way (what F_GETLK reports).

@@ -361,7 +361,7 @@ impl PassthroughFs {
         if last {
             self.locks.release_inode(nodeid);
         } else {
-            self.locks.released(nodeid);
+            self.locks.release_handle(nodeid, arg.fh);
         }
     }
 

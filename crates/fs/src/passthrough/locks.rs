@@ -58,12 +58,21 @@ const INTERRUPTS_MAX: usize = WAITERS_MAX + 64;
 /// The kernel's OFFSET_MAX: a lock to the end of the file.
 const OFFSET_MAX: u64 = i64::MAX as u64;
 
-/// The host fd carrying one lock owner's POSIX locks on one inode, its access mode, and the
-/// process that last locked through it (reported by GETLK: OFD locks have no owning process).
+/// The host fd carrying one lock owner's POSIX locks on one inode, its access mode, the
+/// process that last locked through it (reported by GETLK: OFD locks have no owning process),
+/// and the open (FUSE handle) it last locked through.
+///
+/// A process's locks go at its FLUSH (any close(2) of the file). An OFD lock's owner is the
+/// open file itself: the kernel sends no unlock when it closes (fuse_setlk skips
+/// FL_CLOSE_POSIX, FLUSH names the closing process), so its locks go at the open's RELEASE,
+/// `release_handle`; a process's entry reaches that RELEASE only if the process locked again
+/// through another open after its FLUSH, so only owners whose last lock came through the
+/// released open go.
 struct OwnerLocks {
     fd: Arc<OwnedFd>,
     access: i32,
     pid: u32,
+    fh: u64,
 }
 
 type OwnerFds = HashMap<(u64, u64), OwnerLocks>;
@@ -151,10 +160,11 @@ fn access_allows(access: i32, typ: i32) -> bool {
 /// The owner's fd for a lock of `typ` through `file`, opened if it has none yet with that
 /// open's own access mode. When the owner's fd cannot carry `typ` (it first locked through
 /// a read-only open, now through a writable one, or the reverse), it moves to a read-write
-/// fd, its locks with it. Records `pid` as the process locking through it.
+/// fd, its locks with it. Records `pid` as the process locking through it, and `fh` (the
+/// handle of `file`) as the open.
 fn owner_fd_for(
     owners: &[Mutex<OwnerFds>],
-    file: &OpenFile,
+    (file, fh): (&OpenFile, u64),
     owner: u64,
     pid: u32,
     typ: i32,
@@ -168,6 +178,7 @@ fn owner_fd_for(
         match shard.get_mut(&(nodeid, owner)) {
             Some(known) => {
                 known.pid = pid;
+                known.fh = fh;
                 if access_allows(known.access, typ) {
                     return Ok(known.fd.clone());
                 }
@@ -194,6 +205,7 @@ fn owner_fd_for(
                 fd: Arc::new(wider),
                 access: libc::O_RDWR,
                 pid,
+                fh,
             })
             .fd
             .clone());
@@ -201,13 +213,17 @@ fn owner_fd_for(
     let access = file.flags & libc::O_ACCMODE;
     let fd = Arc::new(sys::reopen(&file.fd, access)?);
     let mut shard = shard(owners, nodeid);
-    let known = shard
-        .entry((nodeid, owner))
-        .or_insert(OwnerLocks { fd, access, pid });
+    let known = shard.entry((nodeid, owner)).or_insert(OwnerLocks {
+        fd,
+        access,
+        pid,
+        fh,
+    });
+    known.fh = fh;
     if !access_allows(known.access, typ) {
         // Another request of the owner made a narrower fd meanwhile: try again, widening it.
         drop(shard);
-        return owner_fd_for(owners, file, owner, pid, typ);
+        return owner_fd_for(owners, (file, fh), owner, pid, typ);
     }
     Ok(known.fd.clone())
 }
@@ -345,6 +361,23 @@ impl LockTable {
             drop(fd);
             self.released(nodeid);
         }
+    }
+
+    /// Open `fh` of the inode was released (not its last): the locks of owners whose last
+    /// lock came through it go (OFD locks: see `OwnerLocks`).
+    pub fn release_handle(&self, nodeid: u64, fh: u64) {
+        let gone: Vec<OwnerLocks> = {
+            let mut shard = self.shard(nodeid);
+            let owners: Vec<(u64, u64)> = shard
+                .iter()
+                .filter(|((id, _), o)| *id == nodeid && o.fh == fh)
+                .map(|(key, _)| *key)
+                .collect();
+            owners.iter().filter_map(|k| shard.remove(k)).collect()
+        };
+        // The host fds close outside the shard.
+        drop(gone);
+        self.released(nodeid);
     }
 
     /// The last open of the inode closed: every owner's locks on it go.
@@ -618,10 +651,16 @@ impl PassthroughFs {
         if !access_allows(file.flags & libc::O_ACCMODE, typ) {
             return reply.error(libc::EBADF);
         }
-        let (owners, owner, pid, lk) = (self.locks.owners.clone(), arg.owner, arg.lk.pid, arg.lk);
+        let (owners, owner, pid, lk, fh) = (
+            self.locks.owners.clone(),
+            arg.owner,
+            arg.lk.pid,
+            arg.lk,
+            arg.fh,
+        );
         // The owner's fd is looked up on every try: it may move to a read-write fd meanwhile.
         let attempt = move || {
-            let fd = owner_fd_for(&owners, &file, owner, pid, typ)?;
+            let fd = owner_fd_for(&owners, (&file, fh), owner, pid, typ)?;
             sys::fcntl_lock(&fd, libc::F_OFD_SETLK, &mut to_flock(&lk)).map(|()| lock_granted())
         };
         self.lock_or_wait(

@@ -15,7 +15,7 @@
 //! (all of its locks there: no process of the mount can hold one any more), at unmount, and
 //! by another mount when this one's session expires.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -60,6 +60,7 @@ pub fn lock_req(ino: u64, arg: &abi::LkIn) -> LockReq {
         start: arg.lk.start.min(OFFSET_MAX) as i64,
         end: arg.lk.end.min(OFFSET_MAX) as i64,
         pid: arg.lk.pid,
+        fh: arg.fh,
     }
 }
 
@@ -111,10 +112,18 @@ struct Waits {
     /// this is not zero.
     count: AtomicUsize,
     /// (inode, owner, kind) this mount took a lock for and has not released at FLUSH,
-    /// RELEASE or the last close: FLUSH and RELEASE touch the database only for these, so a
-    /// close costs no commit when its owner never locked. One mutex per shard (by inode),
-    /// a leaf, taken by lock requests and, while this mount holds some lock, closes.
-    held: Box<[Mutex<HashSet<HeldKey>>]>,
+    /// RELEASE or the last close, with the open its last lock came through: FLUSH and
+    /// RELEASE touch the database only for these, so a close costs no commit when its owner
+    /// never locked. One mutex per shard (by inode), a leaf, taken by lock requests and,
+    /// while this mount holds some lock, closes.
+    ///
+    /// A process's POSIX locks go at its FLUSH (any close(2) of the file). An OFD lock's
+    /// owner is the open file itself, and the kernel sends no unlock when it closes
+    /// (fuse_setlk skips FL_CLOSE_POSIX; FLUSH names the closing process): its locks go at
+    /// the open's RELEASE (`forget_handle`). A process's entry reaches that RELEASE only if
+    /// it locked again through another open after its FLUSH, so only owners whose last lock
+    /// came through the released open go.
+    held: Box<[Mutex<HashMap<HeldKey, u64>>]>,
     held_count: AtomicUsize,
 }
 
@@ -123,7 +132,7 @@ impl Waits {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn held_shard(&self, ino: u64) -> MutexGuard<'_, HashSet<HeldKey>> {
+    fn held_shard(&self, ino: u64) -> MutexGuard<'_, HashMap<HeldKey, u64>> {
         self.held[ino as usize % HELD_SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -134,7 +143,8 @@ impl Waits {
         if req.typ != LOCK_UNLOCK
             && self
                 .held_shard(req.ino)
-                .insert((req.ino, req.owner, req.kind as u8))
+                .insert((req.ino, req.owner, req.kind as u8), req.fh)
+                .is_none()
         {
             self.held_count.fetch_add(1, Ordering::Relaxed);
         }
@@ -202,11 +212,39 @@ impl Locks {
         if self.waits.held_count.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        let removed = self.waits.held_shard(ino).remove(&(ino, owner, kind as u8));
+        let removed = self
+            .waits
+            .held_shard(ino)
+            .remove(&(ino, owner, kind as u8))
+            .is_some();
         if removed {
             self.waits.held_count.fetch_sub(1, Ordering::Relaxed);
         }
         removed
+    }
+
+    /// Open `fh` of `ino` was released (not its last): the POSIX lock owners whose last lock
+    /// came through it, forgotten here for their locks to be released (OFD locks: see
+    /// `Waits::held`).
+    pub fn forget_handle(&self, ino: u64, fh: u64) -> Vec<u64> {
+        if self.waits.held_count.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        let mut shard = self.waits.held_shard(ino);
+        let owners: Vec<u64> = shard
+            .iter()
+            .filter(|((i, _, kind), open)| {
+                *i == ino && *kind == LockKind::Posix as u8 && **open == fh
+            })
+            .map(|((_, owner, _), _)| *owner)
+            .collect();
+        for owner in &owners {
+            shard.remove(&(ino, *owner, LockKind::Posix as u8));
+        }
+        self.waits
+            .held_count
+            .fetch_sub(owners.len(), Ordering::Relaxed);
+        owners
     }
 
     /// Whether anyone took locks on `ino` here; forgets them all (the last close).
@@ -216,7 +254,7 @@ impl Locks {
         }
         let mut shard = self.waits.held_shard(ino);
         let before = shard.len();
-        shard.retain(|(i, _, _)| *i != ino);
+        shard.retain(|(i, _, _), _| *i != ino);
         let removed = before - shard.len();
         self.waits.held_count.fetch_sub(removed, Ordering::Relaxed);
         removed > 0
