@@ -4860,7 +4860,7 @@ fn bytes_mapped_after_close_are_read_by_an_open_racing_the_release() {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     // Chunked files and inline ones (committed early) in turn.
-    let len = |i: u8| if i % 2 == 0 { 256 * KIB } else { 3000 };
+    let len = |i: u8| if i.is_multiple_of(2) { 256 * KIB } else { 3000 };
     let volume = Volume::format("mmap-after-close");
     let m = volume.mount(&[]);
     let pin = |cpu: usize| {
