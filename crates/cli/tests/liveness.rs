@@ -467,6 +467,93 @@ fn opens_waiting_for_a_lease_break_leave_the_offload_pool_free() {
     m.unmount();
 }
 
+/// Truncates by path of a file a host process holds a lease on (truncate(2) opens it for
+/// writing, which breaks the lease) wait for the break on the wait list, as opens do: they
+/// hold no offload thread, so a truncate of another file stays prompt, and each completes
+/// once the holder lets go. Each held an offload thread in the open for up to the host's
+/// lease-break-time (45 s) before.
+#[test]
+fn path_truncates_waiting_for_a_lease_break_leave_the_offload_pool_free() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    // One truncate per file (the kernel runs one truncate of an inode at a time), more
+    // files than the offload pool has threads.
+    const FILES: usize = 6;
+    let _serial = serial();
+    let names: Vec<String> = (1..FILES).map(|i| format!("leased-{i}")).collect();
+    let mut extra: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b"data"[..])).collect();
+    let other_bytes = vec![7u8; 1 << 20];
+    extra.push(("other", &other_bytes));
+    let (src, m, lease_holder) = mount_with_a_read_lease("liveness-lease-truncate", &extra);
+    let mut holders = vec![lease_holder];
+    for name in &names {
+        let holder = File::open(src.path().join(name)).unwrap();
+        // SAFETY: fcntl on an fd we hold.
+        let rc = unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+        assert_eq!(
+            rc,
+            0,
+            "lease on {name}: {}",
+            std::io::Error::last_os_error()
+        );
+        holders.push(holder);
+    }
+    let (done_tx, done) = mpsc::channel();
+    for name in std::iter::once("leased").chain(names.iter().map(String::as_str)) {
+        let path = std::ffi::CString::new(m.path(name).as_os_str().as_bytes()).unwrap();
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            pin_to(0);
+            let start = Instant::now();
+            // SAFETY: a NUL-terminated path we own.
+            let rc = unsafe { libc::truncate(path.as_ptr(), 1) };
+            let result = (rc == 0)
+                .then_some(())
+                .ok_or_else(std::io::Error::last_os_error);
+            let _ = done_tx.send((start.elapsed(), result));
+        });
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let other = m.path("other");
+    let probe = timed_on_cpu0(PROMPT * 2, move || {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&other)
+            .unwrap();
+        file.set_len(4096)
+    });
+    for holder in &holders {
+        // SAFETY: fcntl on an fd we hold: the lease goes, the truncates proceed.
+        unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    }
+    for _ in 0..FILES {
+        let (took, result) = done
+            .recv_timeout(Duration::from_secs(10))
+            .expect("every truncate completes once the leases are gone");
+        result.expect("the truncate by path");
+        assert!(
+            took >= Duration::from_millis(400),
+            "a truncate took only {took:?}: the lease did not hold it, so this proves nothing"
+        );
+    }
+    let (took, truncated) = probe.unwrap_or_else(|| {
+        panic!(
+            "a truncate waited behind truncates waiting for a lease break (offload pool used up)"
+        )
+    });
+    truncated.unwrap();
+    assert!(took < PROMPT, "the truncate took {took:?}");
+    for name in std::iter::once("leased").chain(names.iter().map(String::as_str)) {
+        assert_eq!(std::fs::metadata(src.path().join(name)).unwrap().len(), 1);
+    }
+    assert_eq!(
+        std::fs::metadata(src.path().join("other")).unwrap().len(),
+        4096
+    );
+    drop(holders);
+    m.unmount();
+}
+
 /// The daemon's offload threads (started on first use).
 fn offload_threads(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))

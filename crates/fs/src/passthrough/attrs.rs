@@ -53,11 +53,15 @@ impl PassthroughFs {
         Ok(self.attr_out(inode, &st, generation))
     }
 
+    /// Applies `arg`. A size change without a writable open truncates through `writer`, the
+    /// write-only fd `setattr` opened for it (waiting for a host lease break on the wait
+    /// list, not here).
     pub(super) fn do_setattr(
         &self,
         req: &Request,
         ino: u64,
         arg: &abi::SetattrIn,
+        writer: Option<OwnedFd>,
     ) -> SysResult<abi::AttrOut> {
         let inode = self.inode(ino)?;
         let valid = arg.valid;
@@ -79,15 +83,17 @@ impl PassthroughFs {
         }
         if valid & fattr::SIZE != 0 {
             let kill = self.killpriv_v2() && valid & fattr::KILL_SUIDGID != 0;
-            let _gate = inode.gate.exclusive();
             let opened;
-            let fd = match file.as_ref().filter(|f| f.writable()) {
-                Some(file) => &file.fd,
-                None => {
-                    opened = self.open_inode(&inode, libc::O_WRONLY | libc::O_NOFOLLOW)?;
+            let fd = match (file.as_ref().filter(|f| f.writable()), &writer) {
+                (Some(file), _) => &file.fd,
+                (None, Some(writer)) => writer,
+                // Never waits for a lease break under the gate: EWOULDBLOCK instead.
+                (None, None) => {
+                    opened = self.open_inode(&inode, super::TRUNCATE_OPEN_FLAGS)?;
                     &opened
                 }
             };
+            let _gate = inode.gate.exclusive();
             self.killing_privileges(req, &inode, (fd, false), kill, || {
                 sys::ftruncate(fd, arg.size)
             })?;

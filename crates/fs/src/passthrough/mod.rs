@@ -179,6 +179,9 @@ pub struct State {
 
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+/// The write-only fd a truncate by path goes through: O_NONBLOCK, so that a host lease on
+/// the file answers EWOULDBLOCK (its break started) instead of blocking the open.
+const TRUNCATE_OPEN_FLAGS: i32 = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
 
 impl PassthroughFs {
     /// Opens SOURCE; fails with a sentence when it is missing or not a directory.
@@ -305,6 +308,52 @@ impl PassthroughFs {
     /// worker serves every request of its CPU, and a truncate of a large file or an open
     /// stuck on a lease break would make the stat and lseek calls of the CPU's other callers
     /// wait (seed 002's guarantee); over /dev/fuse it takes one of few workers away.
+    /// A SETATTR with a size (off the queue). A truncate by path (no writable open given)
+    /// opens the file for writing first, which breaks a host process's lease on it: that
+    /// open waits for the break on the wait list, as a client's open does, never in the
+    /// syscall (up to lease-break-time, 45 s, holding an offload thread), and the file's
+    /// write gate is taken only once it is open.
+    fn truncate(&self, req: Request, ino: u64, arg: abi::SetattrIn, reply: Reply) {
+        let writable_open =
+            arg.valid & abi::fattr::FH != 0 && self.files.get(arg.fh).is_some_and(|f| f.writable());
+        if writable_open {
+            return answer(reply, self.do_setattr(&req, ino, &arg, None), |r, a| {
+                r.attr(&a)
+            });
+        }
+        let inode = match self.inode(ino) {
+            Ok(inode) => inode,
+            Err(e) => return reply.error(e),
+        };
+        match self.open_inode(&inode, TRUNCATE_OPEN_FLAGS) {
+            Ok(writer) => answer(
+                reply,
+                self.do_setattr(&req, ino, &arg, Some(writer)),
+                |r, a| r.attr(&a),
+            ),
+            Err(libc::EWOULDBLOCK) => {
+                let fs = self.clone();
+                let attempt = move || -> SysResult<locks::Answer> {
+                    let writer = fs.open_inode(&inode, TRUNCATE_OPEN_FLAGS)?;
+                    let fs = fs.clone();
+                    Ok(Box::new(move |reply: Reply| {
+                        // The truncate itself on the offload pool, not the waiting thread.
+                        fs.answer_off_queue(reply, move |fs, reply| {
+                            answer(
+                                reply,
+                                fs.do_setattr(&req, ino, &arg, Some(writer)),
+                                |r, a| r.attr(&a),
+                            )
+                        })
+                    }))
+                };
+                self.locks
+                    .wait_for_open((req.unique, req.uid), ino, reply, Box::new(attempt));
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn answer_off_queue(
         &self,
         reply: Reply,
@@ -812,11 +861,12 @@ impl Filesystem for PassthroughFs {
     fn setattr(&self, req: &Request, ino: u64, arg: &abi::SetattrIn, reply: Reply) {
         if arg.valid & abi::fattr::SIZE != 0 {
             let (req, arg) = (*req, *arg);
-            return self.answer_off_queue(reply, move |fs, reply| {
-                answer(reply, fs.do_setattr(&req, ino, &arg), |r, a| r.attr(&a))
-            });
+            return self
+                .answer_off_queue(reply, move |fs, reply| fs.truncate(req, ino, arg, reply));
         }
-        answer(reply, self.do_setattr(req, ino, arg), |r, a| r.attr(&a))
+        answer(reply, self.do_setattr(req, ino, arg, None), |r, a| {
+            r.attr(&a)
+        })
     }
 
     fn readlink(&self, _req: &Request, ino: u64, reply: Reply) {
