@@ -74,7 +74,7 @@ impl PassthroughFs {
                 };
                 let result = sys::get_flags(fd)
                     .and_then(|old| self.may_set_attributes(req, fd, (old ^ new) & GUARD_FLAGS))
-                    .and_then(|()| sys::set_flags(fd, new));
+                    .and_then(|()| self.as_setter(req, || sys::set_flags(fd, new)));
                 match result {
                     Ok(()) => reply.ioctl(0, &[]),
                     Err(e) => reply.error(e),
@@ -92,7 +92,7 @@ impl PassthroughFs {
                         let changed = (xflags(&old) ^ xflags(new)) & GUARD_XFLAGS;
                         self.may_set_attributes(req, fd, changed)
                     })
-                    .and_then(|()| sys::set_fsxattr(fd, new));
+                    .and_then(|()| self.as_setter(req, || sys::set_fsxattr(fd, new)));
                 match result {
                     Ok(()) => reply.ioctl(0, &[]),
                     Err(e) => reply.error(e),
@@ -100,6 +100,18 @@ impl PassthroughFs {
             }
             _ => reply.error(libc::ENOTTY),
         }
+    }
+
+    /// Runs a SETFLAGS or FSSETXATTR as a caller other than root (its fsuid, no
+    /// capabilities), so that the host file system applies its own rules for that caller on
+    /// top of ours: ext4 wants CAP_SYS_RESOURCE for data journaling (`chattr +j`), which
+    /// the daemon's root would otherwise lend to any owner.
+    fn as_setter(&self, req: &Request, set: impl FnOnce() -> SysResult<()>) -> SysResult<()> {
+        let _caller = match req.uid {
+            0 => None,
+            uid => Some(self.creds.as_caller(uid, req.gid, &[])?),
+        };
+        set()
     }
 
     /// The kernel's rules for changing file attributes, for the caller: the file's owner or
