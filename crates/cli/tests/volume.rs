@@ -3422,6 +3422,53 @@ mod on_postgres {
     /// With kernel caches that would last a minute, what one mount changes still reaches
     /// the other within a moment: the other reads the change log every 100 ms and sends its
     /// kernel FUSE invalidations (attributes, pages, names).
+    /// A file open on one mount (`tail -f`) that another mount appends to: the open mount's
+    /// stat and fstat show the new size, and reads through the open descriptor return the
+    /// new bytes, within the change log's bound. The open state answered its own old size
+    /// to every GETATTR, and capped reads at it, for as long as the open lasted.
+    #[test]
+    fn an_open_file_shows_another_mounts_appends() {
+        use std::io::{Read, Seek};
+        let Some(volume) = Volume::format_on_postgres("open-appends") else {
+            return;
+        };
+        let long = ["-o", "attr_timeout=60,entry_timeout=60", "--noatime"];
+        let a = volume.mount(&long);
+        let b = volume.mount(&long);
+        let soon = Duration::from_secs(3);
+        std::fs::write(a.path("log"), b"first\n").unwrap();
+        let mut tail = std::fs::File::open(b.path("log")).unwrap();
+        let mut seen = String::new();
+        tail.read_to_string(&mut seen).unwrap();
+        assert_eq!(seen, "first\n");
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(a.path("log"))
+            .unwrap();
+        for round in 1..=3 {
+            log.write_all(format!("line {round}\n").as_bytes()).unwrap();
+            log.sync_all().unwrap();
+            let want = 6 + 7 * round as u64;
+            assert!(
+                wait_until(soon, || tail.metadata().unwrap().len() == want),
+                "round {round}: b's fstat of its open file kept size {} (want {want})",
+                tail.metadata().unwrap().len()
+            );
+            assert_eq!(std::fs::metadata(b.path("log")).unwrap().len(), want);
+            let mut more = String::new();
+            tail.read_to_string(&mut more).unwrap();
+            assert_eq!(more, format!("line {round}\n"), "round {round}: tail read");
+        }
+        tail.rewind().unwrap();
+        let mut all = String::new();
+        tail.read_to_string(&mut all).unwrap();
+        assert_eq!(all, "first\nline 1\nline 2\nline 3\n");
+        drop((tail, log));
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     #[test]
     fn the_change_log_invalidates_the_other_mounts_caches() {
         let Some(volume) = Volume::format_on_postgres("changelog") else {
@@ -3954,11 +4001,25 @@ mod on_postgres {
             return;
         };
         let a = volume.mount(&[]);
-        let b = volume.mount(&[]);
+        // Long timeouts: b's kernel keeps d/g's entry, so its truncate by path goes
+        // straight to a SETATTR, whose read of the file meets the lease.
+        let b = volume.mount(&["-o", "attr_timeout=60,entry_timeout=60"]);
         std::fs::create_dir(b.path("elsewhere")).unwrap();
         std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::write(a.path("d/g"), b"g to be truncated").unwrap();
+        // b's lookup recalls a's lease on d; a's next create there takes it again.
+        assert_eq!(std::fs::metadata(b.path("d/g")).unwrap().len(), 17);
+        let taken = a.counter("leases_taken");
         std::fs::write(a.path("d/f"), b"f").unwrap();
-        assert!(a.counter("leases_taken") > 0);
+        let mut more = 0;
+        assert!(
+            wait_until(Duration::from_secs(8), || {
+                more += 1;
+                std::fs::write(a.path(&format!("d/more-{more}")), b"m").unwrap();
+                a.counter("leases_taken") > taken
+            }),
+            "a never took d's lease again after b's recall"
+        );
         // Opened before the kill: what the probes look up in them is the only lookup.
         let leased = std::fs::File::open(b.path("d")).unwrap();
         let free = std::fs::File::open(b.path("elsewhere")).unwrap();
@@ -3984,7 +4045,7 @@ mod on_postgres {
             }
         };
         let started = std::time::Instant::now();
-        let waiters: Vec<_> = (0..4)
+        let mut waiters: Vec<_> = (0..4)
             .map(|i| {
                 let leased = leased.try_clone().unwrap();
                 std::thread::spawn(move || {
@@ -3993,10 +4054,25 @@ mod on_postgres {
                 })
             })
             .collect();
+        let g =
+            std::ffi::CString::new(b.path("d/g").into_os_string().into_encoded_bytes()).unwrap();
+        let truncater = std::thread::spawn(move || {
+            pin(0);
+            // SAFETY: a NUL-terminated path we own.
+            match unsafe { libc::truncate(g.as_ptr(), 0) } {
+                0 => 0,
+                // SAFETY: reads this thread's errno.
+                _ => unsafe { *libc::__errno_location() },
+            }
+        });
         std::thread::sleep(Duration::from_millis(500));
         assert!(
             waiters.iter().all(|w| !w.is_finished()),
             "a lookup in the dead mount's leased directory did not wait"
+        );
+        assert!(
+            !truncater.is_finished(),
+            "a truncate of a file in the dead mount's leased directory did not wait"
         );
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -4004,18 +4080,21 @@ mod on_postgres {
             let _ = tx.send(lookup(&free, "absent"));
         });
         let probe = rx.recv_timeout(Duration::from_secs(2));
-        for w in waiters {
+        for w in waiters.drain(..) {
             assert_eq!(w.join().unwrap(), libc::ENOENT);
         }
+        assert_eq!(truncater.join().unwrap(), 0, "the truncate by path");
         let waited = started.elapsed();
         assert_eq!(
             probe,
             Ok(libc::ENOENT),
-            "a lookup from CPU 0 elsewhere waited for the dead mount's lease"
+            "a lookup from CPU 0 elsewhere waited for the dead mount's lease (behind a lookup \
+             or a truncate that waited on the queue)"
         );
         assert!(b.counter("waits_for_other_mounts_leases") >= 1);
         assert!(waited < Duration::from_secs(20), "waited {waited:?}");
         assert_eq!(std::fs::read(b.path("d/f")).unwrap(), b"f".to_vec());
+        assert_eq!(std::fs::metadata(b.path("d/g")).unwrap().len(), 0);
         drop(leased);
         wait_for_sessions(&volume, 1);
         b.unmount();

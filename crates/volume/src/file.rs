@@ -532,6 +532,11 @@ pub struct FileState {
     /// 0: not made here): its closes may commit its bytes without waiting (see
     /// `VolumeFs::flush_new_early`).
     pub created_in: AtomicU64,
+    /// Another mount of a shared volume changed the inode since this state's view was read
+    /// (set from the change log, cleared as a reload begins): its size and bytes are read
+    /// again before they are answered, unless this mount has writes of its own to flush
+    /// (which then win, as the last writer's do).
+    changed_elsewhere: AtomicBool,
     /// The load from the store, done by the first open.
     loaded: OnceLock<Result<(), Errno>>,
     /// Chunk index → buffer of written, unflushed bytes (past its end: zeros). The mutex
@@ -619,6 +624,7 @@ impl FileState {
             capability_absent: AtomicBool::new(false),
             xattrs_known: AtomicU64::new(0),
             created_in: AtomicU64::new(0),
+            changed_elsewhere: AtomicBool::new(false),
             loaded: OnceLock::new(),
             dirty: Mutex::new(BTreeMap::new()),
             dirty_bytes: AtomicU64::new(0),
@@ -663,7 +669,15 @@ impl FileState {
     /// the store has them, or what another mount wrote over them since.
     pub fn reload(&self, reload: Reload<'_>) -> Result<InodeRec, Errno> {
         let _flushing = lock(&self.flushing);
-        let rec = reload()?;
+        // Before the read: a change that comes during it marks the state again.
+        self.changed_elsewhere.store(false, Ordering::SeqCst);
+        let rec = match reload() {
+            Ok(rec) => rec,
+            Err(e) => {
+                self.changed_elsewhere.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
         let _gate = write_lock(&self.gate);
         let (attr, size) = (rec.attr.clone(), rec.attr.size);
         // The view first, the dirty bytes it replaces after: reads and lseek take neither
@@ -685,6 +699,19 @@ impl FileState {
 
     pub fn size(&self) -> u64 {
         self.size.load(Ordering::Relaxed)
+    }
+
+    /// Another mount changed the inode (its change log says so).
+    pub fn changed_elsewhere(&self) {
+        self.changed_elsewhere.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether this state's size and view are older than another mount's change and no
+    /// write of this mount is waiting to go over it: the store's answer is the newer one.
+    pub fn stale(&self) -> bool {
+        self.changed_elsewhere.load(Ordering::SeqCst)
+            && (self.dirty_mtime().is_none()
+                || self.early.stored(self.writes.load(Ordering::Relaxed)))
     }
 
     /// Whether the inode had no xattr a caller can list or get when its state was loaded,

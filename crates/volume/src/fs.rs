@@ -724,7 +724,11 @@ impl VolumeFs {
     fn attr(&self, rec: &InodeRec) -> abi::Attr {
         let mut rec = rec.clone();
         self.pending_atimes.overlay(&mut rec);
-        if let Some(state) = self.open.get(rec.ino) {
+        // An open file's own size, unless another mount changed it since (and this mount
+        // has nothing of its own to write over that): then the store's is the newer.
+        if let Some(state) = self.open.get(rec.ino)
+            && !state.stale()
+        {
             rec.size = state.size();
             if let Some(t) = state.dirty_mtime() {
                 rec.mtime_ns = t;
@@ -1842,6 +1846,22 @@ impl Filesystem for VolumeFs {
         let Some(state) = self.open.get(ino) else {
             return reply.error(libc::EBADF);
         };
+        // Another mount changed the file since its view was read (the change log said so)
+        // and this mount has nothing of its own over it: the view is read again first, off
+        // the queue (a read of the store may wait for that mount's directory lease).
+        if self.options.shared && state.stale() {
+            let (queue, arg) = (req.queue, *arg);
+            return self.answer_off_queue(reply, move |fs, reply| {
+                let reload = || fs.store.load_file(queue, ino);
+                let read = state
+                    .reload(&reload)
+                    .and_then(|_| state.read(&fs.data, arg.offset, arg.size, Some(&reload)));
+                match read {
+                    Ok(bytes) => fs.reply_read(queue, ino, arg.fh, bytes, reply),
+                    Err(e) => reply.error(e),
+                }
+            });
+        }
         // On a shared volume, another mount may have replaced blocks this mount's view of
         // the open file still names: a read that misses one reads the view again.
         let reload = || self.store.load_file(req.queue, ino);

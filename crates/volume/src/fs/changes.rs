@@ -43,6 +43,11 @@ impl Follower {
             Ok(changes) => {
                 self.failing = false;
                 for change in &changes {
+                    // Marked before the kernel is told: its next GETATTR or read then
+                    // finds the state stale.
+                    if let Some(state) = self.open.get(change.ino) {
+                        state.changed_elsewhere();
+                    }
                     invalidate(fd, change);
                     self.default_acls.forget(change.ino);
                     self.xattr_names.forget(change.ino);
