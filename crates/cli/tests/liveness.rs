@@ -418,7 +418,6 @@ fn an_open_waiting_for_a_lease_break_holds_no_queue() {
 /// waited in a blocking open on a pool thread per open, so the truncate waited for the lease.
 #[test]
 fn opens_waiting_for_a_lease_break_leave_the_offload_pool_free() {
-    use std::os::fd::AsRawFd;
     const OPENS: usize = 6;
     let _serial = serial();
     let (src, m, lease_holder) =
@@ -434,35 +433,13 @@ fn opens_waiting_for_a_lease_break_leave_the_offload_pool_free() {
         });
     }
     std::thread::sleep(Duration::from_millis(500));
-    let other = m.path("other");
-    let probe = timed_on_cpu0(PROMPT * 2, move || {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&other)
-            .unwrap();
-        file.set_len(4096)
-    });
-    // SAFETY: fcntl on an fd we hold: the lease goes, the opens proceed.
-    unsafe { libc::fcntl(lease_holder.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
-    for _ in 0..OPENS {
-        let (open_took, result) = opened
+    let waited = (0..OPENS).map(|_| {
+        let (took, result) = opened
             .recv_timeout(Duration::from_secs(10))
             .expect("every open completes once the lease is gone");
-        result.expect("the open for writing");
-        assert!(
-            open_took >= Duration::from_millis(400),
-            "an open took only {open_took:?}: the lease did not hold it, so this proves nothing"
-        );
-    }
-    let (took, truncated) = probe.unwrap_or_else(|| {
-        panic!("a truncate waited behind opens waiting for a lease break (offload pool used up)")
+        (took, result.map(drop))
     });
-    truncated.unwrap();
-    assert!(took < PROMPT, "the truncate took {took:?}");
-    assert_eq!(
-        std::fs::metadata(src.path().join("other")).unwrap().len(),
-        4096
-    );
+    a_truncate_stays_prompt_while_leases_hold(&src, &m, &[&lease_holder], waited, "open");
     drop(lease_holder);
     m.unmount();
 }
@@ -514,6 +491,31 @@ fn path_truncates_waiting_for_a_lease_break_leave_the_offload_pool_free() {
         });
     }
     std::thread::sleep(Duration::from_millis(500));
+    let holding: Vec<&File> = holders.iter().collect();
+    let waited = (0..FILES).map(|_| {
+        done.recv_timeout(Duration::from_secs(10))
+            .expect("every truncate completes once the leases are gone")
+    });
+    a_truncate_stays_prompt_while_leases_hold(&src, &m, &holding, waited, "truncate");
+    for name in std::iter::once("leased").chain(names.iter().map(String::as_str)) {
+        assert_eq!(std::fs::metadata(src.path().join(name)).unwrap().len(), 1);
+    }
+    drop(holders);
+    m.unmount();
+}
+
+/// With requests waiting for host lease breaks (`waited` yields each one's time and
+/// outcome once it completes), a truncate of "other" from CPU 0 is answered at once; then
+/// the `holders` let go of their leases, and every waiting request completes, having
+/// waited (else the test proves nothing). `what` names the waiting requests.
+fn a_truncate_stays_prompt_while_leases_hold(
+    src: &TempDir,
+    m: &Mount,
+    holders: &[&File],
+    waited: impl Iterator<Item = (Duration, std::io::Result<()>)>,
+    what: &str,
+) {
+    use std::os::fd::AsRawFd;
     let other = m.path("other");
     let probe = timed_on_cpu0(PROMPT * 2, move || {
         let file = std::fs::OpenOptions::new()
@@ -522,36 +524,32 @@ fn path_truncates_waiting_for_a_lease_break_leave_the_offload_pool_free() {
             .unwrap();
         file.set_len(4096)
     });
-    for holder in &holders {
-        // SAFETY: fcntl on an fd we hold: the lease goes, the truncates proceed.
+    for holder in holders {
+        // SAFETY: fcntl on an fd we hold: the lease goes, the waiting requests proceed.
         unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
     }
-    for _ in 0..FILES {
-        let (took, result) = done
-            .recv_timeout(Duration::from_secs(10))
-            .expect("every truncate completes once the leases are gone");
-        result.expect("the truncate by path");
+    let mut completed = 0;
+    for (took, result) in waited {
+        result.unwrap_or_else(|e| panic!("a waiting {what}: {e}"));
         assert!(
             took >= Duration::from_millis(400),
-            "a truncate took only {took:?}: the lease did not hold it, so this proves nothing"
+            "a {what} took only {took:?}: the lease did not hold it, so this proves nothing"
         );
+        completed += 1;
     }
+    assert!(
+        completed > 0,
+        "no {what} completed once the leases were gone"
+    );
     let (took, truncated) = probe.unwrap_or_else(|| {
-        panic!(
-            "a truncate waited behind truncates waiting for a lease break (offload pool used up)"
-        )
+        panic!("a truncate waited behind {what}s waiting for a lease break (offload pool used up)")
     });
     truncated.unwrap();
     assert!(took < PROMPT, "the truncate took {took:?}");
-    for name in std::iter::once("leased").chain(names.iter().map(String::as_str)) {
-        assert_eq!(std::fs::metadata(src.path().join(name)).unwrap().len(), 1);
-    }
     assert_eq!(
         std::fs::metadata(src.path().join("other")).unwrap().len(),
         4096
     );
-    drop(holders);
-    m.unmount();
 }
 
 /// The daemon's offload threads (started on first use).
