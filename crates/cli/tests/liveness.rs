@@ -32,18 +32,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// requests wait, far more than a loaded 2-core machine needs to answer.
 const PROMPT: Duration = Duration::from_secs(2);
 
-fn pin_to(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; cpu 0 always exists.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "pinning to CPU {cpu}"
-        );
-    }
-}
+use common::pin_to_cpu as pin_to;
 
 /// Runs `probe` on a thread pinned to CPU 0 and returns how long it took, or None if it
 /// did not finish within `limit` (the thread is then left to finish on its own).

@@ -4036,14 +4036,7 @@ mod on_postgres {
                 }
             }
         };
-        let pin = |cpu: usize| {
-            // SAFETY: cpu_set_t is plain data; CPUs 0 and 1 exist on every machine we test.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            }
-        };
+        let pin = common::pin_to_cpu;
         let started = std::time::Instant::now();
         let mut waiters: Vec<_> = (0..4)
             .map(|i| {
@@ -4942,14 +4935,7 @@ fn bytes_mapped_after_close_are_read_by_an_open_racing_the_release() {
     let len = |i: u8| if i.is_multiple_of(2) { 256 * KIB } else { 3000 };
     let volume = Volume::format("mmap-after-close");
     let m = volume.mount(&[]);
-    let pin = |cpu: usize| {
-        // SAFETY: cpu_set_t is plain data; CPUs 0 and 1 exist on every machine we test.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
-    };
+    let pin = common::pin_to_cpu;
     let (to_reader, files) = std::sync::mpsc::channel::<(PathBuf, u8, usize)>();
     let (to_writer, verdicts) = std::sync::mpsc::channel::<Result<(), String>>();
     let reader = std::thread::spawn(move || {

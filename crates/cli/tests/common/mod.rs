@@ -100,6 +100,21 @@ pub fn process_alive(pid: u32) -> bool {
     }
 }
 
+/// Pins the calling thread to `cpu` (0 or 1 exist on every machine we test): a FUSE
+/// request then goes to that CPU's queue.
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data, written by CPU_SET and read by the call.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pinning to CPU {cpu}"
+        );
+    }
+}
+
 /// Polls `cond` until it holds or `limit` passes.
 pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
