@@ -3455,6 +3455,14 @@ mod on_postgres {
                 tail.metadata().unwrap().len()
             );
             assert_eq!(std::fs::metadata(b.path("log")).unwrap().len(), want);
+            // A chmod's answer carries the attributes too.
+            tail.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o640 + round))
+                .unwrap();
+            assert_eq!(
+                tail.metadata().unwrap().len(),
+                want,
+                "round {round}: after chmod"
+            );
             let mut more = String::new();
             tail.read_to_string(&mut more).unwrap();
             assert_eq!(more, format!("line {round}\n"), "round {round}: tail read");

@@ -1669,7 +1669,10 @@ impl Filesystem for VolumeFs {
                 match r {
                     Ok(rec) => {
                         let mut out = tmpl.fill(&rec);
-                        if let Some(state) = fs_open.get(ino) {
+                        // As `attr`: a stale open state's size is older than the store's.
+                        if let Some(state) = fs_open.get(ino)
+                            && !state.stale()
+                        {
                             out.attr.size = state.size();
                         }
                         reply.attr(&abi::AttrOut {
@@ -1803,7 +1806,9 @@ impl Filesystem for VolumeFs {
                         if let Some(state) = open.get(ino) {
                             // Linked again: no longer to be freed at its last close.
                             state.orphaned.store(false, Ordering::Relaxed);
-                            out.attr.size = state.size();
+                            if !state.stale() {
+                                out.attr.size = state.size();
+                            }
                         }
                         reply.ok().entry(&out)
                     }
