@@ -91,13 +91,20 @@ pub fn is_mounted(path: &Path) -> bool {
 }
 
 pub fn process_alive(pid: u32) -> bool {
-    // A zombie has exited; it only waits for its parent.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
+    // A zombie has exited, once its other threads have too: a killed daemon's thread group
+    // leader is a zombie while its other threads are still exiting, and the last of them
+    // closes the process's fds (its volume lock, its intent log) only then.
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    !(field("State:").starts_with('Z') && field("Threads:") == "1")
 }
 
 /// Pins the calling thread to `cpu` (0 or 1 exist on every machine we test): a FUSE
