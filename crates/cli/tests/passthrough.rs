@@ -1948,11 +1948,24 @@ mod cases {
             sys::setlk(b.as_raw_fd(), libc::F_OFD_SETLK, libc::F_RDLCK, 20, 10),
         );
         // An OFD lock goes with its open, while another open of the file stays (the kernel
-        // sends no unlock for it: its owner is the open, not the closing process).
+        // sends no unlock for it: its owner is the open, not the closing process). FUSE's
+        // RELEASE is asynchronous: close(2) returns before the daemon lets go, so a lock
+        // that the close frees is tried again for a moment (natively it is free at once).
+        let once_freed = |fd: i32, start: i64, len: i64| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            loop {
+                match sys::setlk(fd, libc::F_OFD_SETLK, libc::F_WRLCK, start, len) {
+                    Err(e) if e.0 == libc::EAGAIN && std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(5))
+                    }
+                    done => return done,
+                }
+            }
+        };
         drop(a);
         t.e(
             "OFD WRLCK via b after a's close",
-            sys::setlk(b.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, 0, 10),
+            once_freed(b.as_raw_fd(), 0, 10),
         );
         let c = rw(&f).unwrap();
         t.e(
@@ -1962,7 +1975,7 @@ mod cases {
         drop(b);
         t.e(
             "OFD WRLCK via c after b's close",
-            sys::setlk(c.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, 0, 30),
+            once_freed(c.as_raw_fd(), 0, 30),
         );
         let r = child_probe(&f, &[Probe::Set(libc::F_WRLCK, 40, 1)]);
         t.note(format!("child beside c's OFD lock: {}", describe(&r, me)));
