@@ -669,12 +669,15 @@ impl FileState {
     /// the store has them, or what another mount wrote over them since.
     pub fn reload(&self, reload: Reload<'_>) -> Result<InodeRec, Errno> {
         let _flushing = lock(&self.flushing);
-        // Before the read: a change that comes during it marks the state again.
-        self.changed_elsewhere.store(false, Ordering::SeqCst);
+        // Cleared before the read: a change that comes during it marks the state again. A
+        // failed read leaves it as it found it.
+        let was_stale = self.changed_elsewhere.swap(false, Ordering::SeqCst);
         let rec = match reload() {
             Ok(rec) => rec,
             Err(e) => {
-                self.changed_elsewhere.store(true, Ordering::SeqCst);
+                if was_stale {
+                    self.changed_elsewhere.store(true, Ordering::SeqCst);
+                }
                 return Err(e);
             }
         };

@@ -303,11 +303,6 @@ impl PassthroughFs {
         }
     }
 
-    /// Answers a request that may take long (a sync, a copy, a wait on the host) from the
-    /// engine's offload pool, so that it never holds a queue's worker: over io_uring that
-    /// worker serves every request of its CPU, and a truncate of a large file or an open
-    /// stuck on a lease break would make the stat and lseek calls of the CPU's other callers
-    /// wait (seed 002's guarantee); over /dev/fuse it takes one of few workers away.
     /// A SETATTR with a size (off the queue). A truncate by path (no writable open given)
     /// opens the file for writing first, which breaks a host process's lease on it: that
     /// open waits for the break on the wait list, as a client's open does, never in the
@@ -317,20 +312,14 @@ impl PassthroughFs {
         let writable_open =
             arg.valid & abi::fattr::FH != 0 && self.files.get(arg.fh).is_some_and(|f| f.writable());
         if writable_open {
-            return answer(reply, self.do_setattr(&req, ino, &arg, None), |r, a| {
-                r.attr(&a)
-            });
+            return self.answer_setattr(&req, ino, &arg, None, reply);
         }
         let inode = match self.inode(ino) {
             Ok(inode) => inode,
             Err(e) => return reply.error(e),
         };
         match self.open_inode(&inode, TRUNCATE_OPEN_FLAGS) {
-            Ok(writer) => answer(
-                reply,
-                self.do_setattr(&req, ino, &arg, Some(writer)),
-                |r, a| r.attr(&a),
-            ),
+            Ok(writer) => self.answer_setattr(&req, ino, &arg, Some(writer), reply),
             Err(libc::EWOULDBLOCK) => {
                 let fs = self.clone();
                 let attempt = move || -> SysResult<locks::Answer> {
@@ -339,11 +328,7 @@ impl PassthroughFs {
                     Ok(Box::new(move |reply: Reply| {
                         // The truncate itself on the offload pool, not the waiting thread.
                         fs.answer_off_queue(reply, move |fs, reply| {
-                            answer(
-                                reply,
-                                fs.do_setattr(&req, ino, &arg, Some(writer)),
-                                |r, a| r.attr(&a),
-                            )
+                            fs.answer_setattr(&req, ino, &arg, Some(writer), reply)
                         })
                     }))
                 };
@@ -354,6 +339,25 @@ impl PassthroughFs {
         }
     }
 
+    /// Answers SETATTR with `do_setattr`'s outcome.
+    fn answer_setattr(
+        &self,
+        req: &Request,
+        ino: u64,
+        arg: &abi::SetattrIn,
+        writer: Option<OwnedFd>,
+        reply: Reply,
+    ) {
+        answer(reply, self.do_setattr(req, ino, arg, writer), |r, a| {
+            r.attr(&a)
+        })
+    }
+
+    /// Answers a request that may take long (a sync, a copy, a wait on the host) from the
+    /// engine's offload pool, so that it never holds a queue's worker: over io_uring that
+    /// worker serves every request of its CPU, and a truncate of a large file or an open
+    /// stuck on a lease break would make the stat and lseek calls of the CPU's other callers
+    /// wait (seed 002's guarantee); over /dev/fuse it takes one of few workers away.
     fn answer_off_queue(
         &self,
         reply: Reply,
@@ -864,9 +868,7 @@ impl Filesystem for PassthroughFs {
             return self
                 .answer_off_queue(reply, move |fs, reply| fs.truncate(req, ino, arg, reply));
         }
-        answer(reply, self.do_setattr(req, ino, arg, None), |r, a| {
-            r.attr(&a)
-        })
+        self.answer_setattr(req, ino, arg, None, reply)
     }
 
     fn readlink(&self, _req: &Request, ino: u64, reply: Reply) {
