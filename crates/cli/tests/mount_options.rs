@@ -549,6 +549,172 @@ fn a_regular_users_mount_keeps_its_flags() {
     assert_eq!(sys::stat(&file).unwrap().st_atime, 1_000_000_000);
 }
 
+/// `lanefs ARGS`; a mount under the transport `LANEFS_TEST_TRANSPORT` names.
+fn lanefs_cmd(args: &[&str]) -> Output {
+    let mut command = Command::new(lanefs());
+    command.args(args);
+    if args.first() == Some(&"mount")
+        && let Ok(transport) = std::env::var("LANEFS_TEST_TRANSPORT")
+    {
+        command.args(["--transport", &transport]);
+    }
+    command.output().unwrap()
+}
+
+/// The `maj:min` of the mount at `path`, as mountinfo names it.
+fn device_of(path: &Path) -> String {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let wanted = path.to_str().unwrap();
+    info.lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(wanted))
+        .and_then(|l| l.split(' ').nth(2))
+        .unwrap_or_else(|| panic!("{wanted} is not mounted"))
+        .to_owned()
+}
+
+/// Without XDG_RUNTIME_DIR (sudo, cron, services) a user's control sockets go in
+/// /tmp/lanefs-UID, which another user can make first and listen in. A directory of
+/// another user's, open to all as /tmp is, is not used: the daemon serves without `lanefs
+/// stats`, and `lanefs stats` does not talk to whoever listens there (the old client read
+/// all it was sent, so it showed made-up figures or ran out of memory). In the user's own
+/// private directory `stats` talks only to a listener of its own user (SO_PEERCRED): root
+/// putting its own socket in place of the daemon's is refused too.
+#[test]
+fn a_control_directory_another_user_made_is_not_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    let kit = common::UserMountKit::new("control-dir");
+    let source = kit.dir.path().join("src");
+    let mnt = kit.dir.path().join("mnt");
+    let runtime = kit.dir.path().join("run");
+    for dir in [&source, &mnt, &runtime] {
+        std::fs::create_dir(dir).unwrap();
+        common::run_ok(Command::new("chown").arg("nobody").arg(dir));
+    }
+    let control = runtime.join("lanefs");
+    std::fs::create_dir(&control).unwrap();
+    std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "env"])
+            .arg(format!("XDG_RUNTIME_DIR={}", runtime.display()))
+            .arg(&kit.bin)
+            .args(args);
+        command.output().unwrap()
+    };
+    let mut mount_args = vec!["mount", "--daemon"];
+    let transport = std::env::var("LANEFS_TEST_TRANSPORT").ok();
+    if let Some(transport) = &transport {
+        mount_args.extend(["--transport", transport]);
+    }
+    let (src, mp) = (source.to_str().unwrap(), mnt.to_str().unwrap());
+    mount_args.extend([src, mp]);
+    let out = as_nobody(&mount_args);
+    let guard = Unmount(mnt.clone());
+    assert_ok("mount as nobody", &out);
+    let socket = control.join(format!("{}.sock", device_of(&mnt)));
+    assert!(
+        !socket.exists(),
+        "the daemon listens in a directory root made"
+    );
+    // An impostor listens where a client looks, answering with made-up figures.
+    let impostor = |socket: &Path| {
+        let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::thread::spawn(move || {
+            if let Some(Ok(mut stream)) = listener.incoming().next() {
+                let _ = std::io::Write::write_all(&mut stream, b"{}");
+            }
+        });
+    };
+    impostor(&socket);
+    let out = as_nobody(&["stats", mp]);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        msg.contains("is not a private directory of uid 65534"),
+        "{msg}"
+    );
+    assert_ok("umount as nobody", &as_nobody(&["umount", mp]));
+    drop(guard);
+
+    // The user's own directory, as the daemon makes it.
+    std::fs::remove_dir_all(&control).unwrap();
+    let out = as_nobody(&mount_args);
+    let _guard = Unmount(mnt.clone());
+    assert_ok("mount as nobody", &out);
+    let meta = std::fs::symlink_metadata(&control).unwrap();
+    assert_eq!(
+        (
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            meta.permissions().mode() & 0o7777
+        ),
+        (65534, 0o700)
+    );
+    assert_ok("stats as nobody", &as_nobody(&["stats", mp]));
+    let socket = control.join(format!("{}.sock", device_of(&mnt)));
+    std::fs::remove_file(&socket).unwrap();
+    impostor(&socket);
+    let out = as_nobody(&["stats", mp]);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        msg.contains("is served by uid 0, not by a lanefs daemon of uid 65534"),
+        "{msg}"
+    );
+}
+
+/// A mount point that is a symbolic link is refused with the reason (mount(2) would follow
+/// it, and the mount then sit where mountinfo does not name it by that path: the daemon
+/// could not find its own mount, so `stats` and `umount` said "not a mount point" and a
+/// SIGTERM left it serving). One under a linked parent directory is mounted where the link
+/// leads and found by either path: `stats`, `umount`, and SIGTERM work.
+#[test]
+fn a_mount_point_behind_a_symbolic_link() {
+    let dir = TempDir::new("symlink-mp");
+    let source = dir.path().join("src");
+    let real = dir.path().join("real");
+    std::fs::create_dir(&source).unwrap();
+    std::fs::create_dir_all(real.join("mnt")).unwrap();
+    let linked_parent = dir.path().join("link");
+    std::os::unix::fs::symlink(&real, &linked_parent).unwrap();
+    let linked_mp = dir.path().join("mnt-link");
+    std::os::unix::fs::symlink(real.join("mnt"), &linked_mp).unwrap();
+    let src = source.to_str().unwrap();
+
+    let out = lanefs_cmd(&["mount", "--daemon", src, linked_mp.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("is a symbolic link"), "{msg}");
+    assert!(!is_mounted(&real.join("mnt")));
+
+    let via_link = linked_parent.join("mnt");
+    let via = via_link.to_str().unwrap();
+    for stop in ["umount", "SIGTERM"] {
+        let out = lanefs_cmd(&["mount", "--daemon", src, via]);
+        let _guard = Unmount(real.join("mnt"));
+        assert_ok("mount under a linked parent", &out);
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        let pid: u32 = line
+            .rsplit_once("(daemon pid ")
+            .and_then(|(_, rest)| rest.trim().trim_end_matches(')').parse().ok())
+            .unwrap_or_else(|| panic!("no daemon pid in {line:?}"));
+        assert!(is_mounted(&real.join("mnt")));
+        assert_ok("stats via the link", &lanefs_cmd(&["stats", via]));
+        match stop {
+            "umount" => assert_ok("umount via the link", &lanefs_cmd(&["umount", via])),
+            _ => {
+                common::run_ok(Command::new("kill").arg("-TERM").arg(pid.to_string()));
+            }
+        }
+        assert!(
+            wait_until(Duration::from_secs(5), || !process_alive(pid)),
+            "{stop}: the daemon still runs"
+        );
+        assert!(!is_mounted(&real.join("mnt")), "{stop}: still mounted");
+    }
+}
+
 /// Issue 17 item 8: a mount that is busy only for a moment (here a process that still holds
 /// a file for 300 ms, as a child between fork and exec holds copies of its parent's fds)
 /// is unmounted by `lanefs umount` once it is free, instead of failing with "target is busy";

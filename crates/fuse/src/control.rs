@@ -1,11 +1,17 @@
 //! The control socket of a mount: a Unix socket per mount, named after the mount's device
 //! number, that answers each connection with the mount's statistics as one JSON document.
 //! `lanefs stats MOUNTPOINT` finds the device number in /proc/self/mountinfo and connects.
+//!
+//! The directory may sit in /tmp (`/tmp/lanefs-UID` when XDG_RUNTIME_DIR is unset: sudo,
+//! cron, services), where another user can make it first and listen on the names we will
+//! use. So the daemon and the clients use it only when it is a directory of their own user
+//! that nobody else may enter, the clients talk only to a peer of their own user
+//! (SO_PEERCRED), and read at most `ANSWER_MAX_BYTES` from it.
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
-use std::os::unix::net::UnixListener;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
@@ -24,6 +30,106 @@ pub fn socket_dir() -> PathBuf {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("lanefs"),
         _ => PathBuf::from(format!("/tmp/lanefs-{uid}")),
     }
+}
+
+/// The most a client reads from a control socket: a snapshot is tens of KiB.
+const ANSWER_MAX_BYTES: u64 = 16 << 20;
+
+/// Makes the socket directory (0700) if it is missing, and checks that it is ours alone:
+/// a real directory (not a link to one) owned by this process's user. One of ours that
+/// others may enter (made 0755 by an older lanefs, or by hand) is narrowed to 0700.
+fn private_socket_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // /run/lanefs's or $XDG_RUNTIME_DIR's parent is missing: make the parents as
+            // usual, the socket directory itself private.
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+        }
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    check_socket_dir(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// The socket directory is a directory (not a link) of this process's user that no other
+/// user may write to: otherwise whoever made it can put a listener of their own where a
+/// client looks for the daemon's, or take the daemon's names.
+fn check_socket_dir(dir: &Path) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not a private directory of uid {me} (a {}, owned by uid {}, mode {:o}): another user may have made it; remove it or set XDG_RUNTIME_DIR",
+                dir.display(),
+                if meta.is_symlink() {
+                    "symbolic link"
+                } else if meta.is_dir() {
+                    "directory"
+                } else {
+                    "file"
+                },
+                meta.uid(),
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Connects to the control socket at `path`, in a directory that passes `check_socket_dir`,
+/// and only to a listener of this process's user.
+fn connect(path: &Path) -> io::Result<UnixStream> {
+    if let Some(dir) = path.parent() {
+        check_socket_dir(dir)?;
+    }
+    let stream = UnixStream::connect(path)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let mut peer = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into `peer`, a ucred we own, and
+    // stores the length it wrote in `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut peer).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if peer.uid != me {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is served by uid {}, not by a lanefs daemon of uid {me}",
+                path.display(),
+                peer.uid
+            ),
+        ));
+    }
+    Ok(stream)
 }
 
 /// The control socket of a mounted lanefs.
@@ -49,7 +155,7 @@ impl ControlSocket {
         snapshot: impl Fn() -> StatsSnapshot + Send + 'static,
     ) -> io::Result<ControlSocket> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+            private_socket_dir(dir)?;
         }
         // A socket left by a daemon that was killed: the device number is ours now.
         match std::fs::remove_file(path) {
@@ -96,14 +202,13 @@ impl Drop for ControlSocket {
 /// (or is a zombie waiting to be reaped) leaves its socket file behind with nobody
 /// listening: connecting is refused at once.
 pub fn daemon_listening(path: &Path) -> bool {
-    std::os::unix::net::UnixStream::connect(path).is_ok()
+    connect(path).is_ok()
 }
 
 /// Reads the statistics of a mount from its control socket.
 pub fn query(mount: &MountInfo) -> io::Result<StatsSnapshot> {
-    use std::io::Read;
     let path = socket_path(mount);
-    let mut stream = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+    let stream = connect(&path).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!(
@@ -114,6 +219,6 @@ pub fn query(mount: &MountInfo) -> io::Result<StatsSnapshot> {
         )
     })?;
     let mut body = Vec::new();
-    stream.read_to_end(&mut body)?;
+    stream.take(ANSWER_MAX_BYTES).read_to_end(&mut body)?;
     serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }

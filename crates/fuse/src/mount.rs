@@ -172,13 +172,22 @@ pub fn mounts() -> io::Result<Vec<MountInfo>> {
     Ok(all)
 }
 
-/// Makes a mount point absolute without touching it (canonicalize would stat a dead mount).
+/// Makes a mount point absolute as mountinfo names it: its parent directory's real path
+/// (symbolic links among the parents resolved: the kernel mounts on where they lead, and
+/// mountinfo, by which the daemon, `stats` and `umount` find the mount, shows that) and its
+/// own name, not touched (canonicalize would stat it: a dead mount answers ENOTCONN, a stuck
+/// one hangs). A parent that cannot be resolved is normalised lexically.
 pub fn absolute(path: &Path) -> io::Result<PathBuf> {
     let joined = if path.is_absolute() {
         path.to_path_buf()
     } else {
         std::env::current_dir()?.join(path)
     };
+    if let (Some(parent), Some(name)) = (joined.parent(), joined.file_name())
+        && let Ok(parent) = parent.canonicalize()
+    {
+        return Ok(parent.join(name));
+    }
     // Normalise `.` and `..` lexically, so /proc/self/mountinfo comparisons work.
     let mut out = PathBuf::from("/");
     for part in joined.components() {
@@ -222,22 +231,30 @@ pub fn check_mountpoint(mountpoint: &Path) -> io::Result<u32> {
             ),
         });
     }
+    // A symbolic link would be followed by mount(2), and the mount then sit where mountinfo
+    // does not name it by this path.
+    if let Ok(meta) = std::fs::symlink_metadata(mountpoint)
+        && meta.file_type().is_symlink()
+    {
+        let target = std::fs::canonicalize(mountpoint)
+            .map(|t| format!(" (to {})", t.display()))
+            .unwrap_or_default();
+        return Err(explained(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "mount point {shown} is a symbolic link{target}: mount on the directory itself."
+            ),
+        ));
+    }
     match std::fs::metadata(mountpoint) {
         Ok(meta) if meta.is_dir() => {
             use std::os::unix::fs::MetadataExt;
             Ok(meta.mode() & libc::S_IFMT)
         }
-        Ok(meta) => {
-            let what = if meta.file_type().is_symlink() {
-                "a symbolic link"
-            } else {
-                "not a directory"
-            };
-            Err(explained(
-                io::ErrorKind::InvalidInput,
-                format!("mount point {shown} is {what}: mount on a directory."),
-            ))
-        }
+        Ok(_) => Err(explained(
+            io::ErrorKind::InvalidInput,
+            format!("mount point {shown} is not a directory: mount on a directory."),
+        )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Err(explained(
             io::ErrorKind::NotFound,
             format!("mount point {shown} does not exist: create it with `mkdir -p {shown}`."),
