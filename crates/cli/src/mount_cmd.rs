@@ -352,6 +352,7 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
                 "--db-wait is for volumes on PostgreSQL (an SQLite volume's database is a local file)",
             ));
         }
+        lanefs_volume::volume::keep_host_files_private();
         let mut options = VolumeOptions {
             capacity: args.capacity,
             parallel_writes: !args.no_parallel_writes,

@@ -38,6 +38,7 @@ pub struct FsckArgs {
 }
 
 pub fn format(args: FormatArgs) -> io::Result<()> {
+    lanefs_volume::volume::keep_host_files_private();
     let data = lanefs_volume::location::DataLocation::from_arg(
         &args.data,
         args.s3_endpoint.as_deref(),
@@ -71,6 +72,7 @@ fn not_on_postgres(volume: &Path, command: &str) -> io::Result<()> {
 
 /// Exit status: success when nothing is wrong (or everything found was repaired).
 pub fn fsck(args: FsckArgs) -> io::Result<()> {
+    lanefs_volume::volume::keep_host_files_private();
     let report =
         lanefs_volume::fsck::run(&args.volume, args.repair, &mut |line| eprintln!("{line}"))
             .map_err(io::Error::other)?;
@@ -94,6 +96,7 @@ pub fn status(volume: &Path) -> io::Result<()> {
 }
 
 pub fn gc(volume: &Path) -> io::Result<()> {
+    lanefs_volume::volume::keep_host_files_private();
     let deleted = lanefs_volume::fsck::gc(volume).map_err(io::Error::other)?;
     println!("deleted {deleted} unreferenced blocks");
     Ok(())
@@ -109,6 +112,7 @@ pub fn dump(volume: &Path) -> io::Result<()> {
 
 pub fn load(volume: &Path) -> io::Result<()> {
     not_on_postgres(volume, "load")?;
+    lanefs_volume::volume::keep_host_files_private();
     let stdin = io::stdin();
     let mut input = io::BufReader::new(stdin.lock());
     lanefs_volume::dump::load(volume, &mut input).map_err(io::Error::other)?;

@@ -1106,6 +1106,118 @@ fn parallel_direct_writes_to_one_file_land() {
     volume.assert_clean();
 }
 
+/// Every file of a volume on the host (database, its -wal and -shm, data directory, block
+/// directories and blocks, intent logs) is readable by the mount's user alone, whatever the
+/// umask: the mount's modes and ACLs guard the users' files, and a block or a database
+/// readable on the host let any local user read past them (a 0600 file's bytes were in a
+/// 0644 block, small files' in a 0644 database). A volume made before is narrowed when
+/// mounted.
+#[test]
+fn a_volumes_host_files_are_its_users_alone() {
+    let dir = TempDir::new("vol-private");
+    let db = dir.path().join("vol.db");
+    let data = dir.path().join("data");
+    run_ok(Command::new("sh").arg("-c").arg(format!(
+        "umask 022 && {} format {} --data {}",
+        common::lanefs(),
+        db.display(),
+        data.display()
+    )));
+    let volume = Volume {
+        dir,
+        db,
+        data,
+        pg: None,
+    };
+    let open_to_others = |volume: &Volume| {
+        let mut open = Vec::new();
+        let mut stack = vec![volume.data.clone(), volume.intent_dir()];
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = volume.db.clone().into_os_string();
+            p.push(suffix);
+            stack.push(PathBuf::from(p));
+        }
+        while let Some(path) = stack.pop() {
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.mode() & 0o077 != 0 {
+                open.push(format!("{} {:o}", path.display(), meta.mode() & 0o7777));
+            }
+            if meta.is_dir() {
+                stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            }
+        }
+        open
+    };
+    let write = |volume: &Volume| {
+        let m = volume.mount(&[]);
+        std::fs::write(m.path("secret"), content(3, 3 << 20)).unwrap();
+        std::fs::write(m.path("small"), b"inline").unwrap();
+        let blocks = std::fs::read_dir(volume.data.join("blocks"))
+            .unwrap()
+            .count();
+        let open = open_to_others(volume);
+        m.unmount();
+        assert!(blocks > 0, "no block was written");
+        open
+    };
+    // Under the mount's own umask (022 in the test's shell), `mount --daemon` too.
+    let open = write(&volume);
+    assert!(open.is_empty(), "readable by others: {open:?}");
+    // A volume an older lanefs made: its files as they were.
+    run_ok(Command::new("chmod").arg("0644").arg(&volume.db));
+    run_ok(
+        Command::new("chmod")
+            .arg("0755")
+            .arg(volume.data.join("blocks")),
+    );
+    let m = volume.mount(&[]);
+    let (db_mode, blocks_mode) = (
+        std::fs::metadata(&volume.db).unwrap().mode() & 0o777,
+        std::fs::metadata(volume.data.join("blocks"))
+            .unwrap()
+            .mode()
+            & 0o777,
+    );
+    m.unmount();
+    assert_eq!((db_mode, blocks_mode), (0o600, 0o700));
+    volume.assert_clean();
+}
+
+/// A volume's uuid names a local directory (a shared volume's intent logs) and is matched
+/// against its data's volume-id object: one that is not the 32 hex digits format writes
+/// (`../../etc/x`, written by anyone who can write the database) is damage, refused before
+/// anything is made from it.
+#[test]
+fn a_volume_whose_uuid_is_a_path_is_refused() {
+    let volume = Volume::format("uuid");
+    let id_file = volume.data.join("lanefs-volume-id");
+    let forged = "../../../forged";
+    rusqlite::Connection::open(&volume.db)
+        .unwrap()
+        .execute(
+            "UPDATE settings SET value = ?1 WHERE name = 'uuid'",
+            [forged],
+        )
+        .unwrap();
+    std::fs::write(&id_file, forged).unwrap();
+    let mp = TempDir::new("vol-uuid-mp");
+    let out = lanefs(&[
+        "mount",
+        "--daemon",
+        volume.source(),
+        mp.path().to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(!is_mounted(mp.path()));
+    assert!(
+        stderr(&out).contains("is damaged: its uuid \"../../../forged\" is not 32 hex digits"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn a_second_mount_and_bad_volumes_are_refused_with_one_sentence() {
     let volume = Volume::format("refuse");
@@ -3088,6 +3200,52 @@ fn wait_for_sessions(volume: &Volume, live: usize) {
 /// The volume with its metadata on a PostgreSQL server of the test's own (issue 14).
 mod on_postgres {
     use super::*;
+
+    /// A mount that starts while fsck or gc works on the volume is refused (it could
+    /// otherwise store a block after gc listed the store and commit its reference after gc
+    /// read them: gc would delete the block of a file it never saw), and fsck and gc are
+    /// refused while a mount is starting. Played with the lock they share, held by a psql
+    /// session as a check holds it.
+    #[test]
+    fn mounts_and_checks_keep_out_of_each_others_way() {
+        let Some(volume) = Volume::format_on_postgres("maintenance") else {
+            return;
+        };
+        let server = volume.server();
+        let checking = server.hold("vol", "SELECT pg_advisory_xact_lock(7809644610626715649)");
+        let mp = TempDir::new("pg-maintenance-mp");
+        let intent = volume.intent_dir();
+        let out = lanefs(&[
+            "mount",
+            "--daemon",
+            "--intent-dir",
+            intent.to_str().unwrap(),
+            volume.source(),
+            mp.path().to_str().unwrap(),
+        ]);
+        assert!(!out.status.success());
+        assert!(!is_mounted(mp.path()));
+        assert!(
+            stderr(&out).contains("is working on this volume; mount it when that is done"),
+            "{}",
+            stderr(&out)
+        );
+        for command in ["fsck", "gc"] {
+            let out = lanefs(&[command, volume.source()]);
+            assert!(
+                !out.status.success()
+                    && stderr(&out)
+                        .contains("another lanefs fsck, gc or format is working on this volume"),
+                "{command}: {}",
+                stderr(&out)
+            );
+        }
+        drop(checking);
+        let m = volume.mount(&[]);
+        std::fs::write(m.path("f"), b"after the check").unwrap();
+        m.unmount();
+        volume.assert_clean();
+    }
 
     /// fsck's checks of inode columns and data rows on PostgreSQL, which fails a whole
     /// statement on a BIGINT overflow (`pos + len` of a crafted slice) and has its own

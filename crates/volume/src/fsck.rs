@@ -97,7 +97,7 @@ fn hold_sqlite(db: &Path) -> Result<Held<SqliteConn>, String> {
 
 /// A volume on PostgreSQL, refused while a mount of it is live (heartbeat within
 /// `SESSION_EXPIRY`): other mounts would change it under the check.
-fn hold_postgres(url: &str) -> Result<Held<PgConn>, String> {
+fn hold_postgres(url: &str, command: &str) -> Result<Held<PgConn>, String> {
     let target = PgTarget::parse(url)?;
     let mut conn = target.connect()?;
     if postgres::volume_tables(&mut conn)? == 0 {
@@ -105,7 +105,9 @@ fn hold_postgres(url: &str) -> Result<Held<PgConn>, String> {
             "{url} is a PostgreSQL database but not a lanefs volume"
         ));
     }
-    // Live mounts first: the upgrade must not run under them.
+    // Live mounts first: the upgrade must not run under them; and none may start until the
+    // connection closes, when the check is done.
+    postgres::hold_maintenance_lock(&mut conn, url, command)?;
     let live = volume::live_sessions(&mut conn, url)?;
     if live > 0 {
         return Err(format!(
@@ -127,7 +129,7 @@ fn hold_postgres(url: &str) -> Result<Held<PgConn>, String> {
 pub fn run(db: &Path, repair: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
     let source = db.to_string_lossy();
     if postgres::is_url(&source) {
-        let mut held = hold_postgres(&source)?;
+        let mut held = hold_postgres(&source, "fsck")?;
         // PostgreSQL's COMMIT is durable when it returns: nothing more to sync.
         return check_and_repair(&mut held, repair, progress, |_| Ok(()));
     }
@@ -828,7 +830,7 @@ fn make_durable(conn: &mut SqliteConn) -> Result<(), String> {
 pub fn gc(db: &Path) -> Result<usize, String> {
     let source = db.to_string_lossy();
     if postgres::is_url(&source) {
-        let mut held = hold_postgres(&source)?;
+        let mut held = hold_postgres(&source, "gc")?;
         return collect(&mut held, |_| Ok(()));
     }
     let mut held = hold_sqlite(db)?;

@@ -37,6 +37,32 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
 /// A session whose heartbeat is older than this is ended by the others (seven missed
 /// heartbeats), by a mount that has itself been beating for that long (see `store.rs`).
 pub const SESSION_EXPIRY: Duration = Duration::from_secs(15);
+
+/// The key of the advisory lock that keeps new mounts off a volume while `lanefs fsck`,
+/// `gc` or `format --force` works on it ("lanefs" and 1). Those hold it exclusively for
+/// their connection's life and only then look for live sessions; a mount holds it shared
+/// in the transaction that registers its session. So a mount starting during a check is
+/// either refused, or registered (committed) before the check looks, and seen: a check
+/// never deletes blocks or rows that a mount which started meanwhile has just written.
+const MAINTENANCE_LOCK: i64 = 0x6c61_6e65_6673_0001;
+
+/// Takes the maintenance lock (`MAINTENANCE_LOCK`) on `conn` for `command`, until the
+/// connection closes.
+pub fn hold_maintenance_lock(conn: &mut PgConn, url: &str, command: &str) -> Result<(), String> {
+    let held = conn
+        .query_opt(
+            "SELECT CASE WHEN pg_try_advisory_lock(?) THEN 1 ELSE 0 END",
+            &crate::sql::args![MAINTENANCE_LOCK],
+        )
+        .and_then(|r| r.map_or(Ok(0), |r| r.int(0)))
+        .map_err(|e| format!("{url}: {command}: {e}"))?;
+    if held != 1 {
+        return Err(format!(
+            "{url}: {command}: another lanefs fsck, gc or format is working on this volume, or a mount of it is starting; try again when it is done"
+        ));
+    }
+    Ok(())
+}
 /// How long a lost connection is tried again before the operations waiting on it get EIO,
 /// by default (`--db-wait`): long enough for a restart with crash recovery on a loaded
 /// machine. Once one such wait was in vain, the database counts as gone for the whole mount
@@ -822,6 +848,22 @@ impl SqlStore<PgConn> {
         let clock = VolumeClock::of(&mut conn).map_err(text)?;
         let session_now_ns = clock.now_ns();
         conn.begin(false).map_err(text)?;
+        // Shared with other mounts, until this transaction ends (`MAINTENANCE_LOCK`).
+        let free = conn
+            .query_opt(
+                "SELECT CASE WHEN pg_try_advisory_xact_lock_shared(?) THEN 1 ELSE 0 END",
+                &crate::sql::args![MAINTENANCE_LOCK],
+            )
+            .and_then(|r| r.map_or(Ok(0), |r| r.int(0)));
+        if free.as_ref().is_ok_and(|free| *free != 1) || free.is_err() {
+            conn.rollback();
+            return Err(match free {
+                Err(e) => text(e),
+                Ok(_) => format!(
+                    "{target}: `lanefs fsck`, `gc` or `format` is working on this volume; mount it when that is done"
+                ),
+            });
+        }
         let session = match ops::register_session(&mut conn, host, mountpoint, session_now_ns) {
             Ok(session) => session,
             Err(e) => {

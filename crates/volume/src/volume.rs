@@ -130,6 +130,59 @@ pub struct Settings {
     pub created_ns: i64,
 }
 
+/// Makes what this process creates on the host readable by its user alone (umask 077): a
+/// volume's database, its -wal and -shm files, its data directory, blocks and intent logs
+/// hold its users' bytes, names and attributes, which the mount's modes and ACLs guard;
+/// left readable on the host (0644 under the usual umask), any local user could read past
+/// them. For the commands that create a volume's files (format, load, mount, fsck, gc).
+pub fn keep_host_files_private() {
+    // SAFETY: umask has no preconditions; it only sets this process's file-creation mask.
+    unsafe { libc::umask(0o077) };
+}
+
+/// Narrows a volume's host file or directory `path` that other users may read or enter
+/// (made by a lanefs before 2026-11-29, or by hand) to its owner's bits, with a log line; a
+/// path of another owner, or missing, is left as it is. See `keep_host_files_private`.
+fn narrow_to_owner(path: &Path) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let mode = meta.mode() & 0o7777;
+    if meta.is_symlink() || meta.uid() != me || mode & 0o077 == 0 {
+        return;
+    }
+    let narrowed = mode & !0o077;
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(narrowed)) {
+        Ok(()) => tracing::warn!(
+            "{}: narrowed its mode from {mode:o} to {narrowed:o}: other users could read the volume's files past their modes",
+            path.display()
+        ),
+        Err(e) => tracing::warn!(
+            "{}: other users may read it (mode {mode:o}), and narrowing it failed: {e}",
+            path.display()
+        ),
+    }
+}
+
+/// Narrows what other users could read of an existing volume on this host: an SQLite
+/// volume's database files (`db`) and a local data directory's blocks.
+fn narrow_volume_files(db: Option<&Path>, data: &DataLocation) {
+    if let Some(db) = db {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = db.as_os_str().to_owned();
+            p.push(suffix);
+            narrow_to_owner(Path::new(&p));
+        }
+    }
+    if let Some(dir) = data.local_dir() {
+        narrow_to_owner(&dir.join("blocks"));
+        narrow_to_owner(&dir.join(VOLUME_ID_KEY));
+    }
+}
+
 /// Opens the database and checks that it is a volume this binary can use.
 pub fn check(db: &Path, write: bool) -> Result<(Connection, Settings), String> {
     let shown = db.display();
@@ -232,8 +285,17 @@ pub fn check_settings(tx: &mut dyn Tx, shown: &str, engine: &str) -> Result<Sett
             .and_then(|r| r.text(0).ok())
             .ok_or_else(|| format!("{shown} is damaged: its setting {name} is missing"))
     };
+    let uuid = get(setting::UUID)?;
+    // The uuid names a local directory (a shared volume's default intent-log directory)
+    // and is matched against the data location's volume-id object: one that is not the
+    // 32 hex digits `format` writes could lead a mount's files out of that directory.
+    if uuid.len() != 32 || !uuid.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Err(format!(
+            "{shown} is damaged: its uuid {uuid:?} is not 32 hex digits"
+        ));
+    }
     let settings = Settings {
-        uuid: get(setting::UUID)?,
+        uuid,
         data: DataLocation::from_setting(&get(setting::DATA)?)
             .map_err(|e| format!("{shown} is damaged: {e}"))?,
         format_version: get(setting::FORMAT_VERSION)?.parse().unwrap_or(0),
@@ -509,6 +571,7 @@ pub fn format_postgres(url: &str, data: DataLocation, force: bool) -> Result<Str
                 "{url} holds a lanefs volume already; add --force to replace it (everything in it is lost)"
             ));
         }
+        postgres::hold_maintenance_lock(&mut conn, url, "format")?;
         let live = live_sessions(&mut conn, url)?;
         if live > 0 {
             return Err(format!(
@@ -566,6 +629,7 @@ pub fn open_for_mount(
     };
     let blocks = open_blocks(db, &settings)?;
     lock.cover_data(&settings.data)?;
+    narrow_volume_files(Some(db), &settings.data);
     let store = SqliteStore::open(db, &hostname(), &mountpoint.to_string_lossy(), now_ns())
         .map_err(|e| format!("{}: starting a session: {e}", db.display()))?;
     let intent_dir = options
@@ -605,6 +669,7 @@ pub fn open_for_mount_postgres(
     let settings = check_settings(&mut conn, url, "a PostgreSQL")?;
     drop(conn);
     let blocks = open_blocks(Path::new(url), &settings)?;
+    narrow_volume_files(None, &settings.data);
     let store = PgStore::open(
         &target,
         &hostname(),
