@@ -1682,6 +1682,44 @@ fn early_change_failing_at_commit(dir: Option<&str>) {
     m.unmount();
 }
 
+/// A change answered early whose commit failed on its own (and was reported at fsync) is
+/// finished: a replay after a kill -9 does not apply it again. Its batch's watermark was
+/// rolled back with it, so a replay unlinked the file that the failed unlink had brought
+/// back, with the bytes its owner had seen return.
+#[test]
+fn a_change_that_failed_at_its_commit_is_not_replayed_after_a_kill_9() {
+    let volume = Volume::format("failed-replay");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("kept"), b"kept").unwrap();
+    std::fs::File::open(m.path("")).unwrap().sync_all().unwrap();
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_unlink BEFORE DELETE ON entries WHEN OLD.name = CAST('kept' AS BLOB)
+             BEGIN SELECT RAISE(ABORT, 'injected by the test'); END;",
+    )
+    .unwrap();
+    std::fs::remove_file(m.path("kept")).unwrap();
+    assert!(
+        std::fs::File::open(m.path("")).unwrap().sync_all().is_err(),
+        "fsync of the directory succeeded"
+    );
+    assert!(wait_until(Duration::from_secs(5), || m
+        .path("kept")
+        .exists()));
+    db.execute_batch("DROP TRIGGER refuse_unlink").unwrap();
+    drop(db);
+    common::kill_daemon_leaving_a_dead_mount(m.pid, &m.mountpoint);
+    drop(m);
+    let m = volume.mount(&[]);
+    assert_eq!(
+        std::fs::read(m.path("kept")).ok().as_deref(),
+        Some(&b"kept"[..]),
+        "the failed unlink was applied by the replay"
+    );
+    m.unmount();
+    volume.assert_clean();
+}
+
 /// A new small file's bytes are committed after its close returns; a commit that then
 /// fails (a trigger refuses those bytes) is counted, logged, and reported: by the close if it
 /// failed by then, and by the file's next fsync, which no close takes it from (another
@@ -3350,6 +3388,79 @@ mod on_postgres {
             );
         }
         wait_for_sessions(&volume, 1);
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// A killed mount's change that it answered early and never committed (an unlink) is
+    /// not applied by a replay that comes after its directory's lease ran out: another mount
+    /// may have changed the directory since, here putting a new file under the name and
+    /// fsyncing it, and the old unlink would remove that file (the replay removed whatever
+    /// the name held). Not acknowledged by any fsync, the unlink is dropped with a log line.
+    #[test]
+    fn a_replay_after_the_lease_ran_out_leaves_the_other_mounts_changes() {
+        let Some(volume) = Volume::format_on_postgres("stale-replay") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        // Made here, so `a` holds its lease; y committed before the lock.
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::write(a.path("d/y"), b"old").unwrap();
+        std::fs::File::open(a.path("d"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        std::fs::File::open(a.path("")).unwrap().sync_all().unwrap();
+        let held = volume
+            .server()
+            .hold("vol", "LOCK TABLE inodes IN EXCLUSIVE MODE");
+        let unlink = {
+            let y = a.path("d/y");
+            std::thread::spawn(move || std::fs::remove_file(y).unwrap())
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), || unlink.is_finished()),
+            "an unlink in a leased directory waited for its commit"
+        );
+        unlink.join().unwrap();
+        common::kill_daemon_leaving_a_dead_mount(a.pid, &a.mountpoint);
+        drop(held);
+        drop(a);
+
+        // Another machine's mount: intent logs of its own. Its first change in d waits out
+        // the dead mount's lease.
+        let elsewhere = volume.dir.path().join("intent-elsewhere");
+        let b = common::Mount::start(
+            volume.source(),
+            &["--intent-dir", elsewhere.to_str().unwrap()],
+        );
+        std::fs::write(b.path("d/y.new"), b"important").unwrap();
+        std::fs::rename(b.path("d/y.new"), b.path("d/y")).unwrap();
+        std::fs::File::open(b.path("d/y"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        std::fs::File::open(b.path("d"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+
+        // The dead mount's machine mounts again and finds its log.
+        let log = volume.dir.path().join("replay.log");
+        let a = volume.mount(&["--log", log.to_str().unwrap()]);
+        assert_eq!(
+            std::fs::read(a.path("d/y")).ok().as_deref(),
+            Some(&b"important"[..]),
+            "the replay undid the other mount's fsynced file"
+        );
+        assert_eq!(std::fs::read(b.path("d/y")).unwrap(), b"important");
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            logged.contains("is dropped: its directory's lease ran out before this replay"),
+            "{logged}"
+        );
+        wait_for_sessions(&volume, 2);
+        a.unmount();
         b.unmount();
         volume.assert_clean();
     }

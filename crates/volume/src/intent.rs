@@ -49,16 +49,36 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::hash::Hasher;
+
+use siphasher::sip::SipHasher24;
+
 use crate::blocks::checksum;
 use crate::meta::{AttrChange, InlineUpdate, NewNode};
 
-/// The first bytes of a log file, with its format's version.
-const HEADER: &[u8; 8] = b"lanefsI2";
+/// The first bytes of a log file, with its format's version; then the log's key
+/// (`KEY_BYTES`, at `KEY_AT`).
+const HEADER: &[u8; 8] = b"lanefsI3";
+/// The header of the logs of lanefs before 2026-11-29, whose records carry a crc32 and no
+/// key (`LegacyTag`): a crash of such a mount is still replayed after an upgrade.
+const HEADER_V2: &[u8; 8] = b"lanefsI2";
+/// A log's key: 128 random bits, made with the log, that key its records' tags. Records
+/// hold bytes a user chose (a small file's contents, names), and the log is read back by
+/// stepping over damage to every 8-aligned place: with a checksum anyone can compute, a
+/// user's file could carry whole records that a replay, run by the daemon, would apply
+/// once an emptying wrote over the head of the record holding them. Only a record sealed
+/// with this log's key, which only the log's owner can read, is applied.
+const KEY_AT: usize = 8;
+const KEY_BYTES: usize = 16;
 /// Where records start (past the header, aligned).
 const RECORDS_START: u64 = 64;
-/// Each record, 8-byte aligned: a marker, the body's length (u32), the body's crc32 (u32),
-/// 4 zero bytes, then the body: number (u64), kind (u8), payload; zeros to the next 8.
-const RECORD_MARK: &[u8; 4] = b"LIR2";
+/// Each record, 8-byte aligned: a marker, the body's length (u32), the body's tag (u64:
+/// SipHash-2-4 under the log's key), then the body: number (u64), kind (u8), payload; zeros
+/// to the next 8.
+const RECORD_MARK: &[u8; 4] = b"LIR3";
+/// A record of a `HEADER_V2` log: the same, with the body's crc32 (u32) and 4 zero bytes in
+/// the tag's place.
+const RECORD_MARK_V2: &[u8; 4] = b"LIR2";
 const RECORD_HEAD: usize = 16;
 /// A record longer than this is damage, not a change (the largest is a new file's inline
 /// bytes, at most 64 KiB, or a create's inherited ACLs).
@@ -390,6 +410,8 @@ pub struct IntentLog {
     file: File,
     /// The mapping: `LOG_BYTES` bytes, shared, readable and writable.
     map: *mut u8,
+    /// The key of its records' tags (`KEY_AT`).
+    key: [u8; KEY_BYTES],
     /// The next record's number.
     next: AtomicU64,
     /// Where the next record goes (past the mapping's end: written there by `pwrite(2)`).
@@ -434,7 +456,21 @@ impl IntentLog {
         if !try_lock(&file) {
             return Err(format!("{shown}: held by another process"));
         }
+        let mut key = [0u8; KEY_BYTES];
         let made = (|| {
+            File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut key))
+                .map_err(|e| format!("{shown}: reading /dev/urandom for its key: {e}"))?;
+            // The header first, and on disk before any record: a log that a crash left
+            // without one (its key lost) cannot be read, and it fails every later mount's
+            // replay with "not a lanefs intent log" until removed by hand.
+            let mut header = [0u8; RECORDS_START as usize];
+            header[..HEADER.len()].copy_from_slice(HEADER);
+            header[KEY_AT..KEY_AT + KEY_BYTES].copy_from_slice(&key);
+            (&file)
+                .write_all(&header)
+                .and_then(|()| file.sync_all())
+                .map_err(|e| format!("{shown}: {e}"))?;
             // SAFETY: posix_fallocate on an fd we own; no memory is involved.
             let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, LOG_BYTES as i64) };
             if rc != 0 {
@@ -444,9 +480,6 @@ impl IntentLog {
                     std::io::Error::from_raw_os_error(rc)
                 ));
             }
-            (&file)
-                .write_all(HEADER)
-                .map_err(|e| format!("{shown}: {e}"))?;
             // SAFETY: a new shared mapping of the whole file, which is LOG_BYTES long (just
             // allocated) and stays open (and so mappable) for the log's life; munmap in drop.
             let map = unsafe {
@@ -478,6 +511,7 @@ impl IntentLog {
             path,
             file,
             map,
+            key,
             next: AtomicU64::new(1),
             tail: AtomicU64::new(RECORDS_START),
             copying: AtomicU64::new(0),
@@ -496,7 +530,7 @@ impl IntentLog {
     pub fn append(&self, mut record: Vec<u8>, enqueue: impl FnOnce(u64)) {
         let seq = self.next.fetch_add(1, Ordering::SeqCst);
         enqueue(seq);
-        seal(&mut record, seq);
+        seal(&mut record, seq, &self.key);
         let len = record.len() as u64;
         loop {
             self.copying.fetch_add(1, Ordering::SeqCst);
@@ -644,12 +678,47 @@ impl Drop for IntentLog {
     }
 }
 
-/// Sets a record's number, then its checksum.
-fn seal(record: &mut [u8], seq: u64) {
+/// Sets a record's number, then its tag under `key`.
+fn seal(record: &mut [u8], seq: u64, key: &[u8; KEY_BYTES]) {
     record[RECORD_HEAD..RECORD_HEAD + 8].copy_from_slice(&seq.to_le_bytes());
     let body_len = u32::from_le_bytes(record[4..8].try_into().unwrap()) as usize;
-    let crc = checksum(&record[RECORD_HEAD..RECORD_HEAD + body_len]);
-    record[8..12].copy_from_slice(&crc.to_le_bytes());
+    let tag = tag(key, &record[RECORD_HEAD..RECORD_HEAD + body_len]);
+    record[8..16].copy_from_slice(&tag.to_le_bytes());
+}
+
+/// A record body's tag: SipHash-2-4, a keyed function made for short messages, under the
+/// log's key (see `KEY_AT`).
+fn tag(key: &[u8; KEY_BYTES], body: &[u8]) -> u64 {
+    let mut hasher = SipHasher24::new_with_key(key);
+    hasher.write(body);
+    hasher.finish()
+}
+
+/// How a log's records are told whole: which marker they start with, and their tag.
+enum Tags {
+    Keyed([u8; KEY_BYTES]),
+    /// A `HEADER_V2` log's crc32.
+    LegacyCrc,
+}
+
+impl Tags {
+    fn mark(&self) -> &'static [u8; 4] {
+        match self {
+            Tags::Keyed(_) => RECORD_MARK,
+            Tags::LegacyCrc => RECORD_MARK_V2,
+        }
+    }
+
+    fn whole(&self, head: &[u8], body: &[u8]) -> bool {
+        match self {
+            Tags::Keyed(key) => {
+                u64::from_le_bytes(head[8..16].try_into().unwrap()) == tag(key, body)
+            }
+            Tags::LegacyCrc => {
+                u32::from_le_bytes(head[8..12].try_into().unwrap()) == checksum(body)
+            }
+        }
+    }
 }
 
 /// `dir` is a directory (not a link to one) of this process's user that no one else may
@@ -761,21 +830,31 @@ pub fn dead_logs(dir: &Path, own: Option<u64>) -> Result<Vec<DeadLog>, String> {
 }
 
 /// A log's whole records in number order and the bytes after them; None without the header
-/// (an empty file, made and never written, counts as empty).
+/// (an empty file, made and never written, counts as empty, and so does one whose header is
+/// zeros: made by a lanefs before 2026-11-29 and cut short by a crash before its header was
+/// written back, it holds no record a key could vouch for).
 fn parse(content: &[u8]) -> Option<(Vec<(u64, Intent)>, usize)> {
-    if content.is_empty() {
+    if content[..content.len().min(HEADER.len())]
+        .iter()
+        .all(|b| *b == 0)
+    {
         return Some((Vec::new(), 0));
     }
-    if !content.starts_with(HEADER.as_slice()) {
+    let tags = if content.starts_with(HEADER.as_slice()) && content.len() >= RECORDS_START as usize
+    {
+        Tags::Keyed(content[KEY_AT..KEY_AT + KEY_BYTES].try_into().unwrap())
+    } else if content.starts_with(HEADER_V2.as_slice()) {
+        Tags::LegacyCrc
+    } else {
         return None;
-    }
+    };
     // Records may sit anywhere 8-aligned (an emptying reuses the space, a kill may cut a
     // copy): every aligned place is tried; what is not a whole record is stepped over.
     let mut records = Vec::new();
     let mut skipped = 0;
     let mut at = RECORDS_START as usize;
     while at + RECORD_HEAD <= content.len() {
-        match record_at(&content[at..]) {
+        match record_at(&content[at..], &tags) {
             Some((record, len)) => {
                 records.push(record);
                 at += len;
@@ -794,17 +873,16 @@ fn parse(content: &[u8]) -> Option<(Vec<(u64, Intent)>, usize)> {
 }
 
 /// The whole record at the start of `rest` and its length with padding, if there is one.
-fn record_at(rest: &[u8]) -> Option<((u64, Intent), usize)> {
-    if &rest[..4] != RECORD_MARK {
+fn record_at(rest: &[u8], tags: &Tags) -> Option<((u64, Intent), usize)> {
+    if &rest[..4] != tags.mark() {
         return None;
     }
     let len = u32::from_le_bytes(rest[4..8].try_into().ok()?) as usize;
-    let crc = u32::from_le_bytes(rest[8..12].try_into().ok()?);
     if len > RECORD_BYTES_MAX || rest.len() < RECORD_HEAD + len {
         return None;
     }
     let body = &rest[RECORD_HEAD..RECORD_HEAD + len];
-    if checksum(body) != crc {
+    if !tags.whole(&rest[..RECORD_HEAD], body) {
         return None;
     }
     let record = Intent::decode(body)?;
@@ -926,6 +1004,112 @@ mod tests {
         assert_eq!(records, without_second);
         assert!(skipped > 0);
         assert!(parse(b"not a log").is_none());
+    }
+
+    /// Records a user wrote into a small file's bytes, which the log keeps verbatim: once
+    /// the head of the record holding them is written over (an emptying reuses the space),
+    /// reading steps over the damage onto them. Sealed with a checksum anyone can compute
+    /// (the old format's crc32) or a key other than the log's, they are not applied; the
+    /// same bytes sealed with the log's own key are (the control: the forgery was where a
+    /// reader looks).
+    #[test]
+    fn records_forged_inside_a_files_bytes_are_not_applied() {
+        let forged = Intent::Setattr {
+            ino: 1,
+            change: AttrChange {
+                mode: Some(0o104755),
+                uid: Some(0),
+                gid: Some(0),
+                atime_ns: None,
+                mtime_ns: None,
+                ctime_ns: 0,
+            },
+        };
+        let with_crc = |seq: u64| {
+            let mut record = forged.encode();
+            record[..4].copy_from_slice(RECORD_MARK_V2);
+            record[RECORD_HEAD..RECORD_HEAD + 8].copy_from_slice(&seq.to_le_bytes());
+            let len = u32::from_le_bytes(record[4..8].try_into().unwrap()) as usize;
+            let crc = checksum(&record[RECORD_HEAD..RECORD_HEAD + len]);
+            record[8..12].copy_from_slice(&crc.to_le_bytes());
+            record
+        };
+        let with_key = |seq: u64, key: &[u8; KEY_BYTES]| {
+            let mut record = forged.encode();
+            seal(&mut record, seq, key);
+            record
+        };
+        // A file's bytes: the forgery at each of the 8 shifts, so one copy is 8-aligned in
+        // the log wherever the file's bytes start.
+        let file_bytes = |records: &[Vec<u8>]| {
+            let mut bytes = Vec::new();
+            for shift in 0..8 {
+                for record in records {
+                    bytes.extend(std::iter::repeat_n(0xee, shift));
+                    bytes.extend_from_slice(record);
+                    bytes.extend(std::iter::repeat_n(0xee, 8 - shift));
+                }
+            }
+            bytes
+        };
+        let applied = |records: &[Vec<u8>], log_key: Option<&[u8; KEY_BYTES]>| {
+            let dir = TempDir::new(&format!("forged-{}", log_key.is_some()));
+            let log = IntentLog::create(dir.path(), 1).unwrap();
+            let records = match log_key {
+                // The control: sealed with the log's own key, read from its header.
+                Some(_) => vec![with_key(1 << 50, &log.key)],
+                None => records.to_vec(),
+            };
+            let bytes = file_bytes(&records);
+            log.append(
+                Intent::Inline(InlineUpdate {
+                    ino: 5,
+                    size: bytes.len() as u64,
+                    mtime_ns: 0,
+                    ctime_ns: 0,
+                    bytes,
+                })
+                .encode(),
+                |_| {},
+            );
+            let mut content = std::fs::read(log.path()).unwrap();
+            drop(log);
+            let start = RECORDS_START as usize;
+            content[start..start + RECORD_HEAD].fill(0);
+            let (records, _) = parse(&content).unwrap();
+            records
+                .iter()
+                .filter(|(_, r)| matches!(r, Intent::Setattr { .. }))
+                .count()
+        };
+        let foreign_key = [0x5a; KEY_BYTES];
+        assert_eq!(
+            applied(&[with_crc(1 << 50), with_key(1 << 51, &foreign_key)], None),
+            0,
+            "a forged record was read back"
+        );
+        assert!(
+            applied(&[], Some(&foreign_key)) > 0,
+            "the control found nothing"
+        );
+    }
+
+    /// A log whose header is zeros (a crash before a lanefs of the old format wrote it back)
+    /// holds nothing a replay could vouch for: it reads as empty instead of failing every
+    /// later mount with "not a lanefs intent log". A new log's header is on disk before it is
+    /// used.
+    #[test]
+    fn a_log_without_its_header_reads_as_empty() {
+        let mut content = vec![0u8; LOG_BYTES as usize];
+        assert_eq!(parse(&content), Some((Vec::new(), 0)));
+        content[RECORDS_START as usize] = 1;
+        assert_eq!(parse(&content).map(|(r, _)| r.len()), Some(0));
+        let dir = TempDir::new("header");
+        let log = IntentLog::create(dir.path(), 2).unwrap();
+        let on_disk = std::fs::read(log.path()).unwrap();
+        assert!(on_disk.starts_with(HEADER));
+        assert_eq!(&on_disk[KEY_AT..KEY_AT + KEY_BYTES], &log.key);
+        assert_ne!(log.key, [0; KEY_BYTES]);
     }
 
     #[test]

@@ -511,25 +511,6 @@ impl<C: Conn> SqlStore<C> {
                     continue;
                 }
             };
-            // The dead session's leases go first (its process is gone: its log's lock was
-            // free), so that its own directories do not refuse its changes; another mount's
-            // lease still does.
-            wait(|done| {
-                self.submit(
-                    false,
-                    move |w| {
-                        Ok(w.conn
-                            .execute("DELETE FROM leases WHERE session = ?", &args![dead])?)
-                    },
-                    done,
-                )
-            })
-            .map_err(|e| {
-                format!(
-                    "dropping the leases of session {dead}: {}",
-                    std::io::Error::from_raw_os_error(e)
-                )
-            })?;
             let pending: Vec<&(u64, Intent)> = log
                 .records
                 .iter()
@@ -548,6 +529,13 @@ impl<C: Conn> SqlStore<C> {
                 self.submit(
                     false,
                     move |w| {
+                        if shared && !take_dead_lease(w, &intent, dead, clock.now_ns())? {
+                            w.conn.execute(
+                                ops::INTENT_APPLIED_SQL,
+                                &args![done_to, done_above.as_str(), dead],
+                            )?;
+                            return Ok(Err(REPLAY_LEASE_LAPSED));
+                        }
                         w.conn.batch("SAVEPOINT replay")?;
                         let outcome = apply_intent(w, &intent, shared.then(|| clock.now_ns()));
                         let end = match outcome {
@@ -571,6 +559,12 @@ impl<C: Conn> SqlStore<C> {
             for (what, rx) in results {
                 match rx.recv().unwrap_or(Err(libc::EIO)) {
                     Ok(Ok(())) => applied += 1,
+                    Ok(Err(REPLAY_LEASE_LAPSED)) => {
+                        skipped += 1;
+                        tracing::error!(
+                            "volume: {what} (answered by crashed session {dead}, never committed, never acknowledged by an fsync) is dropped: its directory's lease ran out before this replay, so another mount may have changed it since"
+                        );
+                    }
                     Ok(Err(e)) => {
                         skipped += 1;
                         tracing::error!(
@@ -589,9 +583,24 @@ impl<C: Conn> SqlStore<C> {
                     }
                 }
             }
-            wait(|done| self.sync(done)).map_err(|e| {
+            // The dead session's leases, and those the replay took over from it, go now: the
+            // other mounts that wait for them go on, after the replayed changes.
+            let me = self.session;
+            wait(|done| {
+                self.submit(
+                    true,
+                    move |w| {
+                        Ok(w.conn.execute(
+                            "DELETE FROM leases WHERE session = ? OR session = ?",
+                            &args![dead, me],
+                        )?)
+                    },
+                    done,
+                )
+            })
+            .map_err(|e| {
                 format!(
-                    "committing what {} held: {}",
+                    "committing what {} held and dropping its leases: {}",
                     log.path.display(),
                     std::io::Error::from_raw_os_error(e)
                 )
@@ -1011,7 +1020,10 @@ fn run_batch<C: Conn>(
     }
     if !savepoints && !all_ok {
         roll_back(w);
-        if batch.len() > 1 {
+        // A batch carrying the intent log's watermark runs again with savepoints even when
+        // its lone change failed: the watermark must commit, or a replay after a kill -9
+        // would apply again a change that failed (and was reported) here.
+        if batch.len() > 1 || finished.is_some() {
             return Run::Isolate;
         }
         // The lone change failed (EEXIST, ENOENT…): nothing to commit; it is answered its
@@ -1120,6 +1132,59 @@ fn answer<C: Conn>(batch: Vec<Box<dyn Job<C>>>, committed: Result<(), Errno>) {
             );
         }
     }
+}
+
+/// A replayed record whose directory's lease the dead session no longer held (it ran out):
+/// dropped, not applied.
+const REPLAY_LEASE_LAPSED: Errno = libc::ESTALE;
+/// How long a dead session's lease must still run for a replay to apply a record under it:
+/// the record's transaction commits well within it, before another mount waiting for the
+/// lease can go on.
+const REPLAY_LEASE_MARGIN_NS: i64 = 1_000_000_000;
+
+/// On a shared volume, whether a dead session's `intent` may still be applied: the dead
+/// session answered it early under its lease on the directory (the parent of a create or
+/// remove; the directory holding the inode of an attribute change or new file's bytes), and
+/// while that lease runs no other mount has changed the directory (one that needs it
+/// recalls the lease and waits for its expiry). Once it ran out, another mount may have
+/// reused the name or written the file, and applying the old change would undo theirs (an
+/// unlink of the new file an fsync acknowledged; old bytes over new). So the lease is taken
+/// over by this replay (which the record's own checks then count as its own) when it still
+/// runs for `REPLAY_LEASE_MARGIN_NS`, in the record's transaction; else the record is
+/// dropped, as never acknowledged (fsync waits for the commit). A replay soon after the
+/// kill, the usual restart, applies everything.
+fn take_dead_lease<C: Conn>(
+    w: &mut Writer<C>,
+    intent: &Intent,
+    dead: u64,
+    now_ns: i64,
+) -> Result<bool, DbError> {
+    let dir = match intent {
+        Intent::Create(node) => Some(node.parent),
+        Intent::Remove { parent, .. } => Some(*parent),
+        Intent::Inline(update) => parent_of(w, update.ino)?,
+        Intent::Setattr { ino, .. } => parent_of(w, *ino)?,
+    };
+    let Some(dir) = dir else {
+        return Ok(false);
+    };
+    let me = w.session;
+    let taken = w.conn.execute(
+        "UPDATE leases SET session = ? WHERE dir = ? AND (session = ? OR session = ?) AND expires_ns > ?",
+        &args![me, dir, dead, me, now_ns + REPLAY_LEASE_MARGIN_NS],
+    )?;
+    Ok(taken > 0)
+}
+
+/// The directory holding inode `ino` (one of its names'), if it has a name.
+fn parent_of<C: Conn>(w: &mut Writer<C>, ino: u64) -> Result<Option<u64>, DbError> {
+    w.conn
+        .query_opt(
+            "SELECT parent FROM entries WHERE ino = ? LIMIT 1",
+            &args![ino],
+        )?
+        .map(|r| r.u64(0))
+        .transpose()
 }
 
 /// One change of a dead session's intent log, by the code its synchronous form runs
