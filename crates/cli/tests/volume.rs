@@ -1720,6 +1720,54 @@ fn a_change_that_failed_at_its_commit_is_not_replayed_after_a_kill_9() {
     volume.assert_clean();
 }
 
+/// A replay whose record fails outright (here the database refuses its watermark's
+/// update) stops the mount, and the next mount applies that record: the records after it,
+/// each committed with the watermark computed past everything before it, made it look
+/// applied, and the file it created was never made.
+#[test]
+fn a_record_that_failed_its_replay_is_applied_by_the_next_one() {
+    let volume = Volume::format("replay-fails");
+    let m = volume.mount(&[]);
+    // Record 1, committed with its watermark.
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::File::open(m.path("")).unwrap().sync_all().unwrap();
+    let db = rusqlite::Connection::open(&volume.db).unwrap();
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // Records 2 to 6, answered and never committed.
+    for i in 0..5 {
+        std::fs::File::create(m.path(&format!("d/f{i}"))).unwrap();
+    }
+    common::kill_daemon_leaving_a_dead_mount(m.pid, &m.mountpoint);
+    db.execute_batch("ROLLBACK").unwrap();
+    drop(m);
+    // The replay of record 4 (f2) fails at its watermark.
+    db.execute_batch(
+        "CREATE TRIGGER refuse_watermark BEFORE UPDATE ON intent_logs WHEN NEW.applied = 4
+             BEGIN SELECT RAISE(ABORT, 'injected by the test'); END;",
+    )
+    .unwrap();
+    let mp = TempDir::new("vol-replay-fails-mp");
+    let out = lanefs(&[
+        "mount",
+        "--daemon",
+        volume.source(),
+        mp.path().to_str().unwrap(),
+    ]);
+    assert!(!out.status.success(), "mounted with a failed replay");
+    assert!(!is_mounted(mp.path()));
+    assert!(
+        stderr(&out).contains("the log stays for the next mount"),
+        "{}",
+        stderr(&out)
+    );
+    db.execute_batch("DROP TRIGGER refuse_watermark").unwrap();
+    drop(db);
+    let m = volume.mount(&[]);
+    assert_eq!(sorted_names(&m.path("d")), ["f0", "f1", "f2", "f3", "f4"]);
+    m.unmount();
+    volume.assert_clean();
+}
+
 /// A new small file's bytes are committed after its close returns; a commit that then
 /// fails (a trigger refuses those bytes) is counted, logged, and reported: by the close if it
 /// failed by then, and by the file's next fsync, which no close takes it from (another

@@ -516,6 +516,10 @@ impl<C: Conn> SqlStore<C> {
                 .iter()
                 .filter(|(seq, _)| !watermark.covers(*seq))
                 .collect();
+            // What the watermark truly covers once the results are in: each record's job
+            // commits the watermark past every record before it too (computed ahead), so
+            // one that failed on its own would be covered by the next one's.
+            let mut finished = watermark.clone();
             let mut results = Vec::with_capacity(pending.len());
             for (seq, intent) in pending {
                 // Each record commits with the dead log's watermark past it.
@@ -553,11 +557,16 @@ impl<C: Conn> SqlStore<C> {
                         let _ = tx.send(r);
                     }),
                 );
-                results.push((what, rx));
+                results.push((*seq, what, rx));
             }
             let (mut applied, mut skipped) = (0, 0);
-            for (what, rx) in results {
-                match rx.recv().unwrap_or(Err(libc::EIO)) {
+            let mut failed = None;
+            for (seq, what, rx) in results {
+                let result = rx.recv().unwrap_or(Err(libc::EIO));
+                if result.is_ok() {
+                    finished = finished.with([seq]);
+                }
+                match result {
                     Ok(Ok(())) => applied += 1,
                     Ok(Err(REPLAY_LEASE_LAPSED)) => {
                         skipped += 1;
@@ -574,7 +583,7 @@ impl<C: Conn> SqlStore<C> {
                         );
                     }
                     Err(e) => {
-                        return Err(format!(
+                        failed.get_or_insert(format!(
                             "applying {} from {}: {}; the log stays for the next mount",
                             what,
                             log.path.display(),
@@ -582,6 +591,23 @@ impl<C: Conn> SqlStore<C> {
                         ));
                     }
                 }
+            }
+            if let Some(failed) = failed {
+                // The next mount applies what failed, and only that.
+                let (to, above) = (finished.applied, finished.above_text());
+                let _ = wait(|done| {
+                    self.submit(
+                        true,
+                        move |w| {
+                            Ok(w.conn.execute(
+                                ops::INTENT_APPLIED_SQL,
+                                &args![to, above.as_str(), dead],
+                            )?)
+                        },
+                        done,
+                    )
+                });
+                return Err(failed);
             }
             // The dead session's leases, and those the replay took over from it, go now: the
             // other mounts that wait for them go on, after the replayed changes.
