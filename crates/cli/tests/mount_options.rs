@@ -577,8 +577,9 @@ fn device_of(path: &Path) -> String {
 /// another user's, open to all as /tmp is, is not used: the daemon serves without `lanefs
 /// stats`, and `lanefs stats` does not talk to whoever listens there (the old client read
 /// all it was sent, so it showed made-up figures or ran out of memory). In the user's own
-/// private directory `stats` talks only to a listener of its own user (SO_PEERCRED): root
-/// putting its own socket in place of the daemon's is refused too.
+/// private directory (one of its own that others could enter is narrowed to 0700) `stats`
+/// talks only to a listener of its own user (SO_PEERCRED): root putting its own socket in
+/// place of the daemon's is refused too.
 #[test]
 fn a_control_directory_another_user_made_is_not_trusted() {
     use std::os::unix::fs::PermissionsExt;
@@ -638,8 +639,11 @@ fn a_control_directory_another_user_made_is_not_trusted() {
     assert_ok("umount as nobody", &as_nobody(&["umount", mp]));
     drop(guard);
 
-    // The user's own directory, as the daemon makes it.
+    // The user's own directory, made by an older lanefs under umask 002: narrowed, used.
     std::fs::remove_dir_all(&control).unwrap();
+    std::fs::create_dir(&control).unwrap();
+    common::run_ok(Command::new("chown").arg("nobody").arg(&control));
+    std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o775)).unwrap();
     let out = as_nobody(&mount_args);
     let _guard = Unmount(mnt.clone());
     assert_ok("mount as nobody", &out);

@@ -3404,6 +3404,9 @@ mod on_postgres {
                     std::fs::write(d.join(format!("f{i}")), format!("file {i}")).unwrap();
                 }
                 std::fs::remove_file(d.join("f5")).unwrap();
+                // A directory made early, leased from its birth, and what is made in it.
+                std::fs::create_dir_all(d.join("sub/deeper")).unwrap();
+                std::fs::write(d.join("sub/deeper/g"), b"nested").unwrap();
             })
         };
         assert!(
@@ -3424,11 +3427,13 @@ mod on_postgres {
             let mut names: Vec<String> = (0..20)
                 .filter(|&i| i != 5)
                 .map(|i| format!("f{i}"))
+                .chain(["sub".to_string()])
                 .collect();
             names.sort();
             names
         };
         assert_eq!(sorted_names(&b.path("d")), expected);
+        assert_eq!(std::fs::read(b.path("d/sub/deeper/g")).unwrap(), b"nested");
         for i in (0..20).filter(|&i| i != 5) {
             assert_eq!(
                 std::fs::read_to_string(b.path(&format!("d/f{i}"))).unwrap(),

@@ -54,12 +54,15 @@ fn private_socket_dir(dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }
-    check_socket_dir(dir)?;
+    // Ours and open to others (an older lanefs made it under umask 022 or 002): narrowed
+    // first. Whatever listens in it then cannot fool a client (SO_PEERCRED), and our own
+    // socket's name is unlinked before we bind it.
     let meta = std::fs::symlink_metadata(dir)?;
-    if meta.mode() & 0o077 != 0 {
+    // SAFETY: geteuid has no preconditions.
+    if meta.is_dir() && meta.uid() == unsafe { libc::geteuid() } && meta.mode() & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
-    Ok(())
+    check_socket_dir(dir)
 }
 
 /// The socket directory is a directory (not a link) of this process's user that no other

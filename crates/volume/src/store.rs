@@ -593,12 +593,19 @@ impl<C: Conn> SqlStore<C> {
                 }
             }
             if let Some(failed) = failed {
-                // The next mount applies what failed, and only that.
+                // The next mount applies what failed, and only that, under the leases this
+                // replay took over, given back to the dead session (this mount's end would
+                // drop them as its own).
                 let (to, above) = (finished.applied, finished.above_text());
+                let me = self.session;
                 let _ = wait(|done| {
                     self.submit(
                         true,
                         move |w| {
+                            w.conn.execute(
+                                "UPDATE leases SET session = ? WHERE session = ?",
+                                &args![dead, me],
+                            )?;
                             Ok(w.conn.execute(
                                 ops::INTENT_APPLIED_SQL,
                                 &args![to, above.as_str(), dead],
@@ -1195,9 +1202,13 @@ fn take_dead_lease<C: Conn>(
         return Ok(false);
     };
     let me = w.session;
+    // Taken over for a whole lease time, so that a long replay applies the records of a
+    // directory alike (not its creates and then, past the expiry, none of their bytes).
+    let until = now_ns + ops::LEASE_TTL.as_nanos() as i64;
     let taken = w.conn.execute(
-        "UPDATE leases SET session = ? WHERE dir = ? AND (session = ? OR session = ?) AND expires_ns > ?",
-        &args![me, dir, dead, me, now_ns + REPLAY_LEASE_MARGIN_NS],
+        "UPDATE leases SET session = ?, expires_ns = CASE WHEN expires_ns > ? THEN expires_ns ELSE ? END \
+         WHERE dir = ? AND (session = ? OR session = ?) AND expires_ns > ?",
+        &args![me, until, until, dir, dead, me, now_ns + REPLAY_LEASE_MARGIN_NS],
     )?;
     Ok(taken > 0)
 }
@@ -1223,8 +1234,18 @@ fn apply_intent<C: Conn>(
 ) -> Result<(), Errno> {
     match intent {
         Intent::Create(node) => {
+            // A directory the dead session made was leased from birth (that lease was in
+            // the create's own uncommitted transaction): the replay leases it the same way,
+            // for the records made in it after it.
+            let lease_expires_ns = match unleased_at_ns {
+                Some(now_ns) if node.mode & libc::S_IFMT == libc::S_IFDIR => {
+                    Some(now_ns + ops::LEASE_TTL.as_nanos() as i64)
+                }
+                _ => None,
+            };
             let node = NewNode {
                 unleased_at_ns,
+                lease_expires_ns,
                 ..node.clone()
             };
             ops::create(w, &node).map(drop)
