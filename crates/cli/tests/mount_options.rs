@@ -629,13 +629,12 @@ fn a_control_directory_another_user_made_is_not_trusted() {
         });
     };
     impostor(&socket);
-    let out = as_nobody(&["stats", mp]);
-    assert!(!out.status.success());
-    let msg = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        msg.contains("is not a private directory of uid 65534"),
-        "{msg}"
-    );
+    let stats_refused = |why: &str| {
+        let out = as_nobody(&["stats", mp]);
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && msg.contains(why), "{msg}");
+    };
+    stats_refused("is not a private directory of uid 65534");
     assert_ok("umount as nobody", &as_nobody(&["umount", mp]));
     drop(guard);
 
@@ -659,13 +658,7 @@ fn a_control_directory_another_user_made_is_not_trusted() {
     let socket = control.join(format!("{}.sock", device_of(&mnt)));
     std::fs::remove_file(&socket).unwrap();
     impostor(&socket);
-    let out = as_nobody(&["stats", mp]);
-    assert!(!out.status.success());
-    let msg = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        msg.contains("is served by uid 0, not by a lanefs daemon of uid 65534"),
-        "{msg}"
-    );
+    stats_refused("is served by uid 0, not by a lanefs daemon of uid 65534");
 }
 
 /// A mount point that is a symbolic link is refused with the reason (mount(2) would follow

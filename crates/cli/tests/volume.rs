@@ -308,11 +308,7 @@ fn kill_9_group(volume: &Volume, runs: std::ops::Range<u64>, seed: u64, rng: &mu
             std::thread::spawn(move || untar_until_killed(&dir, every, &acked, &answered))
         };
         std::thread::sleep(delay);
-        // SAFETY: sending a signal has no memory effects.
-        unsafe { libc::kill(m.pid as i32, libc::SIGKILL) };
-        assert!(wait_until(Duration::from_secs(10), || !process_alive(
-            m.pid
-        )));
+        common::kill_9_and_wait(m.pid);
         writer.join().unwrap();
         drop(m);
         let acked = acked.lock().unwrap().clone();
@@ -2138,11 +2134,7 @@ fn changes_answered_before_their_commit_survive_a_kill_9() {
     std::fs::write(m.path("dir/sub/deep"), b"deep").unwrap();
     std::fs::remove_file(m.path("dir/f9")).unwrap();
     std::fs::remove_file(m.path("doomed")).unwrap();
-    // SAFETY: sending a signal has no memory effects.
-    unsafe { libc::kill(m.pid as i32, libc::SIGKILL) };
-    assert!(wait_until(Duration::from_secs(10), || !process_alive(
-        m.pid
-    )));
+    common::kill_9_and_wait(m.pid);
     db.execute_batch("ROLLBACK").unwrap();
     drop(db);
     drop(m);
@@ -2423,11 +2415,7 @@ fn reads_move_atime_without_waiting_for_its_commit() {
     std::io::Read::read_to_end(&mut &file, &mut Vec::new()).unwrap();
     file.sync_all().unwrap();
     drop(file);
-    // SAFETY: sending a signal has no memory effects.
-    unsafe { libc::kill(m.pid as i32, libc::SIGKILL) };
-    assert!(wait_until(Duration::from_secs(10), || !process_alive(
-        m.pid
-    )));
+    common::kill_9_and_wait(m.pid);
     drop(m);
     let m = volume.mount(&[]);
     assert!(
@@ -3414,11 +3402,7 @@ mod on_postgres {
             "creates in a leased directory waited for their commit"
         );
         writer.join().unwrap();
-        // SAFETY: sending a signal has no memory effects.
-        unsafe { libc::kill(a.pid as i32, libc::SIGKILL) };
-        assert!(wait_until(Duration::from_secs(10), || !process_alive(
-            a.pid
-        )));
+        common::kill_9_and_wait(a.pid);
         drop(held);
         drop(a);
 

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::minio::{Minio, S3Volume, SECRET_KEY};
-use common::{TempDir, content, diff_r, process_alive, run_ok, wait_until};
+use common::{TempDir, content, diff_r, run_ok, wait_until};
 
 const KIB: usize = 1024;
 const MIB: usize = 1 << 20;
@@ -293,11 +293,7 @@ fn kill_9_in_the_middle_of_writes_to_s3_keeps_every_fsynced_file() {
             std::thread::spawn(move || write_files(&dir, &stop, &log))
         };
         std::thread::sleep(Duration::from_millis(400 + run * 500));
-        // SAFETY: sending a signal has no memory effects.
-        unsafe { libc::kill(m.pid as i32, libc::SIGKILL) };
-        assert!(wait_until(Duration::from_secs(10), || !process_alive(
-            m.pid
-        )));
+        common::kill_9_and_wait(m.pid);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         writer.join().unwrap();
         drop(m);

@@ -134,14 +134,49 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// Kills `pid` with SIGKILL and waits until it has exited (see `process_alive`), at most
+/// 30 s (once, in a busy run of several kill tests, a killed daemon still ran after 10 s);
+/// past that, panics with each of its threads' state and kernel stack, which say what holds
+/// a killed process back.
+pub fn kill_9_and_wait(pid: u32) {
+    // SAFETY: sending a signal has no memory effects.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    if wait_until(Duration::from_secs(30), || !process_alive(pid)) {
+        return;
+    }
+    let mut report = String::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let path = task.path();
+            let read = |name: &str| std::fs::read_to_string(path.join(name)).unwrap_or_default();
+            let status = read("status");
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .unwrap_or("")
+                    .trim()
+                    .to_owned()
+            };
+            report.push_str(&format!(
+                "thread {} ({}) {}: wchan {}\n{}",
+                task.file_name().to_string_lossy(),
+                field("Name:"),
+                field("State:"),
+                read("wchan"),
+                read("stack")
+            ));
+        }
+    }
+    panic!("process {pid} still runs 30 s after SIGKILL:\n{report}");
+}
+
 /// Kills a daemon with SIGKILL and waits until its mount is dead (stat fails with ENOTCONN):
 /// the process exits at once, but the kernel ends the connection only once the last
 /// reference to its /dev/fuse file is gone, which io_uring's teardown of the rings releases
 /// a moment later, in a work queue of its own.
 pub fn kill_daemon_leaving_a_dead_mount(pid: u32, mountpoint: &Path) {
-    // SAFETY: sending a signal has no memory effects.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    assert!(wait_until(Duration::from_secs(5), || !process_alive(pid)));
+    kill_9_and_wait(pid);
     let dead = wait_until(Duration::from_secs(10), || {
         std::fs::metadata(mountpoint).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
     });
