@@ -678,22 +678,21 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
         )));
     }
     let socket = lanefs_fuse::control::socket_path(&info);
+    // Held before the unmount: after it, the daemon may be gone, its pid reused.
+    let daemon = (info.fstype == mount::FSTYPE && !lazy)
+        .then(|| lanefs_fuse::control::Daemon::of_socket(&socket))
+        .flatten();
     mount::unmount(&mountpoint, lazy)?;
-    if info.fstype == mount::FSTYPE && !lazy {
-        // The daemon closes its control socket last; one that was killed (or exited and
-        // awaits its parent's wait) listens no more, so there is nothing to wait for.
-        let start = std::time::Instant::now();
-        let mut listening = lanefs_fuse::control::daemon_listening(&socket);
-        while listening && start.elapsed() < DAEMON_EXIT_WAIT {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            listening = lanefs_fuse::control::daemon_listening(&socket);
-        }
-        if listening {
-            eprintln!(
-                "lanefs: unmounted {}, but its daemon has not exited after {DAEMON_EXIT_WAIT:?}",
-                mountpoint.display()
-            );
-        }
+    // Until its process has exited: the control socket closes before the file system's
+    // files do (a volume's database, intent log and data directory), and a script that
+    // unmounts the file system holding them right after found it busy.
+    if let Some(daemon) = daemon
+        && !daemon.wait_exit(DAEMON_EXIT_WAIT)
+    {
+        eprintln!(
+            "lanefs: unmounted {}, but its daemon has not exited after {DAEMON_EXIT_WAIT:?}",
+            mountpoint.display()
+        );
     }
     Ok(())
 }

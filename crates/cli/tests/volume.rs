@@ -81,6 +81,59 @@ fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Lazily unmounts whatever is mounted at its path when dropped (for mounts a test makes
+/// itself, with mount(8)).
+struct LazyUnmount<'a>(&'a Path);
+
+impl Drop for LazyUnmount<'_> {
+    fn drop(&mut self) {
+        if is_mounted(self.0) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+}
+
+/// `lanefs umount` returns once the daemon has exited, so the file system holding the
+/// volume's files can be unmounted right after: it waited only for the daemon's control
+/// socket, which closes before the volume's database, intent log and data directory do,
+/// and `umount` of the file system under them failed with "target is busy" in 4 of 10
+/// tries.
+#[test]
+fn umount_waits_for_the_daemon_to_let_go_of_the_volumes_files() {
+    let dir = TempDir::new("vol-under-tmpfs");
+    let under = dir.path().join("fs");
+    std::fs::create_dir(&under).unwrap();
+    for round in 0..6 {
+        run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "tmpfs"])
+                .arg(&under),
+        );
+        let guard = LazyUnmount(&under);
+        let volume = Volume {
+            dir: TempDir::new("vol-under-tmpfs-files"),
+            db: under.join("vol.db"),
+            data: under.join("data"),
+            pg: None,
+        };
+        common::volume::format_volume(&volume.db, &volume.data);
+        let m = volume.mount(&[]);
+        for i in 0..200 {
+            std::fs::write(m.path(&format!("f{i}")), b"x").unwrap();
+        }
+        let out = lanefs(&["umount", m.mountpoint.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let out = Command::new("umount").arg(&under).output().unwrap();
+        assert!(
+            out.status.success(),
+            "round {round}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        drop(m);
+        drop(guard);
+    }
+}
+
 #[test]
 fn untar_of_a_tree_matches_with_diff_and_after_remount() {
     let src = TempDir::new("vol-tree-src");
@@ -1382,14 +1435,6 @@ fn mount_8_form_mounts_a_volume_with_a_capacity() {
     let dir = TempDir::new("vol-fstab-mnt");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            if is_mounted(self.0) {
-                let _ = Command::new("umount").arg("-l").arg(self.0).status();
-            }
-        }
-    }
     let out = Command::new("mount")
         .args(["-t", "fuse"])
         .arg(format!("{}#{}", common::lanefs(), volume.db.display()))
@@ -1397,7 +1442,7 @@ fn mount_8_form_mounts_a_volume_with_a_capacity() {
         .args(["-o", "capacity=1G"])
         .output()
         .unwrap();
-    let _guard = Unmount(&mnt);
+    let _guard = LazyUnmount(&mnt);
     assert!(out.status.success(), "{}", stderr(&out));
     std::fs::write(mnt.join("hello"), b"hello").unwrap();
     let df = run_ok(Command::new("df").args(["-B1", "--output=size"]).arg(&mnt));

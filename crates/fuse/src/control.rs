@@ -94,8 +94,8 @@ fn check_socket_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Connects to the control socket at `path`, in a directory that passes `check_socket_dir`,
-/// and only to a listener of this process's user.
-fn connect(path: &Path) -> io::Result<UnixStream> {
+/// and only to a listener of this process's user: the stream and the listener's pid.
+fn connect(path: &Path) -> io::Result<(UnixStream, u32)> {
     if let Some(dir) = path.parent() {
         check_socket_dir(dir)?;
     }
@@ -132,7 +132,7 @@ fn connect(path: &Path) -> io::Result<UnixStream> {
             ),
         ));
     }
-    Ok(stream)
+    Ok((stream, peer.pid as u32))
 }
 
 /// The control socket of a mounted lanefs.
@@ -208,10 +208,54 @@ pub fn daemon_listening(path: &Path) -> bool {
     connect(path).is_ok()
 }
 
+/// The daemon listening on the control socket at `path`, held by a pidfd (a pid could be
+/// reused once it exits; a pidfd cannot), or None when nobody listens.
+pub struct Daemon(std::os::fd::OwnedFd);
+
+impl Daemon {
+    pub fn of_socket(path: &Path) -> Option<Daemon> {
+        use std::os::fd::FromRawFd;
+        let (_, pid) = connect(path).ok()?;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fd was just returned by pidfd_open and is owned by nobody else.
+        Some(Daemon(unsafe {
+            std::os::fd::OwnedFd::from_raw_fd(fd as i32)
+        }))
+    }
+
+    /// Waits at most `timeout` for the daemon's process to exit: every file it held (its
+    /// volume's database, intent log, data directory) is closed once it has; its control
+    /// socket goes before its file system's files do. Whether it exited.
+    pub fn wait_exit(&self, timeout: std::time::Duration) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            // SAFETY: one pollfd we own, for the duration of the call.
+            let n =
+                unsafe { libc::poll(&mut poll, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+            match n {
+                1 => return true,
+                0 => return false,
+                _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
+                _ => return false,
+            }
+        }
+    }
+}
+
 /// Reads the statistics of a mount from its control socket.
 pub fn query(mount: &MountInfo) -> io::Result<StatsSnapshot> {
     let path = socket_path(mount);
-    let stream = connect(&path).map_err(|e| {
+    let (stream, _) = connect(&path).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!(
