@@ -829,10 +829,12 @@ impl SqlStore<PgConn> {
     /// `async_commit`: the committer's commits return before the WAL is flushed (a sync's
     /// still waits; see `PgTarget::with_async_commit`). `attr_timeout`: the mount's, how
     /// long directories' attributes from its own commits may answer (`store::RecentDirs`).
+    /// `uuid`: the volume's, as the mount checked it before (see the registration).
     pub fn open(
         target: &PgTarget,
         host: &str,
         mountpoint: &str,
+        uuid: &str,
         now_ns: i64,
         async_commit: bool,
         attr_timeout: Duration,
@@ -861,6 +863,23 @@ impl SqlStore<PgConn> {
                 Err(e) => text(e),
                 Ok(_) => format!(
                     "{target}: `lanefs fsck`, `gc` or `format` is working on this volume; mount it when that is done"
+                ),
+            });
+        }
+        // The volume the mount checked (its settings, data location, schema) is the one it
+        // registers in: a `format --force` between the two, before this lock, made another.
+        let same = conn
+            .query_opt(
+                "SELECT value FROM settings WHERE name = 'uuid'",
+                &[],
+            )
+            .and_then(|r| r.map(|r| r.text(0)).transpose());
+        if !matches!(&same, Ok(Some(now)) if now == uuid) {
+            conn.rollback();
+            return Err(match same {
+                Err(e) => text(e),
+                Ok(_) => format!(
+                    "{target}: the volume was replaced (`lanefs format --force`) while this mount started; mount it again"
                 ),
             });
         }

@@ -674,6 +674,7 @@ pub fn open_for_mount_postgres(
         &target,
         &hostname(),
         &mountpoint.to_string_lossy(),
+        &settings.uuid,
         now_ns(),
         async_commit,
         options.attr_timeout,
