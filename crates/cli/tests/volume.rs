@@ -2908,16 +2908,121 @@ fn dump_and_load_round_trip_is_identical() {
         stderr(&out)
     );
     assert!(!volume.dir.path().join("other.db").exists());
+    // The copy took the data directory over: the dumped volume is refused there, and so is
+    // a second load of the same dump.
+    let out = lanefs(&["fsck", volume.source()]);
+    assert!(
+        stderr(&out).contains("belongs to another volume"),
+        "{}",
+        stderr(&out)
+    );
+    let out = load(&volume.dir.path().join("again.db"), &dump);
+    assert!(
+        stderr(&out).contains("belongs to another volume now"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!volume.dir.path().join("again.db").exists());
     // A dump of format 3 (before slices) loads: it has no slices table.
-    let mut old: serde_json::Value = serde_json::from_slice(&dump).unwrap();
+    let fresh = Volume::format("dump-3");
+    let out = lanefs(&["dump", fresh.source()]);
+    let mut old: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let doc = old.as_object_mut().unwrap();
     doc.remove("slices");
     doc.insert("lanefs_volume_dump".into(), 3.into());
     let out = load(
-        &volume.dir.path().join("from-3.db"),
+        &fresh.dir.path().join("from-3.db"),
         &serde_json::to_vec(&old).unwrap(),
     );
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A loaded volume takes its data location over, so that two volume files never use one:
+/// each deletes the blocks it releases and gc the blocks it does not know, and both numbered
+/// new blocks from the same session counter, so a write through one overwrote the other's
+/// blocks. The copy numbers its sessions past every session that stored a block there, the
+/// dumped volume's later ones too; a load while the dumped volume is mounted is refused.
+#[test]
+fn a_loaded_volume_takes_its_data_location_over() {
+    let volume = Volume::format("takeover");
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("before"), content(1, 2 * MIB)).unwrap();
+    m.unmount();
+    let dump = lanefs(&["dump", volume.source()]);
+    assert!(dump.status.success(), "{}", stderr(&dump));
+    // The dumped volume goes on after the dump: sessions whose blocks the dump never saw.
+    let m = volume.mount(&[]);
+    std::fs::write(m.path("after"), content(2, 2 * MIB)).unwrap();
+    let copy = volume.dir.path().join("copy.db");
+    let out = load(&copy, &dump.stdout);
+    assert!(
+        !out.status.success() && stderr(&out).contains("in use by another volume file"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!copy.exists());
+    m.unmount();
+    let blocks_before: std::collections::BTreeSet<PathBuf> = walk_files(&volume.data);
+    let out = load(&copy, &dump.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let copy = Volume {
+        pg: None,
+        dir: TempDir::new("vol-takeover-copy"),
+        db: copy,
+        data: volume.data.clone(),
+    };
+    let m = copy.mount(&[]);
+    assert_eq!(
+        std::fs::read(m.path("before")).unwrap(),
+        content(1, 2 * MIB)
+    );
+    std::fs::write(m.path("new"), content(3, 2 * MIB)).unwrap();
+    m.unmount();
+    // Its blocks are of sessions of its own (blocks/SESSION/XX/ID), none of the dumped
+    // volume's: it wrote over none of their blocks.
+    let session_of = |p: &Path| {
+        p.strip_prefix(volume.data.join("blocks"))
+            .ok()
+            .and_then(|rel| rel.components().next())
+            .map(|c| c.as_os_str().to_owned())
+    };
+    let old_sessions: std::collections::BTreeSet<_> =
+        blocks_before.iter().filter_map(|p| session_of(p)).collect();
+    let new_sessions: std::collections::BTreeSet<_> = walk_files(&volume.data)
+        .iter()
+        .filter(|p| !blocks_before.contains(*p))
+        .filter_map(|p| session_of(p))
+        .collect();
+    assert!(old_sessions.len() >= 2, "{old_sessions:?}");
+    assert!(!new_sessions.is_empty());
+    assert!(
+        new_sessions.is_disjoint(&old_sessions),
+        "the copy wrote blocks of the dumped volume's sessions: {new_sessions:?}"
+    );
+    let out = lanefs(&["fsck", volume.source()]);
+    assert!(
+        stderr(&out).contains("belongs to another volume"),
+        "{}",
+        stderr(&out)
+    );
+    // The blocks of what the dumped volume wrote after the dump are no file's in the copy:
+    // gc's to delete, as in any restore.
+    copy.assert_clean_after_gc();
+}
+
+/// Every regular file under `dir`.
+fn walk_files(dir: &Path) -> std::collections::BTreeSet<PathBuf> {
+    let mut files = std::collections::BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        match std::fs::read_dir(&path) {
+            Ok(entries) => stack.extend(entries.map(|e| e.unwrap().path())),
+            Err(_) => {
+                files.insert(path);
+            }
+        }
+    }
+    files
 }
 
 #[test]
@@ -2950,12 +3055,10 @@ fn format_force_checks_everything_before_deleting_the_old_volume() {
 #[test]
 fn two_volume_files_sharing_a_data_directory_are_not_mounted_at_once() {
     let volume = Volume::format("shared-data");
-    let dump = lanefs(&["dump", volume.source()]);
-    assert!(dump.status.success(), "{}", stderr(&dump));
-    // A copy loaded from the dump names the same data directory.
+    // A copy of the volume file (cp; a load takes the data directory over instead) names
+    // the same data directory.
     let copy = volume.dir.path().join("copy.db");
-    let out = load(&copy, &dump.stdout);
-    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::copy(&volume.db, &copy).unwrap();
     let m = volume.mount(&[]);
     std::fs::write(m.path("big"), content(9, 2 * MIB)).unwrap();
     let other = TempDir::new("vol-shared-data-mp");
@@ -3285,10 +3388,18 @@ fn dump_and_load(volume: &Volume, tag: &str) -> (Volume, Vec<u8>) {
     let out = load(&copy, &first.stdout);
     assert!(out.status.success(), "{}", stderr(&out));
     let second = lanefs(&["dump", copy.to_str().unwrap()]);
-    assert!(
-        first.stdout == second.stdout,
-        "the loaded volume dumps differently"
-    );
+    // The same but for the volume id, which the copy takes over with the data location.
+    let uuid_of = |dump: &[u8]| -> (String, serde_json::Value) {
+        let mut doc: serde_json::Value = serde_json::from_slice(dump).unwrap();
+        let rows = doc["settings"]["rows"].as_array_mut().unwrap();
+        let row = rows.iter_mut().find(|r| r[0] == "uuid").unwrap();
+        let uuid = row[1].as_str().unwrap().to_owned();
+        row[1] = "".into();
+        (uuid, doc)
+    };
+    let ((old_id, old_doc), (new_id, new_doc)) = (uuid_of(&first.stdout), uuid_of(&second.stdout));
+    assert_ne!(old_id, new_id, "the loaded volume kept the dumped one's id");
+    assert!(old_doc == new_doc, "the loaded volume dumps differently");
     let copy = Volume {
         pg: None,
         dir: TempDir::new(tag),

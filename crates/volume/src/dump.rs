@@ -1,7 +1,13 @@
 //! `lanefs dump` and `lanefs load`: a volume's metadata as one JSON document, and a new
 //! volume database made from one. The blocks stay where they are: a loaded database uses the
-//! data directory (and volume id) of the dump. Sessions, their inode ranges and orphans are
-//! not dumped (the volume must not be mounted, and what ended sessions left is freed).
+//! data location of the dump, and takes it over (a restore): it gets a new volume id, which
+//! the data location's volume-id object then holds, so the database dumped is refused there
+//! from then on ("belongs to another volume"). Two databases using one data location would
+//! destroy each other's files: each deletes the blocks it releases, gc deletes the blocks it
+//! does not know, and both would number new blocks from the same session counter. The
+//! loaded one numbers its sessions past every session that wrote a block there. Sessions,
+//! their inode ranges and orphans are not dumped (the volume must not be mounted, and what
+//! ended sessions left is freed).
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -9,7 +15,10 @@ use std::path::Path;
 use rusqlite::types::{Value, ValueRef};
 use serde_json::{Map, json};
 
-use crate::schema::FORMAT_VERSION;
+use crate::blocks::{BlockStore, ObjectBlockStore};
+use crate::file::BLOCK_ID_SESSION_SHIFT;
+use crate::location::DataLocation;
+use crate::schema::{FORMAT_VERSION, counter, setting};
 use crate::sqlite;
 use crate::volume::{self, VolumeLock};
 
@@ -186,12 +195,85 @@ pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
                     .map_err(|e| format!("load: {table}: {e}"))?;
             }
         }
-        conn.execute_batch("COMMIT").map_err(sql)
+        let takeover = take_over_data(db, &conn)?;
+        conn.execute_batch("COMMIT").map_err(sql)?;
+        takeover
+            .blocks
+            .put_volume_id(&takeover.uuid)
+            .map_err(|e| format!("load: writing the data location's volume id: {e}"))
     })();
     if let Err(e) = result {
         drop(conn);
-        let _ = std::fs::remove_file(db);
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = db.as_os_str().to_owned();
+            p.push(suffix);
+            let _ = std::fs::remove_file(&p);
+        }
         return Err(e);
     }
     Ok(())
+}
+
+/// What `load` takes over once its database is committed: the data location, to mark with
+/// the new volume id; held (a data directory's flock) meanwhile.
+struct Takeover {
+    blocks: ObjectBlockStore,
+    uuid: String,
+    _lock: VolumeLock,
+}
+
+/// Inside `load`'s transaction: checks that the dump's data location is the dumped volume's
+/// and is not in use, gives the loaded volume a new id, and numbers its sessions past every
+/// session that stored a block there (the dumped volume's sessions after the dump too).
+fn take_over_data(db: &Path, conn: &rusqlite::Connection) -> Result<Takeover, String> {
+    let get = |name: &str| -> Result<String, String> {
+        conn.query_row("SELECT value FROM settings WHERE name = ?1", [name], |r| {
+            r.get::<_, String>(0)
+        })
+        .map_err(|e| format!("load: the dump's setting {name}: {e}"))
+    };
+    let old_uuid = get(setting::UUID)?;
+    let data = DataLocation::from_setting(&get(setting::DATA)?)
+        .map_err(|e| format!("load: the dump's data location: {e}"))?;
+    let mut lock = VolumeLock::take(db)?;
+    lock.cover_data(&data)?;
+    let blocks = ObjectBlockStore::open(&data)
+        .map_err(|e| format!("load: the data location {data}: {e}"))?;
+    match blocks.get_volume_id() {
+        Ok(Some(id)) if id == old_uuid => {}
+        Ok(Some(_)) => {
+            return Err(format!(
+                "load: the data location {data} belongs to another volume now (was the dump loaded before?)"
+            ));
+        }
+        Ok(None) => {
+            return Err(format!(
+                "load: the data location {data} has no volume-id object (is it the dumped volume's?)"
+            ));
+        }
+        Err(e) => return Err(format!("load: the data location {data}: {e}")),
+    }
+    let newest_session = blocks
+        .list(None)
+        .map_err(|e| format!("load: listing the data location {data}: {e}"))?
+        .into_iter()
+        .map(|id| id >> BLOCK_ID_SESSION_SHIFT)
+        .max()
+        .unwrap_or(0);
+    let uuid = volume::random_id()?;
+    conn.execute(
+        "UPDATE settings SET value = ?1 WHERE name = ?2",
+        rusqlite::params![uuid, setting::UUID],
+    )
+    .map_err(sql)?;
+    conn.execute(
+        "UPDATE counters SET value = MAX(value, ?1) WHERE name = ?2",
+        rusqlite::params![newest_session as i64 + 1, counter::NEXT_SESSION],
+    )
+    .map_err(sql)?;
+    Ok(Takeover {
+        blocks,
+        uuid,
+        _lock: lock,
+    })
 }

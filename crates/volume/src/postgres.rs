@@ -869,10 +869,7 @@ impl SqlStore<PgConn> {
         // The volume the mount checked (its settings, data location, schema) is the one it
         // registers in: a `format --force` between the two, before this lock, made another.
         let same = conn
-            .query_opt(
-                "SELECT value FROM settings WHERE name = 'uuid'",
-                &[],
-            )
+            .query_opt("SELECT value FROM settings WHERE name = 'uuid'", &[])
             .and_then(|r| r.map(|r| r.text(0)).transpose());
         if !matches!(&same, Ok(Some(now)) if now == uuid) {
             conn.rollback();

@@ -341,7 +341,7 @@ pub fn open_blocks(db: &Path, settings: &Settings) -> Result<Arc<ObjectBlockStor
     }
 }
 
-fn random_id() -> Result<String, String> {
+pub(crate) fn random_id() -> Result<String, String> {
     let mut bytes = [0u8; 16];
     File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
