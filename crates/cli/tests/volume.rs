@@ -1740,22 +1740,32 @@ fn a_change_that_failed_at_its_commit_is_not_replayed_after_a_kill_9() {
     )
     .unwrap();
     std::fs::remove_file(m.path("kept")).unwrap();
+    // The unlink commits (and fails) alone in its batch, before the fsync below queues.
+    assert!(wait_until(Duration::from_secs(5), || m
+        .path("kept")
+        .exists()));
     assert!(
         std::fs::File::open(m.path("")).unwrap().sync_all().is_err(),
         "fsync of the directory succeeded"
     );
-    assert!(wait_until(Duration::from_secs(5), || m
-        .path("kept")
-        .exists()));
     db.execute_batch("DROP TRIGGER refuse_unlink").unwrap();
-    drop(db);
+    // A change whose commit is held back keeps its batch, which would write the watermark
+    // past the failed unlink, from committing before the kill.
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    std::fs::File::create(m.path("later")).unwrap();
     common::kill_daemon_leaving_a_dead_mount(m.pid, &m.mountpoint);
+    db.execute_batch("ROLLBACK").unwrap();
+    drop(db);
     drop(m);
     let m = volume.mount(&[]);
     assert_eq!(
         std::fs::read(m.path("kept")).ok().as_deref(),
         Some(&b"kept"[..]),
         "the failed unlink was applied by the replay"
+    );
+    assert!(
+        m.path("later").exists(),
+        "the held-back create was not replayed"
     );
     m.unmount();
     volume.assert_clean();
