@@ -759,6 +759,7 @@ fn lock_waiters_arriving_together_all_reach_the_daemon() {
         kill_all();
         panic!("{seen} of {WAITERS} lock requests reached the daemon: the rest stayed queued");
     }
+    assert_kickers_hold_no_connection(m.pid);
     set_lock(&holder, libc::F_UNLCK).unwrap();
     drop(holder);
     for &pid in &waiters {
@@ -769,6 +770,37 @@ fn lock_waiters_arriving_together_all_reach_the_daemon() {
         );
     }
     m.unmount();
+}
+
+/// A ring's kicker sends a GETATTR to our own mount, which the kernel waits out
+/// uninterruptibly once a worker took it; a kicker sharing the daemon's descriptors kept
+/// its /dev/fuse and ring descriptors open when the daemon was killed mid-kick, so the
+/// connection was never aborted and the process and its mount hung for good (a test's
+/// kill -9 left one for two hours). Each kicker has a table of its own without them.
+/// Over io_uring (the kicks above started the kickers) at least one must be found.
+fn assert_kickers_hold_no_connection(pid: u32) {
+    let mut kickers = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("lanefs-kick") {
+            continue;
+        }
+        kickers += 1;
+        for fd in std::fs::read_dir(task.path().join("fd")).unwrap().flatten() {
+            let target = std::fs::read_link(fd.path()).unwrap_or_default();
+            let target = target.to_string_lossy();
+            assert!(
+                !target.contains("/dev/fuse") && !target.contains("io_uring"),
+                "kicker {comm:?} holds {target}"
+            );
+        }
+    }
+    if std::env::var("LANEFS_TEST_TRANSPORT").as_deref() != Ok("dev") {
+        assert!(kickers > 0, "no kicker ran");
+    }
 }
 
 /// `lseek(fd, 0, whence)` through the mount (SEEK_DATA and SEEK_HOLE reach the daemon).

@@ -398,11 +398,10 @@ pub struct RingShared {
     deferred: Mutex<Vec<u16>>,
     /// Written by a deferred reply to wake the worker (an eventfd).
     wake: OwnedFd,
-    /// Batches of completions the worker has taken: written by the worker alone, read by
-    /// the kicker to see whether anything happened since it was asked.
-    progress: AtomicU64,
-    /// The ring's kicker, started on first need.
-    kicker: Kicker,
+    /// The ring's kicker, started on first need. Shared with its thread apart from the rest:
+    /// that thread has a descriptor table of its own (`KickTarget::hold_no_connection`), so
+    /// it must never drop the last share of what owns a descriptor of the daemon's (`wake`).
+    kicker: Arc<Kicker>,
 }
 
 /// Makes the kernel hand a ring a request it queued while every entry was out.
@@ -426,20 +425,23 @@ pub struct RingShared {
 /// symlink followed, no automount triggered), checked to carry our connection's device with a
 /// statx that does not sync (no request reaches any file system), and only then statted with
 /// FORCE_SYNC through that fd. The root's fd is held only for the kick: a held fd would make
-/// a plain unmount fail. The kicker ends when its ring's worker does (`stop_kicker`).
+/// a plain unmount fail. The kicker ends when its ring's worker does (`Kicker::stop`).
 struct Kicker {
     /// What the worker asked. Lock: one per ring, taken by the worker after a parked-only
     /// batch and when it ends, and by the kicker thread; a leaf.
     asked: Mutex<KickRequest>,
     ready: std::sync::Condvar,
     started: AtomicBool,
+    /// Batches of completions the worker has taken: written by the worker alone, read by
+    /// the kicker to see whether anything happened since it was asked.
+    progress: AtomicU64,
 }
 
 #[derive(Default)]
 struct KickRequest {
     /// The progress count the worker saw when it asked, or None.
     progress: Option<u64>,
-    /// The worker has ended: the kicker thread exits (and drops its share of the ring).
+    /// The worker has ended: the kicker thread exits (and drops its share of the kicker).
     stopped: bool,
 }
 
@@ -476,6 +478,35 @@ impl KickTarget {
             name,
             device,
         })
+    }
+
+    /// Gives the calling (kicker) thread a descriptor table of its own holding only the mount
+    /// point's parent and 0-2 (the log). A kick is a request to our own connection, and once
+    /// a worker has taken it the kernel waits for its answer uninterruptibly, even for a
+    /// killed thread. Were the daemon killed then (kill -9, the OOM killer), a kicker sharing
+    /// the daemon's table would keep its /dev/fuse and ring descriptors open: the connection
+    /// would never be aborted, the kick never answered, the process never gone, its mount
+    /// dead until someone aborts it in fusectl (seen once in a test: a killed daemon's
+    /// kicker still in `request_wait_answer` two hours later). With its own table the
+    /// daemon's death releases the connection, which fails the kick.
+    fn hold_no_connection(&self) -> io::Result<()> {
+        // SAFETY: unshare only changes this thread's own fd table.
+        if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let keep = self.parent.as_raw_fd() as libc::c_uint;
+        for (first, last) in [(3, keep.saturating_sub(1)), (keep + 1, libc::c_uint::MAX)] {
+            if first > last {
+                continue;
+            }
+            // SAFETY: close_range closes descriptors of this thread's private table (every
+            // one but `keep` and 0-2); none is used by this thread after this.
+            let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
     }
 
     /// Stats our mount's root with FORCE_SYNC, if what the name leads to is our mount's root
@@ -521,6 +552,51 @@ impl KickTarget {
     }
 }
 
+impl Kicker {
+    /// The kicker thread: see `Kicker`. Ends when the ring's worker or the connection does.
+    fn kick_when_silent(&self, qid: u16, target: &KickTarget) {
+        if let Err(e) = topology::pin_current_thread(qid as usize) {
+            tracing::debug!(qid, "kicker not pinned ({e}): its kicks may land elsewhere");
+        }
+        if let Err(e) = target.hold_no_connection() {
+            tracing::warn!(
+                qid,
+                "this ring's kicker shares the daemon's descriptors ({e}): a kill -9 during a kick can leave the process and its mount hung"
+            );
+        }
+        loop {
+            let asked = {
+                let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if asked.stopped {
+                        return;
+                    }
+                    if let Some(progress) = asked.progress.take() {
+                        break progress;
+                    }
+                    asked = self.ready.wait(asked).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            std::thread::sleep(KICK_AFTER);
+            if self.progress.load(Ordering::Relaxed) != asked {
+                continue;
+            }
+            if let Err(e) = target.kick() {
+                if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ENODEV)) {
+                    return;
+                }
+                tracing::debug!(qid, "kick: {e}");
+            }
+        }
+    }
+
+    /// Ends the ring's kicker thread (if it runs): called when the worker ends.
+    fn stop(&self) {
+        self.asked.lock().unwrap_or_else(|e| e.into_inner()).stopped = true;
+        self.ready.notify_one();
+    }
+}
+
 impl RingShared {
     pub fn new() -> io::Result<Arc<RingShared>> {
         // SAFETY: eventfd has no memory preconditions.
@@ -533,12 +609,12 @@ impl RingShared {
             deferred: Mutex::new(Vec::new()),
             // SAFETY: eventfd returned a new fd that nothing else owns.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
-            progress: AtomicU64::new(0),
-            kicker: Kicker {
+            kicker: Arc::new(Kicker {
                 asked: Mutex::new(KickRequest::default()),
                 ready: std::sync::Condvar::new(),
                 started: AtomicBool::new(false),
-            },
+                progress: AtomicU64::new(0),
+            }),
         }))
     }
 
@@ -549,7 +625,7 @@ impl RingShared {
             // Without our device number nothing could be checked: no kicks.
             return;
         };
-        let progress = self.progress.load(Ordering::Relaxed);
+        let progress = self.kicker.progress.load(Ordering::Relaxed);
         self.kicker
             .asked
             .lock()
@@ -567,61 +643,16 @@ impl RingShared {
                     return;
                 }
             };
-            let shared = self.clone();
+            let kicker = self.kicker.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("lanefs-kick{qid}"))
                 .stack_size(KICKER_STACK_BYTES)
-                .spawn(move || shared.kick_when_silent(qid, &target));
+                .spawn(move || kicker.kick_when_silent(qid, &target));
             if let Err(e) = spawned {
                 tracing::warn!(qid, "cannot start this ring's kicker: {e}");
                 self.kicker.started.store(false, Ordering::Relaxed);
             }
         }
-    }
-
-    /// The kicker thread: see `Kicker`. Ends when the ring's worker or the connection does.
-    fn kick_when_silent(&self, qid: u16, target: &KickTarget) {
-        if let Err(e) = topology::pin_current_thread(qid as usize) {
-            tracing::debug!(qid, "kicker not pinned ({e}): its kicks may land elsewhere");
-        }
-        loop {
-            let asked = {
-                let mut asked = self.kicker.asked.lock().unwrap_or_else(|e| e.into_inner());
-                loop {
-                    if asked.stopped {
-                        return;
-                    }
-                    if let Some(progress) = asked.progress.take() {
-                        break progress;
-                    }
-                    asked = self
-                        .kicker
-                        .ready
-                        .wait(asked)
-                        .unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            std::thread::sleep(KICK_AFTER);
-            if self.progress.load(Ordering::Relaxed) != asked {
-                continue;
-            }
-            if let Err(e) = target.kick() {
-                if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ENODEV)) {
-                    return;
-                }
-                tracing::debug!(qid, "kick: {e}");
-            }
-        }
-    }
-
-    /// Ends the ring's kicker thread (if it runs): called when the worker ends.
-    fn stop_kicker(&self) {
-        self.kicker
-            .asked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .stopped = true;
-        self.kicker.ready.notify_one();
     }
 
     fn entry(&self, token: u64) -> &EntryBuffers {
@@ -970,7 +1001,7 @@ pub fn serve_ring<F: Filesystem>(
             completions.clear();
             ring.reap(&mut completions);
             if !completions.is_empty() {
-                shared.progress.fetch_add(1, Ordering::Relaxed);
+                shared.kicker.progress.fetch_add(1, Ordering::Relaxed);
             }
             let mut parked_now = false;
             for cqe in &completions {
@@ -1117,7 +1148,7 @@ pub fn serve_ring<F: Filesystem>(
         }
     }
     SERVING.with(|s| *s.borrow_mut() = (std::ptr::null(), Vec::new()));
-    shared.stop_kicker();
+    shared.kicker.stop();
     result
 }
 
