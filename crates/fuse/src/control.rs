@@ -201,15 +201,9 @@ impl Drop for ControlSocket {
     }
 }
 
-/// Whether a daemon still listens on the control socket at `path`. A daemon that was killed
-/// (or is a zombie waiting to be reaped) leaves its socket file behind with nobody
-/// listening: connecting is refused at once.
-pub fn daemon_listening(path: &Path) -> bool {
-    connect(path).is_ok()
-}
-
 /// The daemon listening on the control socket at `path`, held by a pidfd (a pid could be
-/// reused once it exits; a pidfd cannot), or None when nobody listens.
+/// reused once it exits; a pidfd cannot), or None when nobody listens (a daemon that was
+/// killed leaves its socket file behind: connecting is refused at once).
 pub struct Daemon(std::os::fd::OwnedFd);
 
 impl Daemon {

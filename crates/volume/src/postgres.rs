@@ -857,7 +857,7 @@ impl SqlStore<PgConn> {
                 &crate::sql::args![MAINTENANCE_LOCK],
             )
             .and_then(|r| r.map_or(Ok(0), |r| r.int(0)));
-        if free.as_ref().is_ok_and(|free| *free != 1) || free.is_err() {
+        if !matches!(free, Ok(1)) {
             conn.rollback();
             return Err(match free {
                 Err(e) => text(e),
