@@ -120,6 +120,13 @@ pub struct MountArgs {
     /// Volume: the size statfs (df) reports [default: the data directory's file system's].
     #[arg(long, value_parser = options::parse_size)]
     pub capacity: Option<u64>,
+    /// Volume: the memory that written bytes not yet stored may hold, for all files
+    /// together; past it writers wait while the files holding most are flushed [default: an
+    /// eighth of the machine's memory, within 64 MiB..1 GiB]. Each file also flushes past
+    /// 64 MiB (or 64 chunks of 1 MiB that its writes touched), and the writeback stores what
+    /// waited 5 s.
+    #[arg(long, value_parser = options::parse_size)]
+    pub dirty_max: Option<u64>,
     /// Volume on PostgreSQL: answer a change once PostgreSQL has it, before its WAL is on
     /// the disk (as SQLite volumes do); fsync, fsyncdir and syncfs still wait for the disk.
     #[arg(long)]
@@ -347,6 +354,14 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
                 "--async-commit is for volumes on PostgreSQL (an SQLite volume's commits never wait for the disk; fsync does)",
             ));
         }
+        if let Some(max) = args.dirty_max
+            && max < lanefs_volume::file::DirtyBudget::MIN_CAP_BYTES
+        {
+            return Err(invalid(format!(
+                "--dirty-max {max} is too small: a volume needs at least {} bytes (4 MiB) for its writers' unstored chunks",
+                lanefs_volume::file::DirtyBudget::MIN_CAP_BYTES
+            )));
+        }
         if args.db_wait.is_some() && !pg {
             return Err(invalid(
                 "--db-wait is for volumes on PostgreSQL (an SQLite volume's database is a local file)",
@@ -362,6 +377,7 @@ fn open_source(args: &MountArgs, mountpoint: &Path) -> io::Result<SourceFs> {
                 && options::mount_flags(args) & (libc::MS_SYNCHRONOUS | libc::MS_DIRSYNC) == 0,
             intent_dir: args.intent_dir.clone(),
             database_wait: args.db_wait.map(std::time::Duration::from_secs_f64),
+            dirty_max: args.dirty_max,
             ..VolumeOptions::default()
         };
         if let Some(n) = args.async_backlog {

@@ -149,6 +149,7 @@ pub fn apply(args: &mut MountArgs, lists: &[String]) -> Result<(), String> {
             "no_parallel_writes" => args.no_parallel_writes = true,
             "size" => args.size = Some(parse_size(need("SIZE")?)?),
             "capacity" => args.capacity = Some(parse_size(need("SIZE")?)?),
+            "dirty_max" => args.dirty_max = Some(parse_size(need("SIZE")?)?),
             "async_commit" => args.async_commit = true,
             "max_write" => args.max_write = Some(parse_size(need("SIZE")?)?),
             "poll_us" => args.poll_us = Some(number("MICROSECONDS")?),

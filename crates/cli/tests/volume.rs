@@ -4646,6 +4646,52 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// A change that reaches the database after another mount ended this mount's session
+    /// (its heartbeat late: a long stall, a backlog of changes ahead of the heartbeat) is
+    /// not committed, though this mount's own heartbeat has not noticed yet: every batch
+    /// takes a share lock on the session's row, which the ending deletes. (Before, only
+    /// the next heartbeat fenced the mount, and the batches queued ahead of it committed:
+    /// chunk rows referring to blocks the other mount's cleanup of the ended session had
+    /// just deleted.) The other mount's deletion of the row is played by psql, right after
+    /// one of this mount's heartbeats, two seconds before its next.
+    #[test]
+    fn a_change_that_reaches_the_database_after_its_session_ended_is_refused() {
+        let Some(volume) = Volume::format_on_postgres("fenced-batch") else {
+            return;
+        };
+        let server = volume.server();
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        let mut before = std::fs::File::create(a.path("before")).unwrap();
+        before.write_all(b"before").unwrap();
+        before.sync_all().unwrap();
+        drop(before);
+        let a_session = server.psql("vol", "SELECT min(id) FROM sessions");
+        let beat = format!("SELECT heartbeat_ns FROM sessions WHERE id = {a_session}");
+        let last = server.psql("vol", &beat);
+        assert!(
+            wait_until(Duration::from_secs(10), || server.psql("vol", &beat)
+                != last),
+            "no heartbeat of the first mount in 10 s"
+        );
+        server.psql(
+            "vol",
+            &format!("DELETE FROM sessions WHERE id = {a_session}"),
+        );
+        let err = std::fs::File::create(a.path("after"))
+            .and_then(|mut f| {
+                f.write_all(&content(2, 200 * KIB))?;
+                f.sync_all()
+            })
+            .expect_err("a change of an ended session was committed");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+        a.unmount();
+        assert_eq!(std::fs::read(b.path("before")).unwrap(), b"before");
+        assert!(!b.path("after").exists(), "the refused create is there");
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// Two mounts whose wall clocks are a minute apart (one runs under faketime, 60 s
     /// ahead) share the volume as mounts on one clock do, since both time sessions and
     /// leases by the database server's clock: the one ahead recalls the other's live

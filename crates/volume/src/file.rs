@@ -30,8 +30,15 @@ pub const SLICES_PER_CHUNK_MAX: usize = 16;
 pub const COMPACT_AT_CLOSE_SLICES: usize = 4;
 /// Files up to this size with no chunks keep their bytes in the metadata.
 pub const INLINE_MAX_BYTES: u64 = 64 << 10;
-/// A file whose unflushed writes pass this is flushed by the write that passed it.
+/// A file whose unflushed writes pass this is flushed by the write that passed it; so is one
+/// whose dirty buffers hold more than this and a chunk (small writes spread over a large
+/// file hold a whole stored chunk each: 4 KiB writes 1 MiB apart would otherwise hold 16 GiB
+/// before they had written 64 MiB).
 pub const FILE_DIRTY_MAX_BYTES: u64 = 64 << 20;
+/// The mount's chunk buffers, at most, by default: an eighth of the machine's memory, within
+/// [64 MiB, 1 GiB] (`-o dirty_max=SIZE` sets it).
+const MOUNT_DIRTY_MAX_BYTES: u64 = 1 << 30;
+const MOUNT_DIRTY_MIN_BYTES: u64 = FILE_DIRTY_MAX_BYTES;
 /// The largest file (16 TiB, as ext4's): 16 M chunk rows. Writes and truncates past it get
 /// EFBIG.
 pub const MAX_FILE_BYTES: u64 = 16 << 40;
@@ -151,8 +158,123 @@ pub const SPARE_BLOCKS_MAX: usize = 64;
 /// read) before the next one holds the view (see `FileState::read_stored`).
 const STORED_READ_TRIES: u32 = 16;
 
+/// How much memory the mount's unflushed writes hold, against its cap: the lengths of the
+/// dirty chunk buffers, which are what was written plus, for a write into a stored chunk, the
+/// chunk's bytes it read first (a 4 KiB write there holds the whole 1 MiB). Past the cap, writers wait for the writeback thread to flush the files holding most (the kernel's
+/// `balance_dirty_pages` throttles writers to its flusher threads the same way), and flush
+/// their own file if that does not bring the mount back under in `DIRTY_WAIT_MAX`.
+pub struct DirtyBudget {
+    /// Bytes held by every file of the mount. Changed with the file's own count
+    /// (`FileState::held_bytes`), wherever a buffer's length changes or it enters or leaves
+    /// a dirty map.
+    held: AtomicU64,
+    cap: u64,
+    /// Writers waiting for the writeback to bring `held` under the cap: the mutex
+    /// guards nothing but the condition's wait (a leaf lock, never held across I/O).
+    under_cap: (Mutex<()>, Condvar),
+}
+
+/// How long a write past the mount's dirty cap waits for the writeback thread before it
+/// flushes its own file.
+pub const DIRTY_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl DirtyBudget {
+    /// A budget of `cap` bytes; None: the default for this machine.
+    pub fn new(cap: Option<u64>) -> DirtyBudget {
+        let cap = cap.unwrap_or_else(|| {
+            (physical_memory_bytes() / 8).clamp(MOUNT_DIRTY_MIN_BYTES, MOUNT_DIRTY_MAX_BYTES)
+        });
+        DirtyBudget {
+            held: AtomicU64::new(0),
+            cap,
+            under_cap: (Mutex::new(()), Condvar::new()),
+        }
+    }
+
+    /// The smallest cap `-o dirty_max` takes: one file's chunks between two flushes.
+    pub const MIN_CAP_BYTES: u64 = 4 * CHUNK_BYTES;
+
+    pub fn held_bytes(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    pub fn cap_bytes(&self) -> u64 {
+        self.cap
+    }
+
+    pub fn over_cap(&self) -> bool {
+        self.held_bytes() > self.cap
+    }
+
+    /// Whether the writeback, freeing the largest holders first, may stop: a quarter of the
+    /// cap below it, so that writers do not meet the cap again at the next chunk.
+    pub fn under_low_mark(&self) -> bool {
+        self.held_bytes() <= self.cap - self.cap / 4
+    }
+
+    fn add(&self, bytes: u64) {
+        self.held.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn remove(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let before = self.held.fetch_sub(bytes, Ordering::Relaxed);
+        if before > self.cap && before - bytes <= self.cap {
+            let _waiting = lock(&self.under_cap.0);
+            self.under_cap.1.notify_all();
+        }
+    }
+
+    /// Waits until the mount is under its cap, at most `max`; whether it is.
+    pub fn wait_under_cap(&self, max: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + max;
+        let mut waiting = lock(&self.under_cap.0);
+        while self.over_cap() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            waiting = self
+                .under_cap
+                .1
+                .wait_timeout(waiting, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// Nanoseconds since the first call, on a clock that setting the time of day does not move
+/// (never 0, which stands for "none" where it is stored).
+pub fn monotonic_ns() -> i64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as i64
+        + 1
+}
+
+/// The machine's memory (0 if sysinfo(2) fails, which the clamp above turns into the least
+/// cap).
+fn physical_memory_bytes() -> u64 {
+    // SAFETY: sysinfo(2) fills the struct it is given, which is plain data that all zeros
+    // is a valid value of.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid, writable sysinfo struct for the call's duration.
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return 0;
+    }
+    (info.totalram as u64).saturating_mul(u64::from(info.mem_unit.max(1)))
+}
+
 /// The data path shared by all files: the block store, the block cache, block ids.
 pub struct DataPath {
+    /// The memory the mount's unflushed writes hold, and its cap.
+    pub dirty: Arc<DirtyBudget>,
     pub blocks: Arc<dyn BlockStore>,
     cache: Arc<BlockCache>,
     next_block: AtomicU64,
@@ -175,8 +297,15 @@ pub struct DataPath {
 
 impl DataPath {
     /// `keep_spares`: whether released blocks may be written over (see `spares`).
-    pub fn new(blocks: Arc<dyn BlockStore>, session: u64, keep_spares: bool) -> DataPath {
+    /// `dirty_max`: the cap of the mount's unflushed writes (see [`DirtyBudget`]).
+    pub fn new(
+        blocks: Arc<dyn BlockStore>,
+        session: u64,
+        keep_spares: bool,
+        dirty_max: Option<u64>,
+    ) -> DataPath {
         DataPath {
+            dirty: Arc::new(DirtyBudget::new(dirty_max)),
             keep_spares,
             blocks,
             cache: Arc::new(BlockCache::new()),
@@ -186,14 +315,17 @@ impl DataPath {
         }
     }
 
-    /// For `lanefs stats`: blocks written over a spare since the mount, and spares kept now.
-    pub fn counters(&self) -> [(&'static str, u64); 2] {
+    /// For `lanefs stats`: blocks written over a spare since the mount, spares kept now, and
+    /// the memory unflushed writes hold now, with its cap.
+    pub fn counters(&self) -> [(&'static str, u64); 4] {
         [
             (
                 "blocks_written_over",
                 self.written_over.load(Ordering::Relaxed),
             ),
             ("spare_blocks", lock(&self.spares).len() as u64),
+            ("dirty_held_bytes", self.dirty.held_bytes()),
+            ("dirty_cap_bytes", self.dirty.cap_bytes()),
         ]
     }
 
@@ -493,6 +625,18 @@ impl AsRef<[u8]> for SharedChunk {
     }
 }
 
+/// What a write asks of its caller once its bytes are in, before the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backpressure {
+    /// Nothing: answer.
+    None,
+    /// The file passed its own limit: flush it (`flush_over_limit`).
+    FlushFile,
+    /// The mount's unflushed writes passed its cap: wait for the writeback
+    /// ([`DirtyBudget::wait_under_cap`]), then flush the file if that was not enough.
+    MountOverCap,
+}
+
 pub struct FileState {
     pub ino: u64,
     /// The file's size, written data included. Read without any lock (getattr, lseek).
@@ -515,6 +659,11 @@ pub struct FileState {
     pub opens: AtomicU32,
     /// Lost its last name while open: freed at the last release.
     pub orphaned: AtomicBool,
+    /// Left the open table at its last release, after its last flush (`retire`): never
+    /// flushed again. What a failed last flush left is lost (and was reported); a flush of
+    /// it later, by a writeback pass that listed the state before, would commit those old
+    /// bytes over whatever a newer open of the inode stored since.
+    retired: AtomicBool,
     /// Another mount of a shared volume unlinked it while open here, and this mount's hold
     /// row keeps it: dropped at the last release.
     pub held_for_other_mount: AtomicBool,
@@ -543,7 +692,16 @@ pub struct FileState {
     /// protects the map and is held only to find or insert a buffer; a buffer's own mutex is
     /// held while bytes are copied in or out. Order: gate → dirty → buffer.
     dirty: Mutex<BTreeMap<u64, ChunkBuf>>,
+    /// Bytes written since the last flush (the sequential writer's limit, see `write`).
     dirty_bytes: AtomicU64,
+    /// The lengths of the buffers in `dirty`, counted in the mount's budget too: changed as
+    /// a buffer enters the map or leaves it (under the map's mutex) and as a write lengthens
+    /// one (under the buffer's).
+    held_bytes: AtomicU64,
+    budget: Arc<DirtyBudget>,
+    /// When the file's oldest unflushed write came (0: none): the writeback flushes a file
+    /// whose writes waited `DIRTY_EXPIRE`, however often it is written.
+    dirty_since_ns: AtomicI64,
     /// Where the last read ended: a read starting there is sequential and reads ahead.
     last_read_end: AtomicU64,
     /// What the store holds. Written only under the gate held exclusive (after a commit);
@@ -609,8 +767,17 @@ fn lock<T>(l: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     l.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl Drop for FileState {
+    /// Buffers a failed flush left (their loss was reported to the close that failed) leave
+    /// the mount's budget with the state.
+    fn drop(&mut self) {
+        self.budget.remove(*self.held_bytes.get_mut());
+    }
+}
+
 impl FileState {
-    pub fn new(ino: u64) -> FileState {
+    /// `budget`: the mount's, which the state's chunk buffers count in.
+    pub fn new(ino: u64, budget: Arc<DirtyBudget>) -> FileState {
         FileState {
             ino,
             size: AtomicU64::new(0),
@@ -620,6 +787,7 @@ impl FileState {
             writes: AtomicU64::new(0),
             opens: AtomicU32::new(0),
             orphaned: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
             held_for_other_mount: AtomicBool::new(false),
             capability_absent: AtomicBool::new(false),
             xattrs_known: AtomicU64::new(0),
@@ -628,6 +796,9 @@ impl FileState {
             loaded: OnceLock::new(),
             dirty: Mutex::new(BTreeMap::new()),
             dirty_bytes: AtomicU64::new(0),
+            held_bytes: AtomicU64::new(0),
+            budget,
+            dirty_since_ns: AtomicI64::new(0),
             last_read_end: AtomicU64::new(0),
             committed: RwLock::new(Committed::default()),
             early: Arc::new(EarlyCommit {
@@ -689,9 +860,10 @@ impl FileState {
         *write_lock(&self.committed) = Committed::of(rec);
         let mut dirty = lock(&self.dirty);
         if !dirty.is_empty() && self.early.stored(self.writes.load(Ordering::Relaxed)) {
+            self.unhold(dirty.values().map(|buf| lock(buf).bytes.len() as u64).sum());
             dirty.clear();
             self.dirty_bytes.store(0, Ordering::Relaxed);
-            self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+            self.clean();
             self.early.forget();
         }
         if dirty.is_empty() {
@@ -851,6 +1023,7 @@ impl FileState {
         };
         let mut dirty = lock(&self.dirty);
         let buf = dirty.entry(idx).or_insert_with(|| {
+            self.hold(base.len() as u64);
             Arc::new(Mutex::new(DirtyChunk {
                 bytes: Arc::new(base),
                 written: Span::EMPTY,
@@ -859,8 +1032,57 @@ impl FileState {
         Ok(buf.clone())
     }
 
-    /// Writes `data` at `offset`. Returns true when the file's unflushed bytes passed
-    /// [`FILE_DIRTY_MAX_BYTES`] (the caller flushes; see below for when).
+    /// The state left the open table: no flush runs after this returns (one running now
+    /// ends first).
+    pub fn retire(&self) {
+        let _flushing = lock(&self.flushing);
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    /// `bytes` more in the dirty buffers.
+    fn hold(&self, bytes: u64) {
+        self.held_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.budget.add(bytes);
+    }
+
+    /// `bytes` fewer in the dirty buffers.
+    fn unhold(&self, bytes: u64) {
+        self.held_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.budget.remove(bytes);
+    }
+
+    /// The bytes the file's dirty buffers hold.
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The file has unflushed writes, the last at `now_ns`.
+    fn dirtied(&self, now_ns: i64) {
+        self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
+        let _ = self.dirty_since_ns.compare_exchange(
+            0,
+            monotonic_ns(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Nothing unflushed any more.
+    fn clean(&self) {
+        self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+        self.dirty_since_ns.store(0, Ordering::Relaxed);
+    }
+
+    /// When the oldest unflushed write came (`monotonic_ns`), if there is one.
+    pub fn dirty_since(&self) -> Option<i64> {
+        match self.dirty_since_ns.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
+    /// Writes `data` at `offset`; what the caller does before it answers (see
+    /// [`Backpressure`]).
     pub fn write(
         &self,
         dp: &DataPath,
@@ -868,7 +1090,7 @@ impl FileState {
         data: &[u8],
         parallel: bool,
         now_ns: i64,
-    ) -> Result<bool, Errno> {
+    ) -> Result<Backpressure, Errno> {
         let end = offset.checked_add(data.len() as u64).ok_or(libc::EFBIG)?;
         if end > MAX_FILE_BYTES {
             return Err(libc::EFBIG);
@@ -891,16 +1113,29 @@ impl FileState {
             let within = (pos % CHUNK_BYTES) as usize;
             let n = rest.len().min(CHUNK_BYTES as usize - within);
             let whole = within == 0 && n == CHUNK_BYTES as usize;
-            let buf = self.chunk_buf(dp, idx, whole)?;
+            let buf = match self.chunk_buf(dp, idx, whole) {
+                Ok(buf) => buf,
+                Err(e) => {
+                    // The chunks before this one have their bytes (reads see them): they
+                    // are flushed like any write's.
+                    if pos > offset {
+                        self.writes.fetch_add(1, Ordering::Relaxed);
+                        self.dirtied(now_ns);
+                    }
+                    return Err(e);
+                }
+            };
             let mut guard = lock(&buf);
             guard.written.add(within, within + n);
+            let before = guard.bytes.len();
             put_bytes(Arc::make_mut(&mut guard.bytes), within, &rest[..n]);
+            self.hold((guard.bytes.len() - before) as u64);
             pos += n as u64;
             rest = &rest[n..];
         }
         self.size.fetch_max(end, Ordering::Relaxed);
         self.writes.fetch_add(1, Ordering::Relaxed);
-        self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
+        self.dirtied(now_ns);
         let dirty = self
             .dirty_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed)
@@ -910,8 +1145,21 @@ impl FileState {
         // requests (the kernel's max_pages cuts the first a few bytes short), and a flush
         // between the two would store the chunk without its last bytes, and those later as
         // a slice of their own (one more object, and one more piece for every read).
-        Ok(dirty > FILE_DIRTY_MAX_BYTES
-            && (end.is_multiple_of(CHUNK_BYTES) || dirty > FILE_DIRTY_MAX_BYTES + CHUNK_BYTES))
+        let sequential_limit = dirty > FILE_DIRTY_MAX_BYTES
+            && (end.is_multiple_of(CHUNK_BYTES) || dirty > FILE_DIRTY_MAX_BYTES + CHUNK_BYTES);
+        Ok(if sequential_limit || self.over_memory_limit() {
+            Backpressure::FlushFile
+        } else if self.budget.over_cap() {
+            Backpressure::MountOverCap
+        } else {
+            Backpressure::None
+        })
+    }
+
+    /// Whether the file's buffers hold more than a sequential writer's limit lets them
+    /// (which stores its last chunk once it is whole: one more).
+    fn over_memory_limit(&self) -> bool {
+        self.held_bytes() > FILE_DIRTY_MAX_BYTES + CHUNK_BYTES
     }
 
     /// Up to `len` bytes at `offset` (fewer at the end of the file).
@@ -1031,9 +1279,14 @@ impl FileState {
         only_over_limit: bool,
     ) -> Result<(Vec<u64>, bool), Errno> {
         let _flushing = lock(&self.flushing);
-        if only_over_limit && self.dirty_bytes.load(Ordering::Relaxed) <= FILE_DIRTY_MAX_BYTES {
+        if self.retired.load(Ordering::Relaxed)
+            || (only_over_limit
+                && self.dirty_bytes.load(Ordering::Relaxed) <= FILE_DIRTY_MAX_BYTES
+                && !self.over_memory_limit())
+        {
             return Ok((Vec::new(), false));
         }
+        let snapshot_ns = monotonic_ns();
         let (dirty, writes, flushed_bytes, mtime, size, inline, stored_any) = {
             let _gate = write_lock(&self.gate);
             let Some(mtime) = self.dirty_mtime() else {
@@ -1149,18 +1402,24 @@ impl FileState {
         // Retire the chunks no write touched since the snapshot; the others stay dirty.
         {
             let mut map = lock(&self.dirty);
+            let mut retired = 0;
             for (idx, chunk, _) in &dirty {
                 if map
                     .get(idx)
                     .is_some_and(|buf| Arc::ptr_eq(&lock(buf).bytes, &chunk.bytes))
                 {
                     map.remove(idx);
+                    retired += chunk.bytes.len() as u64;
                 }
             }
+            self.unhold(retired);
         }
         self.dirty_bytes.fetch_sub(flushed_bytes, Ordering::Relaxed);
         if self.writes.load(Ordering::Relaxed) == writes {
-            self.dirty_mtime_ns.store(0, Ordering::Relaxed);
+            self.clean();
+        } else {
+            // Written during the flush: due for the writeback as of the flush's snapshot.
+            self.dirty_since_ns.store(snapshot_ns, Ordering::Relaxed);
         }
         for b in &released {
             dp.forget_cached(*b);
@@ -1400,13 +1659,15 @@ impl FileState {
             };
             let mut dirty = lock(&self.dirty);
             for buf in dirty.range(first_whole..end_whole).map(|(_, b)| b) {
-                *lock(buf) = DirtyChunk::default();
+                let mut chunk = lock(buf);
+                self.unhold(chunk.bytes.len() as u64);
+                *chunk = DirtyChunk::default();
             }
             for idx in holding {
                 dirty.entry(idx).or_default();
             }
         }
-        self.dirty_mtime_ns.store(now_ns, Ordering::Relaxed);
+        self.dirtied(now_ns);
         Ok(())
     }
 
@@ -1482,11 +1743,19 @@ impl FileState {
         // leaves them as they were, and with them the file its old size.
         {
             let mut dirty = lock(&self.dirty);
-            dirty.retain(|idx, _| *idx < keep);
+            let mut dropped = 0;
+            dirty.retain(|idx, buf| {
+                if *idx >= keep {
+                    dropped += lock(buf).bytes.len() as u64;
+                }
+                *idx < keep
+            });
+            self.unhold(dropped);
             if rem != 0
                 && let Some(buf) = dirty.get(&(size / CHUNK_BYTES))
             {
                 let mut chunk = lock(buf);
+                self.unhold((chunk.bytes.len() as u64).saturating_sub(rem));
                 Arc::make_mut(&mut chunk.bytes).truncate(rem as usize);
                 chunk.written.hi = chunk.written.hi.min(rem as usize);
             }
@@ -1653,6 +1922,11 @@ mod tests {
 
     impl Fixture {
         fn new(tag: &str) -> Fixture {
+            Fixture::with_dirty_max(tag, None)
+        }
+
+        /// With the mount's unflushed writes capped at `dirty_max` bytes.
+        fn with_dirty_max(tag: &str, dirty_max: Option<u64>) -> Fixture {
             let dir =
                 std::env::temp_dir().join(format!("lanefs-unit-{tag}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
@@ -1663,7 +1937,7 @@ mod tests {
             let blocks = volume::open_blocks(&db, &settings).unwrap();
             let store =
                 Arc::new(crate::sqlite::SqliteStore::open(&db, "test", "/none", 1).unwrap());
-            let data = DataPath::new(blocks, store.session, true);
+            let data = DataPath::new(blocks, store.session, true, dirty_max);
             Fixture { dir, store, data }
         }
 
@@ -1688,14 +1962,14 @@ mod tests {
                 )
             })
             .unwrap();
-            let state = FileState::new(rec.ino);
+            let state = FileState::new(rec.ino, self.data.dirty.clone());
             state.load(|| self.store.load_file(0, rec.ino)).unwrap();
             state
         }
 
         /// The file as a fresh open would see it.
         fn reopen(&self, ino: u64) -> FileState {
-            let state = FileState::new(ino);
+            let state = FileState::new(ino, self.data.dirty.clone());
             state.load(|| self.store.load_file(0, ino)).unwrap();
             state
         }
@@ -1936,6 +2210,7 @@ mod tests {
             Arc::new(LateReads(f.data.blocks.clone())),
             f.store.session,
             true,
+            None,
         );
         let file = f.new_file("r");
         let version = |i: u8| vec![i; CHUNK_BYTES as usize];
@@ -2205,14 +2480,109 @@ mod tests {
         assert!(got == expect, "the file differs after the two flushes");
     }
 
+    /// Small writes a chunk apart over a stored file hold a whole chunk each (the stored bytes
+    /// read in first): the file asks for its flush once they hold more than its limit, long
+    /// before its bytes written reach `FILE_DIRTY_MAX_BYTES`, and the flush gives the memory
+    /// back to the mount's budget.
+    #[test]
+    fn small_writes_spread_over_a_large_file_flush_at_the_memory_limit() {
+        let f = Fixture::new("spread");
+        let file = f.new_file("spread");
+        let limit_chunks = FILE_DIRTY_MAX_BYTES / CHUNK_BYTES;
+        let chunks = limit_chunks + 8;
+        file.write(
+            &f.data,
+            0,
+            &pattern((chunks * CHUNK_BYTES) as usize, 1),
+            true,
+            1,
+        )
+        .unwrap();
+        file.flush(&f.data, &*f.store).unwrap();
+        assert_eq!(f.data.dirty.held_bytes(), 0, "a flushed file still counted");
+        let file = f.reopen(file.ino);
+        let mut asked_at = None;
+        for idx in 0..chunks {
+            let asked = file
+                .write(&f.data, idx * CHUNK_BYTES + 4096, b"small", true, 2)
+                .unwrap();
+            if asked == Backpressure::FlushFile {
+                asked_at = Some(idx);
+                break;
+            }
+        }
+        assert_eq!(
+            asked_at,
+            Some(limit_chunks + 1),
+            "the file did not ask for a flush when its buffers passed the limit"
+        );
+        assert_eq!(f.data.dirty.held_bytes(), (limit_chunks + 2) * CHUNK_BYTES);
+        file.flush_over_limit(&f.data, &*f.store).unwrap();
+        assert_eq!(
+            f.data.dirty.held_bytes(),
+            0,
+            "the flush kept its buffers counted"
+        );
+        let again = f.reopen(file.ino);
+        assert_eq!(
+            again
+                .read(&f.data, 3 * CHUNK_BYTES + 4096, 5, None)
+                .unwrap(),
+            b"small"
+        );
+    }
+
+    /// The mount's budget: a write that takes it past its cap asks its writer to wait for
+    /// the writeback; truncating unflushed bytes away, punching a hole over them, or dropping
+    /// a state that still holds some, gives them back.
+    #[test]
+    fn the_mounts_budget_counts_every_files_buffers() {
+        let f = Fixture::with_dirty_max("budget", Some(8 * CHUNK_BYTES));
+        let a = f.new_file("a");
+        let b = f.new_file("b");
+        let five = pattern(5 * CHUNK_BYTES as usize, 1);
+        assert_eq!(
+            a.write(&f.data, 0, &five, true, 1).unwrap(),
+            Backpressure::None
+        );
+        assert_eq!(
+            b.write(&f.data, 0, &five[..4 * CHUNK_BYTES as usize], true, 1)
+                .unwrap(),
+            Backpressure::MountOverCap,
+            "nine chunks under a cap of eight did not ask the writer to wait"
+        );
+        assert!(f.data.dirty.over_cap());
+        let under =
+            |budget: &DirtyBudget| budget.wait_under_cap(std::time::Duration::from_millis(10));
+        assert!(!under(&f.data.dirty));
+        a.truncate(&f.data, &*f.store, 3 * CHUNK_BYTES + 100, 2)
+            .unwrap();
+        assert_eq!(f.data.dirty.held_bytes(), 7 * CHUNK_BYTES + 100);
+        assert!(under(&f.data.dirty));
+        let punch = Fallocate {
+            offset: CHUNK_BYTES,
+            len: 2 * CHUNK_BYTES,
+            zero: true,
+            keep_size: true,
+        };
+        a.fallocate(&f.data, &*f.store, punch, 3).unwrap();
+        assert_eq!(f.data.dirty.held_bytes(), 5 * CHUNK_BYTES + 100);
+        drop(b);
+        assert_eq!(f.data.dirty.held_bytes(), CHUNK_BYTES + 100);
+        a.flush(&f.data, &*f.store).unwrap();
+        assert_eq!(f.data.dirty.held_bytes(), 0);
+        assert!(a.dirty_since().is_none());
+    }
+
     #[test]
     fn a_writer_past_the_limit_flushes_only_while_the_file_is_still_past_it() {
         let f = Fixture::new("overlimit");
         let file = f.new_file("big");
         let limit_chunks = (FILE_DIRTY_MAX_BYTES / CHUNK_BYTES) as usize;
         let big = pattern((limit_chunks + 1) * CHUNK_BYTES as usize, 1);
-        assert!(
+        assert_eq!(
             file.write(&f.data, 0, &big, true, 1).unwrap(),
+            Backpressure::FlushFile,
             "65 MiB unflushed did not ask for a flush"
         );
         file.flush_over_limit(&f.data, &*f.store).unwrap();

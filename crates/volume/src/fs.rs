@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use lanefs_fuse::{DirBuffer, Filesystem, InitRequest, Reply, Request};
 
 use crate::acl;
 use crate::dirops::{self, AsyncDirops, ErrorReport};
-use crate::file::{DataPath, FileState, Reload};
+use crate::file::{Backpressure, DataPath, DirtyBudget, FileState, Reload};
 use crate::meta::*;
 use crate::now_ns;
 use crate::volume::VolumeLock;
@@ -27,6 +27,7 @@ mod fileattr;
 mod known;
 mod locks;
 mod setid;
+mod writeback;
 
 pub use atime::AtimeSwitch;
 use lanefs_fuse::atime::Atime;
@@ -96,6 +97,9 @@ pub struct VolumeOptions {
     /// On PostgreSQL: how long a lost connection is waited for before operations fail with
     /// EIO (`postgres::RECONNECT_WAIT_MAX` by default).
     pub database_wait: Option<Duration>,
+    /// The memory the mount's unflushed writes may hold (see `file::DirtyBudget`); None:
+    /// an eighth of the machine's, within [64 MiB, 1 GiB].
+    pub dirty_max: Option<u64>,
 }
 
 impl Default for VolumeOptions {
@@ -113,6 +117,7 @@ impl Default for VolumeOptions {
             intent_dir: None,
             async_backlog: ASYNC_BACKLOG,
             database_wait: None,
+            dirty_max: None,
         }
     }
 }
@@ -123,6 +128,8 @@ impl Default for VolumeOptions {
 /// its own thread, that file's `flushing` mutex and gate).
 struct OpenTable {
     shards: Vec<Mutex<HashMap<u64, Arc<FileState>>>>,
+    /// The mount's, which every state's chunk buffers count in.
+    budget: Arc<DirtyBudget>,
 }
 
 impl OpenTable {
@@ -142,7 +149,7 @@ impl OpenTable {
         let mut shard = self.shard(ino);
         let state = shard
             .entry(ino)
-            .or_insert_with(|| Arc::new(FileState::new(ino)))
+            .or_insert_with(|| Arc::new(FileState::new(ino, self.budget.clone())))
             .clone();
         state.opens.fetch_add(1, Ordering::Relaxed);
         state
@@ -171,12 +178,22 @@ impl OpenTable {
     }
 
     fn all(&self) -> Vec<Arc<FileState>> {
+        self.all_where(|_| true)
+    }
+
+    /// The states with unflushed writes.
+    fn unflushed(&self) -> Vec<Arc<FileState>> {
+        self.all_where(FileState::unflushed)
+    }
+
+    fn all_where(&self, wanted: impl Fn(&FileState) -> bool) -> Vec<Arc<FileState>> {
         self.shards
             .iter()
             .flat_map(|s| {
                 s.lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .values()
+                    .filter(|state| wanted(state))
                     .cloned()
                     .collect::<Vec<_>>()
             })
@@ -262,6 +279,13 @@ enum ReapMsg {
     /// Blocks a flush or a compaction replaced with new ones: kept as spares while more
     /// writes are likely to come, else deleted (`DataPath::release_block`).
     Replaced(Vec<u64>),
+    /// Sessions that ended without unmounting (kill -9, a crash, or a shared volume's
+    /// session another mount ended): delete the blocks they wrote but never committed. Here
+    /// rather than where the sessions were found ended: listing a long-lived session's
+    /// blocks (on S3, 1,000 a request) and deleting them one by one takes minutes, which on
+    /// the heartbeat thread would stop this mount's heartbeats until other mounts ended it
+    /// too, and at mount would do so before its heartbeat thread had started.
+    EndedSessions(Vec<u64>),
     /// Unmounting: finish what is queued and end.
     Stop,
 }
@@ -293,6 +317,12 @@ pub struct VolumeFs {
     flush_errors: AtomicU64,
     /// Writes that passed a file's dirty limit and so waited for a flush (back-pressure).
     flush_waits: AtomicU64,
+    /// Writes that met the mount's dirty cap and so waited for the writeback.
+    dirty_cap_waits: AtomicU64,
+    /// Flushes the writeback thread made (`writeback`).
+    writeback_flushes: AtomicU64,
+    /// The writeback thread, once started (`VolumeFs::new`); stopped first at unmount.
+    writeback: OnceLock<writeback::Writeback>,
     /// The mount's atime flags (see `atime`).
     atime: AtimeSwitch,
     /// Opens whose first read has yet to apply the relatime rule (see `atime`).
@@ -385,13 +415,14 @@ impl VolumeFs {
             Ok(_) => {}
             Err(e) => tracing::warn!("volume: listing blocks to delete: {}", errno_name(e)),
         }
-        recover_crashed_blocks(&*store, &data, store.crashed_sessions());
+        let _ = reap_tx.send(ReapMsg::EndedSessions(store.crashed_sessions()));
         let (beat_tx, beat_rx) = channel::<()>();
         let session_fd = Arc::new(std::sync::OnceLock::new());
         let open = Arc::new(OpenTable {
             shards: (0..OPEN_SHARDS)
                 .map(|_| Mutex::new(HashMap::new()))
                 .collect(),
+            budget: data.dirty.clone(),
         });
         // Another mount may change them: no longer than the kernel keeps attributes.
         let known_max_age = options.shared.then_some(options.attr_timeout);
@@ -402,10 +433,9 @@ impl VolumeFs {
         {
             let store = store.clone();
             let leases = dirops.clone();
-            let data = data.clone();
             let shared = options.shared;
             let swept_open = open.clone();
-            let reap_swept = reap_tx.clone();
+            let reaper = reap_tx.clone();
             let interval = options.heartbeat_interval;
             // A shared volume's thread also reads the other mounts' change log and serves
             // their recalls of this mount's directory leases.
@@ -442,12 +472,12 @@ impl VolumeFs {
                         if let Ok(beat) = wait(|done| store.heartbeat(store.volume_now_ns(), done))
                             && !beat.ended.is_empty()
                         {
-                            recover_crashed_blocks(&*store, &data, beat.ended);
+                            let _ = reaper.send(ReapMsg::EndedSessions(beat.ended));
                         }
                         if shared {
                             leases.let_go_idle();
                             let before = now_ns() - ORPHAN_GRACE.as_nanos() as i64;
-                            sweep_orphans(&*store, &swept_open, &reap_swept, before);
+                            sweep_orphans(&*store, &swept_open, &reaper, before);
                         }
                     }
                 }) {
@@ -458,7 +488,7 @@ impl VolumeFs {
         let (locks, lock_thread) = locks::Locks::new(&store, options.shared);
         threads.extend(lock_thread);
         dirops.set_hooks(dirops_hooks(&open, &reap_tx, &session_fd));
-        Arc::new_cyclic(|me| VolumeFs {
+        let fs = Arc::new_cyclic(|me| VolumeFs {
             me: me.clone(),
             dirops,
             locks,
@@ -490,8 +520,15 @@ impl VolumeFs {
             started: std::time::Instant::now(),
             flush_errors: AtomicU64::new(0),
             flush_waits: AtomicU64::new(0),
+            dirty_cap_waits: AtomicU64::new(0),
+            writeback_flushes: AtomicU64::new(0),
+            writeback: OnceLock::new(),
             lock,
-        })
+        });
+        if let Some(writeback) = writeback::Writeback::start(Arc::downgrade(&fs)) {
+            let _ = fs.writeback.set(writeback);
+        }
+        fs
     }
 
     /// Answers a request that may wait long (a commit behind a busy or unreachable
@@ -1039,6 +1076,7 @@ impl VolumeFs {
                 errno_name(e)
             );
         }
+        state.retire();
         if self.options.shared {
             // Freed by the sweep of the session that owns the orphan (this one or another),
             // once no mount holds it.
@@ -1354,6 +1392,7 @@ fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
     while !stopping {
         let mut blocks = Vec::new();
         let mut replaced = Vec::new();
+        let mut ended = Vec::new();
         let first = match rx.recv_timeout(SPARES_IDLE) {
             Ok(first) => first,
             Err(RecvTimeoutError::Timeout) => {
@@ -1366,9 +1405,11 @@ fn reap(store: Arc<dyn MetaStore>, data: Arc<DataPath>, rx: Receiver<ReapMsg>) {
             match msg {
                 ReapMsg::Blocks(b) => blocks.extend(b),
                 ReapMsg::Replaced(b) => replaced.extend(b),
+                ReapMsg::EndedSessions(s) => ended.extend(s),
                 ReapMsg::Stop => stopping = true,
             }
         }
+        recover_crashed_blocks(&*store, &data, ended);
         if (blocks.is_empty() && replaced.is_empty()) || !sync_before_deleting(&*store) {
             continue;
         }
@@ -1472,6 +1513,10 @@ impl Filesystem for VolumeFs {
     }
 
     fn destroy(&self) {
+        // Its flush in progress ends before the last ones start.
+        if let Some(writeback) = self.writeback.get() {
+            writeback.stop();
+        }
         for state in self.open.all() {
             if let Err(e) = self.flush_state(&state) {
                 tracing::error!(
@@ -1507,6 +1552,8 @@ impl Filesystem for VolumeFs {
         let mut counters: Vec<(String, u64)> = [
             ("flush_errors", &self.flush_errors),
             ("flush_waits", &self.flush_waits),
+            ("dirty_cap_waits", &self.dirty_cap_waits),
+            ("writeback_flushes", &self.writeback_flushes),
         ]
         .into_iter()
         .map(|(name, n)| (name.to_owned(), n.load(Ordering::Relaxed)))
@@ -1895,14 +1942,35 @@ impl Filesystem for VolumeFs {
             self.options.parallel_writes,
             now_ns(),
         ) {
-            Ok(false) => reply.written(data.len() as u32),
-            // Past the dirty limit: this write waits for the flush (back-pressure), off
-            // the queue.
-            Ok(true) => {
+            Ok(Backpressure::None) => reply.written(data.len() as u32),
+            // Past the file's dirty limit: this write waits for the flush (back-pressure),
+            // off the queue.
+            Ok(Backpressure::FlushFile) => {
                 let written = data.len() as u32;
                 self.flush_waits.fetch_add(1, Ordering::Relaxed);
                 self.answer_off_queue(reply, move |fs, reply| {
                     match fs.flushed(state.flush_over_limit(&fs.data, &*fs.store)) {
+                        Ok(()) => reply.written(written),
+                        Err(e) => reply.error(e),
+                    }
+                })
+            }
+            // Past the mount's: it waits, off the queue, for the writeback to flush the
+            // largest holders; if that takes too long (or there is no writeback thread),
+            // it flushes its own file, which also reports a failing store to a writer.
+            Ok(Backpressure::MountOverCap) => {
+                let written = data.len() as u32;
+                self.dirty_cap_waits.fetch_add(1, Ordering::Relaxed);
+                self.answer_off_queue(reply, move |fs, reply| {
+                    let under = fs.writeback.get().is_some_and(|writeback| {
+                        writeback.wake();
+                        fs.data.dirty.wait_under_cap(crate::file::DIRTY_WAIT_MAX)
+                    });
+                    match if under {
+                        Ok(())
+                    } else {
+                        fs.flush_state(&state)
+                    } {
                         Ok(()) => reply.written(written),
                         Err(e) => reply.error(e),
                     }
@@ -2390,7 +2458,7 @@ mod tests {
             let (_, settings) = volume::check(&self.db, true).unwrap();
             let blocks = volume::open_blocks(&self.db, &settings).unwrap();
             let store = Arc::new(SqliteStore::open(&self.db, "test", "/none", 1).unwrap());
-            let data = Arc::new(DataPath::new(blocks, store.session, true));
+            let data = Arc::new(DataPath::new(blocks, store.session, true, None));
             (store, data)
         }
 
@@ -2434,7 +2502,7 @@ mod tests {
             )
         })
         .unwrap();
-        let file = FileState::new(rec.ino);
+        let file = FileState::new(rec.ino, data.dirty.clone());
         file.load(|| store.load_file(0, rec.ino)).unwrap();
         file.write(data, 0, &vec![7u8; 2 * CHUNK_BYTES as usize], true, 2)
             .unwrap();

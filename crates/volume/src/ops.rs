@@ -645,9 +645,6 @@ pub struct Writer<C> {
     /// every later change is refused with EIO, since committing it could refer to what was
     /// freed. The mount must be remounted.
     pub fenced: bool,
-    /// Check the session's row before the next batch: set after a lost connection came
-    /// back, since the others may have ended this session meanwhile.
-    pub session_check: bool,
     /// The change-log rows of the batch running, written together at its end
     /// (`write_deferred_log`) when it runs without savepoints; None: each is written at
     /// once (a batch with savepoints, where rolling back to one must take its rows along).
@@ -694,7 +691,6 @@ impl<C: Tx> Writer<C> {
             changes_logged: 0,
             attr_events: Vec::new(),
             fenced: false,
-            session_check: false,
             deferred_log: None,
         }
     }
@@ -1721,7 +1717,6 @@ pub fn check_session<C: Tx>(w: &mut Writer<C>) -> Result<(), Errno> {
         w.fence();
         return Err(libc::EIO);
     }
-    w.session_check = false;
     Ok(())
 }
 

@@ -68,7 +68,7 @@ pub fn hold_maintenance_lock(conn: &mut PgConn, url: &str, command: &str) -> Res
 /// machine. Once one such wait was in vain, the database counts as gone for the whole mount
 /// (`PgTarget::gone`): every reconnect tries once, so that each operation fails at once
 /// instead of waiting this long again, until a connection is made. It may outlast
-/// `SESSION_EXPIRY`: the first batch after a reconnect checks that the session still exists
+/// `SESSION_EXPIRY`: every batch checks that the session still exists
 /// (`ops::check_session`), so a mount the others ended meanwhile commits nothing.
 pub const RECONNECT_WAIT_MAX: Duration = Duration::from_secs(30);
 /// The wait between two tries at reconnecting.

@@ -978,7 +978,15 @@ fn run_batch<C: Conn>(
             }
         };
     }
-    if w.fenced || (w.session_check && w.log_changes && ops::check_session(w).is_err()) {
+    // On a shared volume every batch first takes a share lock on the session's row: another
+    // mount that ends this session (its heartbeat late) deletes the row, and so waits for
+    // a batch that holds the lock to end, or makes the next one find the row gone and fail
+    // (EIO, the session fenced). Its cleanup of the ended session's unreferenced blocks
+    // comes after that deletion, so it sees every chunk row this session ever committed:
+    // without the lock, a batch queued behind a slow heartbeat could commit rows referring
+    // to blocks the cleanup had just deleted. One more statement per batch, sent with its
+    // BEGIN.
+    if w.fenced || (w.log_changes && ops::check_session(w).is_err()) {
         if let Some(e) = w.conn.take_failure() {
             w.conn.rollback();
             return Run::Again(e);
@@ -1128,7 +1136,6 @@ fn commit_batch<C: Conn>(
                 if !w.conn.reconnect() {
                     break Err(libc::EIO);
                 }
-                w.session_check = true;
             }
             Run::Again(e) => {
                 if tries == 1 || tries % 5 == 0 {

@@ -641,6 +641,7 @@ pub fn open_for_mount(
         blocks as Arc<dyn BlockStore>,
         store.session,
         true,
+        options.dirty_max,
     ));
     Ok(VolumeFs::new(
         Arc::new(store),
@@ -688,6 +689,7 @@ pub fn open_for_mount_postgres(
         blocks as Arc<dyn BlockStore>,
         store.session,
         false,
+        options.dirty_max,
     ));
     options.shared = true;
     options.heartbeat_interval = postgres::HEARTBEAT_INTERVAL;

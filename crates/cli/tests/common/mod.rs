@@ -275,18 +275,18 @@ impl Mount {
     }
 
     /// `lanefs stats MP --json`.
+    ///
+    /// Read here, as `lanefs stats --json` reads them, rather than by running it: a fork
+    /// and exec while the test holds files open on the mount closes their duplicates in the
+    /// child, and each such close is a FLUSH, which on a volume commits the file's writes.
     pub fn stats(&self) -> serde_json::Value {
-        let out = Command::new(lanefs())
-            .args(["stats", "--json"])
-            .arg(&self.mountpoint)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("stats JSON")
+        let mountpoint = lanefs_fuse::mount::absolute(&self.mountpoint).unwrap();
+        let info = lanefs_fuse::mount::find_mount(&mountpoint)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} is not mounted", mountpoint.display()));
+        let snapshot = lanefs_fuse::control::query(&info)
+            .unwrap_or_else(|e| panic!("stats of {}: {e}", mountpoint.display()));
+        serde_json::to_value(snapshot).unwrap()
     }
 
     /// The count of one operation in the stats.
