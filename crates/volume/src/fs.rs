@@ -273,6 +273,9 @@ fn dirops_hooks(
     }
 }
 
+/// The reaper thread's name, by which `destroy` tells it from the others to join it last.
+const REAPER_THREAD: &str = "lanefs-reaper";
+
 enum ReapMsg {
     /// Blocks released by a commit: delete them from the block store.
     Blocks(Vec<u64>),
@@ -399,12 +402,14 @@ impl VolumeFs {
             let store = store.clone();
             let data = data.clone();
             match std::thread::Builder::new()
-                .name("lanefs-reaper".into())
+                .name(REAPER_THREAD.into())
                 .spawn(move || reap(store, data, reap_rx))
             {
                 Ok(handle) => threads.push(handle),
                 Err(e) => {
-                    tracing::warn!("volume: no reaper thread ({e}): released blocks stay until gc")
+                    tracing::warn!(
+                        "volume: no reaper thread ({e}): released blocks, and those that ended sessions wrote but never committed, stay until gc"
+                    )
                 }
             }
         }
@@ -1533,6 +1538,15 @@ impl Filesystem for VolumeFs {
         }
         self.locks.stop();
         let _ = self.heartbeat_stop.send(());
+        // The reaper ends last: the heartbeat (whose last beat may end sessions) and the lock
+        // thread first, so that what they hand the reaper is done before it stops.
+        let (reaper, others): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_iter()
+                .partition(|handle| handle.thread().name() == Some(REAPER_THREAD));
+        for handle in others {
+            let _ = handle.join();
+        }
         if self.options.shared {
             // Unmounting: this session's unheld orphans go now, the grace cut short (another
             // mount that opened one in the last ORPHAN_GRACE and has not polled yet loses
@@ -1540,8 +1554,7 @@ impl Filesystem for VolumeFs {
             sweep_orphans(&*self.store, &self.open, &self.reaper, i64::MAX);
         }
         let _ = self.reaper.send(ReapMsg::Stop);
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        for handle in threads {
+        for handle in reaper {
             let _ = handle.join();
         }
         self.store.close();

@@ -1873,11 +1873,23 @@ pub fn expire_sessions<C: Tx>(
     // The ended sessions' rows go first: the DELETE takes each row's lock and checks its
     // heartbeat again on the newest version, so a session whose heartbeat commits meanwhile
     // is not ended (and keeps all below, which asks which sessions are left), and one whose
-    // heartbeat comes later finds no row and fences itself (`heartbeat`).
-    let dead = blocks_of(w.tx().query(
-        "DELETE FROM sessions WHERE id <> ? AND heartbeat_ns < ? RETURNING id",
-        &args![session, stale_before_ns],
-    )?)?;
+    // heartbeat comes later finds no row and fences itself (`heartbeat`). On a shared volume
+    // a row that a batch of its session holds under FOR SHARE (`check_session`) is skipped:
+    // that session is ended by a later heartbeat, after its batch. Waiting for the lock
+    // instead would hold this mount's committer (and its own heartbeat) for as long as the
+    // other's batch stalls: up to PostgreSQL's idle-in-transaction timeout for a mount whose
+    // machine froze in the middle of one.
+    let dead = blocks_of(if w.log_changes {
+        w.tx().query(
+            "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions WHERE id <> ? AND heartbeat_ns < ? FOR UPDATE SKIP LOCKED) RETURNING id",
+            &args![session, stale_before_ns],
+        )
+    } else {
+        w.tx().query(
+            "DELETE FROM sessions WHERE id <> ? AND heartbeat_ns < ? RETURNING id",
+            &args![session, stale_before_ns],
+        )
+    }?)?;
     // Holds of sessions that are not live go; orphans of such sessions (rows left by an
     // earlier cleanup that failed half-way included) are freed, each under its inode row's
     // lock, or, held by a live mount, become this session's, freed by its sweep once the

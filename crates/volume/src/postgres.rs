@@ -889,7 +889,34 @@ impl SqlStore<PgConn> {
         };
         let mut w = Writer::new(conn, session);
         w.log_changes = true;
-        let stale_before = session_now_ns - SESSION_EXPIRY.as_nanos() as i64;
+        // A server that started less than an expiry (and a heartbeat) ago may have been
+        // down for longer than the expiry: the live mounts' heartbeats are stale because
+        // they could not beat, and ending their sessions now would fence every one of them.
+        // Their own heartbeats end the truly dead ones once they had that long to beat (the
+        // heartbeat's `Contact` rule).
+        let up_ns = w
+            .conn
+            .query_opt(
+                "SELECT (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1e9)::bigint",
+                &[],
+            )
+            .and_then(|r| r.map_or(Ok(i64::MAX), |r| r.int(0)));
+        let up_ns = match up_ns {
+            Ok(up) => up,
+            Err(e) => {
+                w.conn.rollback();
+                return Err(text(e));
+            }
+        };
+        let stale_before = if up_ns < (SESSION_EXPIRY + HEARTBEAT_INTERVAL).as_nanos() as i64 {
+            tracing::info!(
+                "volume: the database server started {} s ago: sessions that stopped beating are ended by the heartbeats once live mounts had the time to beat",
+                up_ns / 1_000_000_000
+            );
+            i64::MIN
+        } else {
+            session_now_ns - SESSION_EXPIRY.as_nanos() as i64
+        };
         let crashed = match ops::expire_sessions(&mut w, stale_before, now_ns) {
             Ok(crashed) => crashed,
             Err(e) => {

@@ -984,8 +984,8 @@ fn run_batch<C: Conn>(
     // (EIO, the session fenced). Its cleanup of the ended session's unreferenced blocks
     // comes after that deletion, so it sees every chunk row this session ever committed:
     // without the lock, a batch queued behind a slow heartbeat could commit rows referring
-    // to blocks the cleanup had just deleted. One more statement per batch, sent with its
-    // BEGIN.
+    // to blocks the cleanup had just deleted. One more round trip per batch (the check goes
+    // with the BEGIN, and its answer is awaited before the batch's first statement).
     if w.fenced || (w.log_changes && ops::check_session(w).is_err()) {
         if let Some(e) = w.conn.take_failure() {
             w.conn.rollback();
