@@ -4610,6 +4610,23 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// Creates `path` holding `bytes`, and fsyncs it.
+    fn create_fsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        let mut file = std::fs::File::create(path)?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    }
+
+    /// The end of a test whose mount `a` was fenced after it fsynced `before`, and then
+    /// tried to create `after`: `b` reads the one and not the other, and the volume is clean.
+    fn fenced_mount_kept_only_before(a: common::Mount, b: common::Mount, volume: &Volume) {
+        a.unmount();
+        assert_eq!(std::fs::read(b.path("before")).unwrap(), b"before");
+        assert!(!b.path("after").exists(), "the refused create is there");
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// A mount whose session the others ended (its daemon stopped for longer than the
     /// expiry: a paused VM, a long stall) refuses every change once it runs again, since
     /// what it would commit could refer to the blocks, orphans or locks the others freed
@@ -4622,28 +4639,17 @@ mod on_postgres {
         let a = volume.mount(&[]);
         let b = volume.mount(&[]);
         // fsynced: a create answered before its commit is not yet a's to keep when it stops.
-        let mut before = std::fs::File::create(a.path("before")).unwrap();
-        before.write_all(b"before").unwrap();
-        before.sync_all().unwrap();
-        drop(before);
+        create_fsynced(&a.path("before"), b"before").unwrap();
         let signal = |sig: &str| run_ok(Command::new("kill").arg(sig).arg(a.pid.to_string()));
         signal("-STOP");
         wait_for_sessions(&volume, 1);
         signal("-CONT");
         // Its heartbeat (every 2 s) finds the session gone.
         std::thread::sleep(Duration::from_secs(3));
-        let err = std::fs::File::create(a.path("after"))
-            .and_then(|mut f| {
-                f.write_all(&content(2, 200 * KIB))?;
-                f.sync_all()
-            })
+        let err = create_fsynced(&a.path("after"), &content(2, 200 * KIB))
             .expect_err("a mount whose session had ended committed a change");
         assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-        a.unmount();
-        assert_eq!(std::fs::read(b.path("before")).unwrap(), b"before");
-        assert!(!b.path("after").exists(), "the refused create is there");
-        b.unmount();
-        volume.assert_clean();
+        fenced_mount_kept_only_before(a, b, &volume);
     }
 
     /// A change that reaches the database after another mount ended this mount's session
@@ -4662,10 +4668,7 @@ mod on_postgres {
         let server = volume.server();
         let a = volume.mount(&[]);
         let b = volume.mount(&[]);
-        let mut before = std::fs::File::create(a.path("before")).unwrap();
-        before.write_all(b"before").unwrap();
-        before.sync_all().unwrap();
-        drop(before);
+        create_fsynced(&a.path("before"), b"before").unwrap();
         let a_session = server.psql("vol", "SELECT min(id) FROM sessions");
         let beat = format!("SELECT heartbeat_ns FROM sessions WHERE id = {a_session}");
         let last = server.psql("vol", &beat);
@@ -4679,11 +4682,7 @@ mod on_postgres {
             &format!("DELETE FROM sessions WHERE id = {a_session}"),
         );
         let deleted = std::time::Instant::now();
-        let err = std::fs::File::create(a.path("after"))
-            .and_then(|mut f| {
-                f.write_all(&content(2, 200 * KIB))?;
-                f.sync_all()
-            })
+        let err = create_fsynced(&a.path("after"), &content(2, 200 * KIB))
             .expect_err("a change of an ended session was committed");
         assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
         if deleted.elapsed() > Duration::from_millis(1800) {
@@ -4693,11 +4692,7 @@ mod on_postgres {
                 deleted.elapsed()
             );
         }
-        a.unmount();
-        assert_eq!(std::fs::read(b.path("before")).unwrap(), b"before");
-        assert!(!b.path("after").exists(), "the refused create is there");
-        b.unmount();
-        volume.assert_clean();
+        fenced_mount_kept_only_before(a, b, &volume);
     }
 
     /// A mount that starts as soon as the database server is back from an outage longer
@@ -4712,10 +4707,7 @@ mod on_postgres {
         };
         let server = volume.server();
         let a = volume.mount(&[]);
-        let mut before = std::fs::File::create(a.path("before")).unwrap();
-        before.write_all(b"before").unwrap();
-        before.sync_all().unwrap();
-        drop(before);
+        create_fsynced(&a.path("before"), b"before").unwrap();
         let signal = |sig: &str| run_ok(Command::new("kill").arg(sig).arg(a.pid.to_string()));
         server.stop();
         signal("-STOP");
@@ -4723,12 +4715,8 @@ mod on_postgres {
         server.start_again();
         let b = volume.mount(&[]);
         signal("-CONT");
-        let mut after = std::fs::File::create(a.path("after")).unwrap();
-        after.write_all(b"after").unwrap();
-        after
-            .sync_all()
+        create_fsynced(&a.path("after"), b"after")
             .expect("the mount that lived through the outage was fenced");
-        drop(after);
         assert_eq!(std::fs::read(b.path("after")).unwrap(), b"after");
         assert_eq!(server.psql("vol", "SELECT count(*) FROM sessions"), "2");
         a.unmount();
