@@ -726,7 +726,7 @@ impl<C: Tx> Writer<C> {
     }
 
     /// Refuses every later change (see `fenced`), with one log line.
-    fn fence(&mut self) {
+    pub fn fence(&mut self) {
         if !self.fenced {
             tracing::error!(
                 "volume: session {} was ended by another mount (its heartbeat stopped for longer than the expiry); every change is refused from now on: unmount and mount again",
@@ -1701,23 +1701,24 @@ pub fn heartbeat<C: Tx>(w: &mut Writer<C>, now_ns: i64) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Whether the session's row is still there, read under a share lock so that another
-/// mount's expiry (which deletes it) cannot commit between this check and the end of the
-/// batch that made it (PostgreSQL; run only for shared volumes).
-pub fn check_session<C: Tx>(w: &mut Writer<C>) -> Result<(), Errno> {
+/// Requires the session's row, read under a share lock, for the batch to commit: another
+/// mount's expiry (which deletes it) then either waits for the batch or makes it fail
+/// (PostgreSQL; run only for shared volumes). False, the session fenced, when the row is
+/// known gone now; on PostgreSQL the answer comes with the batch's next statement, and the
+/// committer asks `Conn::take_row_missing` after it.
+pub fn require_session<C: crate::store::Conn>(w: &mut Writer<C>) -> bool {
     let session = w.session;
-    let alive = w
-        .tx()
-        .query_opt(
-            "SELECT 1 FROM sessions WHERE id = ? FOR SHARE",
-            &args![session],
-        )?
-        .is_some();
-    if !alive {
-        w.fence();
-        return Err(libc::EIO);
+    match w.conn.require_row(
+        "SELECT 1 FROM sessions WHERE id = ? FOR SHARE",
+        &args![session],
+    ) {
+        Ok(true) => true,
+        Ok(false) => {
+            w.fence();
+            false
+        }
+        Err(_) => false,
     }
-    Ok(())
 }
 
 /// Deletes this session's change-log rows older than `CHANGE_LOG_KEEP_NS`.
@@ -1874,7 +1875,7 @@ pub fn expire_sessions<C: Tx>(
     // heartbeat again on the newest version, so a session whose heartbeat commits meanwhile
     // is not ended (and keeps all below, which asks which sessions are left), and one whose
     // heartbeat comes later finds no row and fences itself (`heartbeat`). On a shared volume
-    // a row that a batch of its session holds under FOR SHARE (`check_session`) is skipped:
+    // a row that a batch of its session holds under FOR SHARE (`require_session`) is skipped:
     // that session is ended by a later heartbeat, after its batch. Waiting for the lock
     // instead would hold this mount's committer (and its own heartbeat) for as long as the
     // other's batch stalls: up to PostgreSQL's idle-in-transaction timeout for a mount whose

@@ -69,7 +69,7 @@ pub fn hold_maintenance_lock(conn: &mut PgConn, url: &str, command: &str) -> Res
 /// (`PgTarget::gone`): every reconnect tries once, so that each operation fails at once
 /// instead of waiting this long again, until a connection is made. It may outlast
 /// `SESSION_EXPIRY`: every batch checks that the session still exists
-/// (`ops::check_session`), so a mount the others ended meanwhile commits nothing.
+/// (`ops::require_session`), so a mount the others ended meanwhile commits nothing.
 pub const RECONNECT_WAIT_MAX: Duration = Duration::from_secs(30);
 /// The wait between two tries at reconnecting.
 pub const RECONNECT_BACKOFF: Duration = Duration::from_millis(250);
@@ -200,6 +200,8 @@ impl PgTarget {
             statements: HashMap::new(),
             begin: None,
             later: Vec::new(),
+            required: None,
+            row_missing: false,
             failure: None,
             aborted: false,
             unflushed: false,
@@ -413,6 +415,11 @@ pub struct PgConn {
     begin: Option<&'static str>,
     /// Statements of the transaction not sent yet, in order (see `Tx::execute_later`).
     later: Vec<(Statement, Vec<Val>)>,
+    /// A query the transaction requires a row of, not sent yet: it goes out after the BEGIN
+    /// and ahead of `later` (see `Conn::require_row`).
+    required: Option<(Statement, Vec<Val>)>,
+    /// A `required` query found no row: the round trip that sent it failed.
+    row_missing: bool,
     /// A retry or lost-connection failure in the current transaction (see `take_failure`).
     failure: Option<DbError>,
     /// A statement failed since the last savepoint rollback: the transaction is aborted,
@@ -474,6 +481,7 @@ impl PgConn {
     /// answers are wanted, in order); the first failure among them, else `last`'s answers.
     fn round_trip(&mut self, last: &[Last<'_>]) -> Result<Vec<Answer>, DbError> {
         let begin = self.begin.take();
+        let required = self.required.take();
         let later = std::mem::take(&mut self.later);
         let later_args: Vec<Vec<Arg<'_>>> = later
             .iter()
@@ -481,6 +489,10 @@ impl PgConn {
             .collect();
         let later_params: Vec<Vec<&(dyn ToSql + Sync)>> =
             later_args.iter().map(|a| params(a)).collect();
+        let required_args: Option<Vec<Arg<'_>>> = required
+            .as_ref()
+            .map(|(_, vals)| vals.iter().map(Val::as_arg).collect());
+        let required_params = required_args.as_deref().map(params);
         let last_params: Vec<Vec<&(dyn ToSql + Sync)>> = last
             .iter()
             .map(|l| match l {
@@ -496,6 +508,15 @@ impl PgConn {
                 client
                     .batch_execute(begin)
                     .map(|r| r.map(|()| Answer::Done))
+                    .boxed(),
+            );
+        }
+        let required_at = steps.len();
+        if let (Some((statement, _)), Some(p)) = (&required, &required_params) {
+            steps.push(
+                client
+                    .query(statement, p)
+                    .map(|r| r.map(Answer::Rows))
                     .boxed(),
             );
         }
@@ -525,6 +546,16 @@ impl PgConn {
         for (i, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(a) if i >= skip => answered.push(a),
+                // What ran after it is in a transaction that must not commit: rolled back.
+                Ok(Answer::Rows(rows))
+                    if required.is_some() && i == required_at && rows.is_empty() =>
+                {
+                    self.row_missing = true;
+                    self.aborted = true;
+                    return Err(DbError::Other(
+                        "a row the transaction requires is gone".into(),
+                    ));
+                }
                 Ok(_) => {}
                 // Later failures follow from the first (the transaction is aborted).
                 Err(e) => return Err(self.failed(e)),
@@ -557,6 +588,7 @@ impl PgConn {
     /// went out, that is, whether there is a transaction on the server to roll back.
     fn drop_unsent(&mut self) -> bool {
         self.later.clear();
+        self.required = None;
         self.begin.take().is_none()
     }
 }
@@ -616,7 +648,9 @@ impl Conn for PgConn {
     fn begin(&mut self, sync: bool) -> Result<(), DbError> {
         self.failure = None;
         self.aborted = false;
+        self.row_missing = false;
         self.later.clear();
+        self.required = None;
         // Sent with the transaction's first statement.
         self.begin = Some(if sync && self.target.async_commit {
             // This commit waits for the WAL up to its own record, which follows every
@@ -640,6 +674,10 @@ impl Conn for PgConn {
             return Err(DbError::Other(
                 "the connection to PostgreSQL was lost while changes answered without waiting for its disk (--async-commit) were not yet on it; a crash of the server may have lost them, so this sync fails".into(),
             ));
+        }
+        if self.required.is_some() {
+            // Its answer decides whether to commit: not sent with the COMMIT.
+            self.round_trip(&[])?;
         }
         self.batch_sql("COMMIT")?;
         if self.target.async_commit {
@@ -682,6 +720,16 @@ impl Conn for PgConn {
 
     fn take_failure(&mut self) -> Option<DbError> {
         self.failure.take()
+    }
+
+    fn require_row(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<bool, DbError> {
+        let s = self.statement(sql)?;
+        self.required = Some((s, args.iter().map(Arg::to_val).collect()));
+        Ok(true)
+    }
+
+    fn take_row_missing(&mut self) -> bool {
+        std::mem::take(&mut self.row_missing)
     }
 
     fn reconnect(&mut self) -> bool {

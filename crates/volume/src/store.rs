@@ -47,6 +47,22 @@ pub trait Conn: Tx + Send + 'static {
     /// (an operation turns every failure into its errno; the committer asks here whether
     /// the whole transaction should run again). Cleared by the call.
     fn take_failure(&mut self) -> Option<DbError>;
+    /// Makes the transaction's commit require a row of `sql` (a query) without waiting for
+    /// it now: an engine with round trips sends it ahead of the transaction's next statement
+    /// (and, with no statement before the COMMIT, on its own before it) and, when it found
+    /// no row, fails that statement and the transaction, which `take_row_missing` then
+    /// says. An embedded engine asks at once: `Ok(false)` when there is no row.
+    fn require_row(
+        &mut self,
+        sql: &'static str,
+        args: &[crate::sql::Arg<'_>],
+    ) -> Result<bool, DbError> {
+        self.query_opt(sql, args).map(|row| row.is_some())
+    }
+    /// Whether a `require_row` found no row since the transaction began. Cleared by the call.
+    fn take_row_missing(&mut self) -> bool {
+        false
+    }
     /// Connects again after a lost connection, waiting a bounded time; false if it could not.
     fn reconnect(&mut self) -> bool;
     /// The database server's clock now (ns since the epoch), where the server is another
@@ -984,9 +1000,9 @@ fn run_batch<C: Conn>(
     // (EIO, the session fenced). Its cleanup of the ended session's unreferenced blocks
     // comes after that deletion, so it sees every chunk row this session ever committed:
     // without the lock, a batch queued behind a slow heartbeat could commit rows referring
-    // to blocks the cleanup had just deleted. One more round trip per batch (the check goes
-    // with the BEGIN, and its answer is awaited before the batch's first statement).
-    if w.fenced || (w.log_changes && ops::check_session(w).is_err()) {
+    // to blocks the cleanup had just deleted. Sent with the batch's first statement (no
+    // round trip of its own), its answer read before the COMMIT goes.
+    if w.fenced || (w.log_changes && !ops::require_session(w)) {
         if let Some(e) = w.conn.take_failure() {
             w.conn.rollback();
             return Run::Again(e);
@@ -996,6 +1012,12 @@ fn run_batch<C: Conn>(
     }
     let took_range = match w.refill(batch.len() as u64) {
         Ok(took) => took,
+        Err(_) if w.conn.take_row_missing() => {
+            w.conn.rollback();
+            w.forget_range();
+            w.fence();
+            return Run::Done(Err(libc::EIO));
+        }
         Err(e) => {
             w.conn.rollback();
             w.forget_range();
@@ -1045,8 +1067,13 @@ fn run_batch<C: Conn>(
         tracing::debug!("volume: writing a batch's change log: {e}");
         all_ok = false;
     }
+    if w.conn.take_row_missing() {
+        // The batch's session check found the row gone (see `ops::require_session`).
+        w.fence();
+    }
     if w.fenced {
-        // A heartbeat in this batch found the session gone: nothing of it may commit.
+        // The session check or a heartbeat in this batch found the session gone: nothing
+        // of it may commit.
         roll_back(w);
         return Run::Done(Err(libc::EIO));
     }
@@ -1073,6 +1100,13 @@ fn run_batch<C: Conn>(
     }
     match w.conn.commit(sync) {
         Ok(()) => Run::Done(Ok(())),
+        Err(_) if w.conn.take_row_missing() => {
+            // The session check, sent before the COMMIT (no statement of the batch took it
+            // along), found the row gone: the COMMIT was not sent.
+            roll_back(w);
+            w.fence();
+            Run::Done(Err(libc::EIO))
+        }
         Err(e) => {
             roll_back(w);
             match e {

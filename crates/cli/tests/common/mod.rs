@@ -835,22 +835,33 @@ pub fn assert_same_tree(
 pub struct UserMountKit {
     pub dir: TempDir,
     pub bin: PathBuf,
-    dev_fuse: std::fs::Permissions,
 }
+
+/// Kits alive in this process, and /dev/fuse's mode before the first: the last one to go
+/// puts it back. (Each kit restoring what it found raced: a kit made while another held
+/// /dev/fuse open to all found it so, and one that went first took the access away from a
+/// kit still mounting, whose fusermount3 then could not open /dev/fuse.)
+static DEV_FUSE_OPENED: std::sync::Mutex<(usize, u32)> = std::sync::Mutex::new((0, 0));
 
 impl UserMountKit {
     pub fn new(tag: &str) -> UserMountKit {
         use std::os::unix::fs::PermissionsExt;
-        let dev_fuse = std::fs::metadata("/dev/fuse").unwrap().permissions();
-        std::fs::set_permissions(
-            "/dev/fuse",
-            std::fs::Permissions::from_mode(dev_fuse.mode() | 0o666),
-        )
-        .unwrap();
+        {
+            let mut opened = DEV_FUSE_OPENED.lock().unwrap_or_else(|e| e.into_inner());
+            if opened.0 == 0 {
+                let mode = std::fs::metadata("/dev/fuse").unwrap().permissions().mode();
+                std::fs::set_permissions(
+                    "/dev/fuse",
+                    std::fs::Permissions::from_mode(mode | 0o666),
+                )
+                .unwrap();
+                opened.1 = mode;
+            }
+            opened.0 += 1;
+        }
         let mut kit = UserMountKit {
             dir: TempDir::new(tag),
             bin: PathBuf::new(),
-            dev_fuse,
         };
         std::fs::set_permissions(kit.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         kit.bin = kit.dir.path().join("lanefs");
@@ -861,6 +872,12 @@ impl UserMountKit {
 
 impl Drop for UserMountKit {
     fn drop(&mut self) {
-        let _ = std::fs::set_permissions("/dev/fuse", self.dev_fuse.clone());
+        use std::os::unix::fs::PermissionsExt;
+        let mut opened = DEV_FUSE_OPENED.lock().unwrap_or_else(|e| e.into_inner());
+        opened.0 -= 1;
+        if opened.0 == 0 {
+            let _ =
+                std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(opened.1));
+        }
     }
 }
