@@ -676,8 +676,10 @@ impl Conn for PgConn {
             ));
         }
         if self.required.is_some() {
-            // Its answer decides whether to commit: not sent with the COMMIT.
-            self.round_trip(&[])?;
+            // Its answer decides whether to commit: it cannot go with the COMMIT.
+            return Err(DbError::Other(
+                "a required row was not checked before the COMMIT (send_required)".into(),
+            ));
         }
         self.batch_sql("COMMIT")?;
         if self.target.async_commit {
@@ -726,6 +728,13 @@ impl Conn for PgConn {
         let s = self.statement(sql)?;
         self.required = Some((s, args.iter().map(Arg::to_val).collect()));
         Ok(true)
+    }
+
+    fn send_required(&mut self) -> Result<(), DbError> {
+        match self.required {
+            Some(_) => self.round_trip(&[]).map(drop),
+            None => Ok(()),
+        }
     }
 
     fn take_row_missing(&mut self) -> bool {

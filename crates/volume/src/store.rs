@@ -59,6 +59,12 @@ pub trait Conn: Tx + Send + 'static {
     ) -> Result<bool, DbError> {
         self.query_opt(sql, args).map(|row| row.is_some())
     }
+    /// Sends a `require_row` query still waiting to go (and what waits with it), for its
+    /// answer before the COMMIT (which refuses to go with one pending). A failure here is
+    /// one before the COMMIT was sent: a lost connection may be retried.
+    fn send_required(&mut self) -> Result<(), DbError> {
+        Ok(())
+    }
     /// Whether a `require_row` found no row since the transaction began. Cleared by the call.
     fn take_row_missing(&mut self) -> bool {
         false
@@ -1067,6 +1073,14 @@ fn run_batch<C: Conn>(
         tracing::debug!("volume: writing a batch's change log: {e}");
         all_ok = false;
     }
+    // The session check's answer, if no statement took it along (all went with the
+    // COMMIT): asked before the COMMIT, so that a connection lost here is retried (below)
+    // rather than answered as lost at the COMMIT.
+    let sent = if all_ok || savepoints {
+        w.conn.send_required()
+    } else {
+        Ok(())
+    };
     if w.conn.take_row_missing() {
         // The batch's session check found the row gone (see `ops::require_session`).
         w.fence();
@@ -1098,15 +1112,9 @@ fn run_batch<C: Conn>(
         // own errno.
         return Run::Done(Ok(()));
     }
-    match w.conn.commit(sync) {
+    // (A statement that went with the check and failed fails as one sent with the COMMIT.)
+    match sent.and_then(|()| w.conn.commit(sync)) {
         Ok(()) => Run::Done(Ok(())),
-        Err(_) if w.conn.take_row_missing() => {
-            // The session check, sent before the COMMIT (no statement of the batch took it
-            // along), found the row gone: the COMMIT was not sent.
-            roll_back(w);
-            w.fence();
-            Run::Done(Err(libc::EIO))
-        }
         Err(e) => {
             roll_back(w);
             match e {

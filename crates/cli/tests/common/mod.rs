@@ -835,6 +835,7 @@ pub fn assert_same_tree(
 pub struct UserMountKit {
     pub dir: TempDir,
     pub bin: PathBuf,
+    _dev_fuse: DevFuseOpen,
 }
 
 /// Kits alive in this process, and /dev/fuse's mode before the first: the last one to go
@@ -843,34 +844,25 @@ pub struct UserMountKit {
 /// kit still mounting, whose fusermount3 then could not open /dev/fuse.)
 static DEV_FUSE_OPENED: std::sync::Mutex<(usize, u32)> = std::sync::Mutex::new((0, 0));
 
-impl UserMountKit {
-    pub fn new(tag: &str) -> UserMountKit {
+/// One kit's share of /dev/fuse open to everyone (see `DEV_FUSE_OPENED`).
+struct DevFuseOpen;
+
+impl DevFuseOpen {
+    fn take() -> DevFuseOpen {
         use std::os::unix::fs::PermissionsExt;
-        {
-            let mut opened = DEV_FUSE_OPENED.lock().unwrap_or_else(|e| e.into_inner());
-            if opened.0 == 0 {
-                let mode = std::fs::metadata("/dev/fuse").unwrap().permissions().mode();
-                std::fs::set_permissions(
-                    "/dev/fuse",
-                    std::fs::Permissions::from_mode(mode | 0o666),
-                )
+        let mut opened = DEV_FUSE_OPENED.lock().unwrap_or_else(|e| e.into_inner());
+        if opened.0 == 0 {
+            let mode = std::fs::metadata("/dev/fuse").unwrap().permissions().mode();
+            std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(mode | 0o666))
                 .unwrap();
-                opened.1 = mode;
-            }
-            opened.0 += 1;
+            opened.1 = mode;
         }
-        let mut kit = UserMountKit {
-            dir: TempDir::new(tag),
-            bin: PathBuf::new(),
-        };
-        std::fs::set_permissions(kit.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        kit.bin = kit.dir.path().join("lanefs");
-        std::fs::copy(lanefs(), &kit.bin).unwrap();
-        kit
+        opened.0 += 1;
+        DevFuseOpen
     }
 }
 
-impl Drop for UserMountKit {
+impl Drop for DevFuseOpen {
     fn drop(&mut self) {
         use std::os::unix::fs::PermissionsExt;
         let mut opened = DEV_FUSE_OPENED.lock().unwrap_or_else(|e| e.into_inner());
@@ -879,5 +871,21 @@ impl Drop for UserMountKit {
             let _ =
                 std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(opened.1));
         }
+    }
+}
+
+impl UserMountKit {
+    pub fn new(tag: &str) -> UserMountKit {
+        use std::os::unix::fs::PermissionsExt;
+        let dev_fuse = DevFuseOpen::take();
+        let mut kit = UserMountKit {
+            dir: TempDir::new(tag),
+            bin: PathBuf::new(),
+            _dev_fuse: dev_fuse,
+        };
+        std::fs::set_permissions(kit.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        kit.bin = kit.dir.path().join("lanefs");
+        std::fs::copy(lanefs(), &kit.bin).unwrap();
+        kit
     }
 }
