@@ -217,9 +217,6 @@ impl DirtyBudget {
     }
 
     fn remove(&self, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
         let before = self.held.fetch_sub(bytes, Ordering::Relaxed);
         if before > self.cap && before - bytes <= self.cap {
             let _waiting = lock(&self.under_cap.0);
@@ -771,7 +768,10 @@ impl Drop for FileState {
     /// Buffers a failed flush left (their loss was reported to the close that failed) leave
     /// the mount's budget with the state.
     fn drop(&mut self) {
-        self.budget.remove(*self.held_bytes.get_mut());
+        let held = *self.held_bytes.get_mut();
+        if held != 0 {
+            self.budget.remove(held);
+        }
     }
 }
 
@@ -1040,15 +1040,22 @@ impl FileState {
     }
 
     /// `bytes` more in the dirty buffers.
+    /// Nothing for none: a write over bytes a buffer holds already (seed 000's writers, in
+    /// parallel on one file) touches neither the file's count nor the mount's, whose cache
+    /// line every writer of the mount would otherwise take in turn.
     fn hold(&self, bytes: u64) {
-        self.held_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.budget.add(bytes);
+        if bytes != 0 {
+            self.held_bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.budget.add(bytes);
+        }
     }
 
     /// `bytes` fewer in the dirty buffers.
     fn unhold(&self, bytes: u64) {
-        self.held_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.budget.remove(bytes);
+        if bytes != 0 {
+            self.held_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            self.budget.remove(bytes);
+        }
     }
 
     /// The bytes the file's dirty buffers hold.
