@@ -4695,6 +4695,109 @@ mod on_postgres {
         fenced_mount_kept_only_before(a, b, &volume);
     }
 
+    /// On a slow database (a trigger makes each inode row cost 5 ms: under 200 creates a
+    /// second) a mount creating files as fast as it can is answered early only while its
+    /// backlog is a few seconds of commits, its heartbeat stays fresh, and another mount's
+    /// listing in the middle (which recalls the directory's lease, and waits for the
+    /// holder to commit what it answered there) is complete and comes within seconds.
+    /// Before, the backlog grew to 32k changes whatever they cost: past the lease's expiry
+    /// (a recalled lease is not renewed), so the other mount listed the directory without
+    /// the names still queued; and the heartbeat waited behind the backlog (and behind the
+    /// commit of whatever the heartbeat thread also did), so once it was 15 s late the
+    /// other mount ended this live session and every change still queued was refused. And
+    /// each create waited for the whole backlog: the read of its directory's default ACL
+    /// waited for every pending change of the directory.
+    #[test]
+    fn on_a_slow_database_the_backlog_stays_short_and_the_heartbeat_fresh() {
+        let Some(volume) = Volume::format_on_postgres("slow-db") else {
+            return;
+        };
+        let server = volume.server();
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::File::open(a.path("")).unwrap().sync_all().unwrap();
+        let a_session = server.psql("vol", "SELECT min(id) FROM sessions");
+        server.psql(
+            "vol",
+            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(0.005); RETURN NEW; END $$; \
+             CREATE TRIGGER slow_inodes BEFORE INSERT ON inodes \
+             FOR EACH ROW EXECUTE FUNCTION slow_row()",
+        );
+        let files = 3000;
+        let listed_at = 2500;
+        let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let writer = {
+            let (d, answered) = (a.path("d"), answered.clone());
+            std::thread::spawn(move || {
+                for i in 0..files {
+                    std::fs::File::create(d.join(format!("f{i}"))).unwrap();
+                    answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        };
+        let age_sql = format!(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1e9)::bigint - heartbeat_ns \
+             FROM sessions WHERE id = {a_session}"
+        );
+        let started = std::time::Instant::now();
+        let mut oldest = Duration::ZERO;
+        let mut listing = None;
+        while (!writer.is_finished() || a.counter("async_backlog") > 0)
+            && started.elapsed() < Duration::from_secs(180)
+        {
+            let age = server.psql("vol", &age_sql);
+            let age: u64 = age.parse().unwrap_or_else(|_| {
+                panic!("the mount's session was ended while its backlog committed (row: {age:?})")
+            });
+            oldest = oldest.max(Duration::from_nanos(age));
+            let before = answered.load(std::sync::atomic::Ordering::SeqCst);
+            if listing.is_none() && before >= listed_at {
+                let asked = std::time::Instant::now();
+                let names = sorted_names(&b.path("d"));
+                listing = Some((before, names, asked.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let took = started.elapsed();
+        writer.join().unwrap();
+        eprintln!(
+            "{files} creates committed in {took:?}; the heartbeat was at most {oldest:?} old"
+        );
+        assert_eq!(a.counter("async_backlog"), 0, "the backlog never committed");
+        assert!(
+            took > Duration::from_secs(15),
+            "the creates committed in {took:?}: the trigger did not slow them past the session expiry"
+        );
+        // Its interval is 2 s, a batch of 256 creates takes 1.3 s here, and the expiry is
+        // 15 s: the margin is for a busy machine's stalls.
+        assert!(
+            oldest < Duration::from_secs(10),
+            "the mount's heartbeat was {oldest:?} old while its backlog committed"
+        );
+        let (before, names, waited) = listing.expect("never listed");
+        eprintln!("the other mount's listing after {before} creates took {waited:?}");
+        let missing: Vec<String> = (0..before)
+            .map(|i| format!("f{i}"))
+            .filter(|name| names.binary_search(name).is_err())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "the other mount's listing misses {} of the {before} names answered before it",
+            missing.len()
+        );
+        assert!(
+            waited < Duration::from_secs(8),
+            "the listing waited {waited:?}"
+        );
+        server.psql("vol", "DROP TRIGGER slow_inodes ON inodes");
+        a.unmount();
+        assert_eq!(sorted_names(&b.path("d")).len(), files);
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// A mount that starts as soon as the database server is back from an outage longer
     /// than the session expiry does not end the sessions of the mounts that lived through
     /// it: their heartbeats are stale only because they could not beat (before, it ended
@@ -4987,6 +5090,50 @@ mod on_postgres {
             .success()
     }
 
+    /// Two processes holding shared flocks of one file (one on each mount) that both ask
+    /// to upgrade to an exclusive one: one gets it at once, the other once the first lets
+    /// go, as on Linux, where a conversion drops the old lock before it waits. (Before,
+    /// each upgrade kept its shared lock while it waited for the other's: both waited for
+    /// ever.)
+    #[test]
+    fn two_shared_flocks_upgrading_at_once_both_get_it_in_turn() {
+        let Some(volume) = Volume::format_on_postgres("flock-upgrade") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let b = volume.mount(&[]);
+        std::fs::write(a.path("f"), b"x").unwrap();
+        let upgrader = |path: PathBuf| {
+            use std::os::unix::process::CommandExt;
+            Command::new("bash")
+                .process_group(0)
+                .arg("-c")
+                .arg("exec 9<\"$1\" && flock -s 9 && sleep 0.5 && flock -x 9 && echo got && sleep 0.5")
+                .arg("upgrader")
+                .arg(path)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let mut both = [upgrader(a.path("f")), upgrader(b.path("f"))];
+        let ended = wait_until(Duration::from_secs(10), || {
+            both.iter_mut().all(|p| p.try_wait().unwrap().is_some())
+        });
+        for p in &both {
+            // SAFETY: kill(2) of the process group the upgrader leads; no memory is passed.
+            unsafe { libc::kill(-(p.id() as i32), libc::SIGKILL) };
+        }
+        let got: Vec<String> = both
+            .into_iter()
+            .map(|p| String::from_utf8_lossy(&p.wait_with_output().unwrap().stdout).into_owned())
+            .collect();
+        assert!(ended, "the two upgrades waited for each other: {got:?}");
+        assert_eq!(got, ["got\n", "got\n"]);
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     fn flock_ex(file: &std::fs::File) -> i32 {
         use std::os::fd::AsRawFd;
         // SAFETY: flock on a descriptor the File owns; no memory is passed.
@@ -5167,6 +5314,162 @@ mod on_postgres {
 
     /// A mount killed with kill -9 while holding a flock: the other mount ends its session
     /// after the heartbeat timeout, and the lock with it.
+    /// A blocking flock killed (SIGKILL) at any moment of its wait ends at once. Once the
+    /// kernel has sent its INTERRUPT it waits for the answer uninterruptibly, and before,
+    /// an INTERRUPT that came while the request was still at its first try (a commit) was
+    /// dropped: the killed process hung, unkillable, until the holder let go.
+    #[test]
+    fn a_lock_wait_killed_at_any_moment_ends_at_once() {
+        let Some(volume) = Volume::format_on_postgres("lock-kill") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        std::fs::write(a.path("f"), b"x").unwrap();
+        let held = std::fs::File::open(a.path("f")).unwrap();
+        assert_eq!(flock_ex(&held), 0);
+        let mut stuck = Vec::new();
+        for i in 0..150u64 {
+            let mut waiter = Command::new("flock")
+                .arg(a.path("f"))
+                .arg("true")
+                .spawn()
+                .unwrap();
+            // From before its request is sent to well into its wait, most often around its
+            // first try.
+            std::thread::sleep(Duration::from_micros(100 * (i % 50)));
+            waiter.kill().unwrap();
+            if !wait_until(Duration::from_secs(2), || {
+                waiter.try_wait().unwrap().is_some()
+            }) {
+                stuck.push(waiter);
+            }
+        }
+        let hung = stuck.len();
+        // The holder lets go: whatever hung gets its answer, and ends.
+        drop(held);
+        for mut waiter in stuck {
+            waiter.wait().unwrap();
+        }
+        assert_eq!(
+            hung, 0,
+            "of 150 killed flock waits, {hung} hung until the holder let go"
+        );
+        a.unmount();
+        volume.assert_clean();
+    }
+
+    /// A lock whose release failed (the database gone past `--db-wait` when its owner
+    /// closed the file) goes at the file's last close on the mount, once the database is
+    /// back. Before, the owner was forgotten at the failed release and nothing tried again:
+    /// the lock stayed until the mount ended, and no other mount could take it.
+    #[test]
+    fn a_lock_whose_release_failed_goes_at_the_last_close() {
+        let Some(volume) = Volume::format_on_postgres("lock-release") else {
+            return;
+        };
+        let server = volume.server();
+        let a = volume.mount(&["--db-wait", "1"]);
+        let b = volume.mount(&[]);
+        std::fs::write(a.path("f"), b"x").unwrap();
+        // Another process keeps the file open on a until its stdin closes.
+        let mut keeper = Command::new("bash")
+            .arg("-c")
+            .arg("exec 8<\"$1\" && read -r _")
+            .arg("keeper")
+            .arg(a.path("f"))
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let locker = std::fs::File::open(a.path("f")).unwrap();
+        assert_eq!(flock_ex(&locker), 0);
+        assert!(!flock_free(&b.path("f")));
+        server.stop();
+        // Its RELEASE (after the close) lets the flock go: that fails after the 1 s wait.
+        drop(locker);
+        std::thread::sleep(Duration::from_secs(3));
+        server.start_again();
+        assert!(
+            !flock_free(&b.path("f")),
+            "the release during the outage went through"
+        );
+        drop(keeper.stdin.take());
+        keeper.wait().unwrap();
+        assert!(
+            wait_until(Duration::from_secs(10), || flock_free(&b.path("f"))),
+            "the lock whose release failed outlived the file's last close"
+        );
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// Another process's open and close of a locked file leaves the lock (and an OFD lock
+    /// of another open) in place. Before, every open whose reads move no atime (all of
+    /// them under noatime) shared handle 0, and the RELEASE of any of them dropped the
+    /// POSIX locks last taken through any other, as if they were that open's OFD locks.
+    #[test]
+    fn another_processs_close_of_a_locked_file_keeps_the_lock() {
+        let Some(volume) = Volume::format_on_postgres("lock-handles") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        std::fs::write(a.path("f"), vec![0u8; 4096]).unwrap();
+        let rw = |p: PathBuf| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .unwrap()
+        };
+        let held = rw(a.path("f"));
+        assert_eq!(
+            fcntl_lock(&held, libc::F_SETLK, libc::F_WRLCK, 0, 100).0,
+            Ok(())
+        );
+        let ofd = rw(a.path("f"));
+        assert_eq!(
+            fcntl_lock(&ofd, libc::F_OFD_SETLK, libc::F_WRLCK, 1000, 100).0,
+            Ok(())
+        );
+        // Another process opens, reads and closes the file on the same mount.
+        run_ok(
+            Command::new("cat")
+                .arg(a.path("f"))
+                .stdout(std::process::Stdio::null()),
+        );
+        let on_b = rw(b.path("f"));
+        for (start, what) in [(0, "the POSIX lock"), (1000, "the OFD lock")] {
+            assert_eq!(
+                fcntl_lock(&on_b, libc::F_SETLK, libc::F_WRLCK, start, 10).0,
+                Err(libc::EAGAIN),
+                "{what} was dropped by another process's close"
+            );
+        }
+        drop(held);
+        drop(ofd);
+        // The OFD lock goes at its open's RELEASE, which the kernel sends after the close.
+        assert!(
+            wait_until(Duration::from_secs(5), || fcntl_lock(
+                &on_b,
+                libc::F_SETLK,
+                libc::F_WRLCK,
+                0,
+                0
+            )
+            .0 == Ok(())),
+            "the locks outlived their closes"
+        );
+        drop(on_b);
+        assert_eq!(
+            volume.server().psql("vol", "SELECT count(*) FROM locks"),
+            "0"
+        );
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     #[test]
     fn a_killed_mounts_locks_go_with_its_session() {
         let Some(volume) = Volume::format_on_postgres("lockexpiry") else {

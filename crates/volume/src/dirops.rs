@@ -119,6 +119,11 @@ struct PendingInode {
     born_with_xattrs: bool,
     /// Its create has not committed yet (one of `ops`).
     creation_pending: bool,
+    /// Every change pending on it is one of a name in it (as a directory): none changes
+    /// its xattrs, so they are read from the store without waiting for the committer (a
+    /// create reads its directory's default ACL; behind a backlog of changes on a slow
+    /// database, a wait for the committer there held every create back for the backlog).
+    names_only: bool,
     /// A synchronous change was queued on it meanwhile: `rec` may be behind the database's
     /// future state, so reads wait for the committer instead of answering from it.
     stale: bool,
@@ -273,6 +278,7 @@ impl AsyncDirops {
         let commits = self.inner.commit_counts();
         counters.push(("commit_batches", commits.batches));
         counters.push(("commit_wakes", commits.wakes));
+        counters.push(("commit_rate", commits.rate));
         if let Some(leases) = &self.leases {
             counters.extend(leases.counters());
         }
@@ -366,6 +372,25 @@ impl AsyncDirops {
         }
     }
 
+    /// Whether a change pending on `ino` may change its xattrs (see
+    /// `PendingInode::names_only`).
+    fn xattrs_pending(&self, ino: u64) -> bool {
+        self.enabled
+            && self
+                .inodes
+                .shard(ino)
+                .get(&ino)
+                .is_some_and(|p| !p.names_only)
+    }
+
+    /// Waits for the committer before a read of `ino`'s xattrs if a pending change may
+    /// change them.
+    fn settle_if_xattrs_pending(&self, ino: u64) {
+        if self.xattrs_pending(ino) {
+            self.settle();
+        }
+    }
+
     /// Marks an inode a synchronous change is about to change: its predicted attributes
     /// are no longer to be answered from.
     pub(crate) fn mark_stale(&self, ino: u64) {
@@ -413,12 +438,14 @@ impl AsyncDirops {
                 },
             }
             self.spare.lock().unwrap_or_else(|e| e.into_inner()).asked = false;
+            // The next is asked for as soon as this one is in use: a whole range of
+            // creates' time to commit. (Asked for at half a range, it came too late wherever
+            // a batch takes longer than 512 creates: on a slow database every create then
+            // waited for it.)
+            self.ask_for_spare_range();
         }
         let ino = range.0;
         range.0 += 1;
-        if range.1 - range.0 < crate::ops::INODE_RANGE / 2 {
-            self.ask_for_spare_range();
-        }
         Some(ino)
     }
 
@@ -436,7 +463,7 @@ impl AsyncDirops {
             let mut spare = spare.lock().unwrap_or_else(|e| e.into_inner());
             match taken {
                 Ok(taken) => spare.range = Some(taken),
-                // Asked again at the next create; the range itself is then taken waiting.
+                // Taken waiting once the range in use runs out.
                 Err(_) => spare.asked = false,
             }
         }));
@@ -488,6 +515,7 @@ impl AsyncDirops {
                 created: false,
                 born_with_xattrs: false,
                 creation_pending: false,
+                names_only: true,
                 stale: false,
             });
             dir.ops += 1;
@@ -866,9 +894,9 @@ impl AsyncDirops {
             _ => return,
         };
         leases.revoke(&recalled, false);
-        leases.count_let_go_at_recall(recalled.len());
         let free_from_ns = Some(self.inner.volume_now_ns() + LEASE_COOLDOWN.as_nanos() as i64);
-        self.let_go(&recalled, free_from_ns);
+        let queued = self.let_go(leases, &recalled, free_from_ns);
+        leases.count_let_go_at_recall(queued);
     }
 
     /// Lets go the leases not used since the last heartbeat (so that their rows, and the
@@ -876,9 +904,7 @@ impl AsyncDirops {
     pub fn let_go_idle(&self) {
         let Some(leases) = &self.leases else { return };
         let idle = leases.revoke(&[], true);
-        if !idle.is_empty() {
-            self.let_go(&idle, None);
-        }
+        self.let_go(leases, &idle, None);
     }
 
     /// A directory this mount is creating (answered early): nobody else can know it before
@@ -891,18 +917,33 @@ impl AsyncDirops {
         Some(now + crate::ops::LEASE_TTL.as_nanos() as i64)
     }
 
-    /// Commits every change answered so far, then releases the leases of `dirs` (revoked
-    /// already) in the database.
-    fn let_go(&self, dirs: &[u64], free_from_ns: Option<i64>) {
-        self.settle();
+    /// Queues the release of the leases of `dirs` (revoked already, so no change is
+    /// answered under them any more) behind every change answered so far: the queue is
+    /// committed in order, so those commit first. Nothing waits for it: behind a backlog of
+    /// changes on a slow database, a wait here kept the change log unread and the other
+    /// mounts' recalls unserved for as long. A release queued already is not queued again;
+    /// the number queued.
+    fn let_go(&self, leases: &Leases, dirs: &[u64], free_from_ns: Option<i64>) -> usize {
+        let mut queued = 0;
         for &dir in dirs {
+            let Some(released) = leases.start_release(dir) else {
+                continue;
+            };
+            queued += 1;
             let release = LeaseChange::Release { dir, free_from_ns };
-            if let Err(e) = wait(|done| self.inner.change_lease(release, done)) {
-                tracing::warn!(
-                    "volume: letting go the lease of directory inode {dir}: errno {e}; it expires by itself"
-                );
-            }
+            self.inner.change_lease(
+                release,
+                Box::new(move |r| {
+                    released();
+                    if let Err(e) = r {
+                        tracing::warn!(
+                            "volume: letting go the lease of directory inode {dir}: errno {e}; it expires by itself"
+                        );
+                    }
+                }),
+            );
         }
+        queued
     }
 
     /// Queues a small file's data change without waiting for it (a close of a file just
@@ -924,8 +965,11 @@ impl AsyncDirops {
                 created: false,
                 born_with_xattrs: false,
                 creation_pending: false,
+                names_only: false,
                 stale: true,
             });
+            // A write may drop a file capability.
+            p.names_only = false;
             p.ops += 1;
             p.rec.size = update.size;
             p.rec.mtime_ns = update.mtime_ns;
@@ -1034,6 +1078,8 @@ impl AsyncDirops {
         // The create may have settled meanwhile (the entry gone), or a synchronous change
         // come: then the database's state is the one to change.
         let p = inodes.get_mut(&ino).filter(|p| exact(p))?;
+        // A mode changes an access ACL's mask.
+        p.names_only = false;
         let rec = &mut p.rec;
         rec.mode = change.mode.unwrap_or(rec.mode);
         rec.uid = change.uid.unwrap_or(rec.uid);
@@ -1208,7 +1254,7 @@ impl MetaStore for AsyncDirops {
         if self.known_without_xattrs(ino) {
             return Err(libc::ENODATA);
         }
-        self.settle_if_pending(ino);
+        self.settle_if_xattrs_pending(ino);
         self.inner.getxattr(queue, ino, name)
     }
 
@@ -1216,18 +1262,19 @@ impl MetaStore for AsyncDirops {
         if self.known_without_xattrs(ino) {
             return Ok(Vec::new());
         }
-        self.settle_if_pending(ino);
+        self.settle_if_xattrs_pending(ino);
         self.inner.listxattr(queue, ino)
     }
 
     fn xattr_names_of(&self, queue: usize, inos: &[u64]) -> Result<InodesXattrNames, Errno> {
-        // An inode with changes pending is left out unless it is known to have none.
+        // An inode with changes pending that may change its xattrs is left out unless it
+        // is known to have none.
         let mut known = Vec::new();
         let mut committed = Vec::with_capacity(inos.len());
         for &ino in inos {
             if self.known_without_xattrs(ino) {
                 known.push((ino, Vec::new()));
-            } else if !self.enabled || self.pending(ino).is_none() {
+            } else if !self.xattrs_pending(ino) {
                 committed.push(ino);
             }
         }
@@ -1275,6 +1322,7 @@ impl MetaStore for AsyncDirops {
                 created: true,
                 born_with_xattrs: !node.xattrs.is_empty(),
                 creation_pending: true,
+                names_only: false,
                 stale: false,
             },
         );

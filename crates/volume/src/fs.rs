@@ -221,27 +221,38 @@ impl DirHandles {
 }
 
 /// To the reaper thread.
-/// Frees this session's unheld orphans of a shared volume unlinked before `before_ns`.
+/// Queues the freeing of this session's unheld orphans of a shared volume unlinked before
+/// `before_ns`; the blocks it releases go to the reaper, and `then` runs once it committed
+/// or failed.
 fn sweep_orphans(
     store: &dyn MetaStore,
     open: &Arc<OpenTable>,
     reaper: &Sender<ReapMsg>,
     before_ns: i64,
+    then: impl FnOnce() + Send + 'static,
 ) {
     let is_open: IsOpen = {
         let open = open.clone();
         Arc::new(move |ino| open.mark_orphan_if_open(ino))
     };
-    match wait(|done| store.sweep_orphans(before_ns, is_open, done)) {
-        Ok(released) if !released.is_empty() => {
-            let _ = reaper.send(ReapMsg::Blocks(released));
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(
-            "volume: freeing unlinked files: {} (tried again at the next heartbeat)",
-            errno_name(e)
-        ),
-    }
+    let reaper = reaper.clone();
+    store.sweep_orphans(
+        before_ns,
+        is_open,
+        Box::new(move |swept| {
+            match swept {
+                Ok(released) if !released.is_empty() => {
+                    let _ = reaper.send(ReapMsg::Blocks(released));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    "volume: freeing unlinked files: {} (tried again at the next heartbeat)",
+                    errno_name(e)
+                ),
+            }
+            then()
+        }),
+    )
 }
 
 /// What the overlay of early-answered changes borrows from the file system (see `dirops`).
@@ -306,9 +317,9 @@ pub struct VolumeFs {
     data_dir: Option<std::path::PathBuf>,
     /// Blocks released by commits, to the reaper thread (`Sender` is Sync: no lock).
     reaper: Sender<ReapMsg>,
-    /// A message (or its end) stops the heartbeat thread.
-    heartbeat_stop: Sender<()>,
-    /// The reaper and heartbeat threads, joined at unmount. Taken by `destroy` only.
+    /// A message (or its end) on each stops the heartbeat thread and the upkeep thread.
+    background_stops: Vec<Sender<()>>,
+    /// The reaper, heartbeat, upkeep and lock threads, joined at unmount. Taken by `destroy` only.
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// statfs's usage figures, refreshed at most every USAGE_REFRESH (racing refreshes are
     /// harmless): when (ms after `started`), inodes, bytes.
@@ -421,7 +432,6 @@ impl VolumeFs {
             Err(e) => tracing::warn!("volume: listing blocks to delete: {}", errno_name(e)),
         }
         let _ = reap_tx.send(ReapMsg::EndedSessions(store.crashed_sessions()));
-        let (beat_tx, beat_rx) = channel::<()>();
         let session_fd = Arc::new(std::sync::OnceLock::new());
         let open = Arc::new(OpenTable {
             shards: (0..OPEN_SHARDS)
@@ -435,21 +445,55 @@ impl VolumeFs {
         let xattr_names = Arc::new(known::XattrNames::new(known_max_age));
         let fileattrs = Arc::new(fileattr::FileAttrs::load(&*store));
         let no_privileges = Arc::new(known::NoPrivileges::new(known_max_age));
+        let mut stops = Vec::new();
         {
+            // This thread beats and does nothing else: the upkeep below may wait for the
+            // committer, behind a backlog of changes answered early, and a heartbeat that
+            // waited with it was read by the other mounts as this mount's death (they ended
+            // its session: every change refused, the backlog with them) and let its
+            // directory leases lapse while changes made under them still waited. (The
+            // heartbeat itself goes ahead of the backlog: see `SqlStore::queue_ahead`.)
+            let (stop, stopped) = channel::<()>();
+            stops.push(stop);
+            let store = store.clone();
+            let reaper = reap_tx.clone();
+            let interval = options.heartbeat_interval;
+            match std::thread::Builder::new()
+                .name("lanefs-heartbeat".into())
+                .spawn(move || {
+                    // Beats start `interval` apart, or back to back while a beat takes longer
+                    // (it waits for the batch being committed, then commits in the next).
+                    let mut next = std::time::Instant::now() + interval;
+                    while let Err(RecvTimeoutError::Timeout) = stopped
+                        .recv_timeout(next.saturating_duration_since(std::time::Instant::now()))
+                    {
+                        next = std::time::Instant::now() + interval;
+                        // A shared volume's heartbeat ends sessions that stopped beating:
+                        // their uncommitted blocks go as a crashed session's do at a mount.
+                        if let Ok(beat) = wait(|done| store.heartbeat(store.volume_now_ns(), done))
+                            && !beat.ended.is_empty()
+                        {
+                            let _ = reaper.send(ReapMsg::EndedSessions(beat.ended));
+                        }
+                    }
+                }) {
+                Ok(handle) => threads.push(handle),
+                Err(e) => tracing::warn!("volume: no heartbeat thread ({e})"),
+            }
+        }
+        if options.shared {
+            // A shared mount's upkeep: every CHANGE_POLL_INTERVAL it reads the other mounts'
+            // change log and serves their recalls of this mount's directory leases; every
+            // heartbeat interval it lets go the leases left idle and frees this session's
+            // unheld orphans.
+            let (stop, stopped) = channel::<()>();
+            stops.push(stop);
             let store = store.clone();
             let leases = dirops.clone();
-            let shared = options.shared;
             let swept_open = open.clone();
             let reaper = reap_tx.clone();
             let interval = options.heartbeat_interval;
-            // A shared volume's thread also reads the other mounts' change log and serves
-            // their recalls of this mount's directory leases.
-            let tick = if options.shared {
-                CHANGE_POLL_INTERVAL.min(interval)
-            } else {
-                interval
-            };
-            let mut changes = options.shared.then(|| changes::Follower {
+            let mut follower = changes::Follower {
                 cursors: HashMap::new(),
                 session_fd: session_fd.clone(),
                 failing: false,
@@ -458,36 +502,35 @@ impl VolumeFs {
                 xattr_names: xattr_names.clone(),
                 fileattrs: fileattrs.clone(),
                 no_privileges: no_privileges.clone(),
-            });
+            };
             match std::thread::Builder::new()
-                .name("lanefs-heartbeat".into())
+                .name("lanefs-upkeep".into())
                 .spawn(move || {
-                    let mut last_beat = std::time::Instant::now();
-                    while let Err(RecvTimeoutError::Timeout) = beat_rx.recv_timeout(tick) {
-                        if let Some(follower) = &mut changes {
-                            follower.poll(&*store);
-                            leases.serve_recalls();
-                        }
-                        if last_beat.elapsed() < interval {
+                    // A sweep queued and not committed yet (behind a backlog): none more.
+                    let sweeping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let mut last_round = std::time::Instant::now();
+                    let tick = CHANGE_POLL_INTERVAL.min(interval);
+                    while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
+                        follower.poll(&*store);
+                        leases.serve_recalls();
+                        if last_round.elapsed() < interval {
                             continue;
                         }
-                        last_beat = std::time::Instant::now();
-                        // A shared volume's heartbeat ends sessions that stopped beating:
-                        // their uncommitted blocks go as a crashed session's do at a mount.
-                        if let Ok(beat) = wait(|done| store.heartbeat(store.volume_now_ns(), done))
-                            && !beat.ended.is_empty()
-                        {
-                            let _ = reaper.send(ReapMsg::EndedSessions(beat.ended));
-                        }
-                        if shared {
-                            leases.let_go_idle();
+                        last_round = std::time::Instant::now();
+                        leases.let_go_idle();
+                        if !sweeping.swap(true, Ordering::AcqRel) {
                             let before = now_ns() - ORPHAN_GRACE.as_nanos() as i64;
-                            sweep_orphans(&*store, &swept_open, &reaper, before);
+                            let sweeping = sweeping.clone();
+                            sweep_orphans(&*store, &swept_open, &reaper, before, move || {
+                                sweeping.store(false, Ordering::Release)
+                            });
                         }
                     }
                 }) {
                 Ok(handle) => threads.push(handle),
-                Err(e) => tracing::warn!("volume: no heartbeat thread ({e})"),
+                Err(e) => tracing::warn!(
+                    "volume: no upkeep thread ({e}): other mounts' changes are not seen and their lease recalls not served"
+                ),
             }
         }
         let (locks, lock_thread) = locks::Locks::new(&store, options.shared);
@@ -517,7 +560,7 @@ impl VolumeFs {
             options,
             data_dir,
             reaper: reap_tx,
-            heartbeat_stop: beat_tx,
+            background_stops: stops,
             threads: Mutex::new(threads),
             usage_at_ms: AtomicU64::new(u64::MAX),
             usage_inodes: AtomicU64::new(0),
@@ -756,9 +799,10 @@ impl VolumeFs {
     fn release_locks(&self, ino: u64, owner: Option<(u64, LockKind)>) {
         if let Err(e) = wait(|done| self.store.release_locks(ino, owner, done)) {
             tracing::error!(
-                "volume: releasing locks on inode {ino}: {}; they go when this mount ends",
+                "volume: releasing locks on inode {ino}: {}; tried again at its last close here (else they go when this mount ends)",
                 errno_name(e)
             );
+            self.locks.release_failed(ino);
         }
         self.locks.released(ino);
     }
@@ -1537,7 +1581,9 @@ impl Filesystem for VolumeFs {
             tracing::error!("volume: committing at unmount: {}", errno_name(e));
         }
         self.locks.stop();
-        let _ = self.heartbeat_stop.send(());
+        for stop in &self.background_stops {
+            let _ = stop.send(());
+        }
         // The reaper ends last: the heartbeat (whose last beat may end sessions) and the lock
         // thread first, so that what they hand the reaper is done before it stops.
         let (reaper, others): (Vec<_>, Vec<_>) =
@@ -1551,7 +1597,11 @@ impl Filesystem for VolumeFs {
             // Unmounting: this session's unheld orphans go now, the grace cut short (another
             // mount that opened one in the last ORPHAN_GRACE and has not polled yet loses
             // it); held ones pass to a holder at the session's end.
-            sweep_orphans(&*self.store, &self.open, &self.reaper, i64::MAX);
+            let _ = wait(|done| {
+                sweep_orphans(&*self.store, &self.open, &self.reaper, i64::MAX, || {
+                    done(Ok(()))
+                })
+            });
         }
         let _ = self.reaper.send(ReapMsg::Stop);
         for handle in reaper {

@@ -13,8 +13,9 @@
 //! stalled past the margin) turns a wrong early answer into an error that fsync and close
 //! report, never into a wrong volume.
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::dirops::Shards;
@@ -78,6 +79,9 @@ pub struct Leases {
     held: Shards<u64, Arc<Held>>,
     /// dir → until when (ns) not to try to take it again.
     refused: Shards<u64, i64>,
+    /// Directories whose release is queued and not committed yet, so that a recall seen
+    /// again meanwhile queues no second one. A leaf lock, held to insert or remove.
+    releasing: Arc<Mutex<HashSet<u64>>>,
     taken: AtomicU64,
     let_go_at_recall: AtomicU64,
     waited_for_others: AtomicU64,
@@ -88,6 +92,7 @@ impl Default for Leases {
         Leases {
             held: Shards::new(),
             refused: Shards::new(),
+            releasing: Arc::default(),
             taken: AtomicU64::new(0),
             let_go_at_recall: AtomicU64::new(0),
             waited_for_others: AtomicU64::new(0),
@@ -221,6 +226,26 @@ impl Leases {
             }
         }
         revoked.into_iter().map(|(dir, _)| dir).collect()
+    }
+
+    /// Notes that `dir`'s release is being queued; false if one is queued already. The
+    /// closure returned is to be called once it committed or failed.
+    pub fn start_release(&self, dir: u64) -> Option<impl FnOnce() + Send + 'static> {
+        if !self
+            .releasing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(dir)
+        {
+            return None;
+        }
+        let releasing = self.releasing.clone();
+        Some(move || {
+            releasing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&dir);
+        })
     }
 
     pub fn count_let_go_at_recall(&self, n: usize) {

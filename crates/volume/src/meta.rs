@@ -378,6 +378,8 @@ pub struct CommitCounts {
     /// counted): at most one per gathering of changes answered early, plus one per change
     /// someone waits for that found the committer busy.
     pub wakes: u64,
+    /// Changes committed per second, as recent batches measured it (0: not yet).
+    pub rate: u64,
 }
 
 pub trait MetaStore: Send + Sync + 'static {

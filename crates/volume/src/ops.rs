@@ -2095,6 +2095,15 @@ pub fn set_lock<C: Tx>(w: &mut Writer<C>, req: &LockReq) -> Result<Option<LockHo
         if found == 0 {
             return Err(libc::ENOENT);
         }
+        if req.kind == LockKind::Flock {
+            // flock(2) converts a lock as Linux does: the owner's old lock goes first, and
+            // stays gone if the new one must wait or fails. (Kept until the new one was
+            // granted, two shared holders upgrading at once waited for each other for ever.)
+            w.tx().execute(
+                "DELETE FROM locks WHERE ino = ? AND session = ? AND owner = ? AND kind = ?",
+                &args![req.ino, session, req.owner, req.kind as i64],
+            )?;
+        }
         if let Some(holder) = lock_conflict(w.tx(), session, req)? {
             return Ok(Some(holder));
         }

@@ -31,6 +31,17 @@ pub const BATCH_RETRY_BACKOFF_STEP: Duration = Duration::from_millis(10);
 /// Short beside the commit of a batch (about 1 ms on SQLite, more on PostgreSQL), and fsync,
 /// sync and every synchronous change skip it.
 pub const BACKGROUND_GATHER: Duration = Duration::from_micros(500);
+/// Changes answered before their commit wait at most about this long for it, at the rate
+/// the database commits them (besides `async_backlog` in number): a slow database holds a
+/// backlog of seconds, not of minutes. On a shared volume another mount that recalls a
+/// lease waits for the holder's backlog before the holder lets go, and a recalled lease is
+/// not renewed: it expires `ops::LEASE_TTL` (10 s) after its last renewal, and a holder
+/// whose backlog took longer would lose it with changes answered under it still queued.
+pub const BACKLOG_DRAIN_MAX: Duration = Duration::from_secs(4);
+/// A batch this large, or this slow, measures the database's commit rate (a smaller and
+/// quicker one says more about how few changes came than about the database).
+const RATE_SAMPLE_OPS_MIN: usize = 16;
+const RATE_SAMPLE_TIME_MIN: Duration = Duration::from_millis(50);
 
 /// A connection of one engine, as the committer and the readers use it.
 pub trait Conn: Tx + Send + 'static {
@@ -339,6 +350,9 @@ pub struct SqlStore<C: Conn> {
     readers: Vec<Mutex<C>>,
     /// The queue of changes. `Sender` is Sync: every queue sends without a lock of ours.
     jobs: Sender<Msg<C>>,
+    /// The heartbeat's lane: its jobs go into the next batch ahead of everything queued
+    /// (see `SqlStore::submit_ahead`).
+    ahead: Sender<Box<dyn Job<C>>>,
     /// The writing side (see [`Committer`]); whoever holds the mutex commits what is queued.
     /// Held for the batches of one drain. Taken after anything a caller of `submit` holds
     /// (a file's `flushing` mutex and write gate); inside it only the open table's shard
@@ -353,6 +367,9 @@ pub struct SqlStore<C: Conn> {
     /// See `CommitCounts`.
     batches: Arc<AtomicU64>,
     wakes: Arc<AtomicU64>,
+    /// Changes the database commits per second, as recent batches measured it (0: not
+    /// measured yet); written by the committer only. See `BACKLOG_DRAIN_MAX`.
+    commit_rate: Arc<AtomicU64>,
     /// The writer thread, joined by `close`. Taken once.
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Stops and joins the engine's background thread; taken once, by `close`.
@@ -391,7 +408,9 @@ impl<C: Conn> SqlStore<C> {
         let session = parts.writer.session;
         let intent = Arc::new(OnceLock::new());
         let batches = Arc::new(AtomicU64::new(0));
+        let commit_rate = Arc::new(AtomicU64::new(0));
         let (jobs, rx) = std::sync::mpsc::channel();
+        let (ahead, ahead_rx) = std::sync::mpsc::channel();
         let recent_dirs = parts
             .recent_dir_ttl
             .filter(|ttl| !ttl.is_zero())
@@ -399,6 +418,7 @@ impl<C: Conn> SqlStore<C> {
         let committer = Arc::new(Mutex::new(Committer {
             w: Some(parts.writer),
             rx,
+            ahead_rx,
             closed: false,
             at_close: parts.at_close,
             recent_dirs: recent_dirs.clone(),
@@ -406,6 +426,7 @@ impl<C: Conn> SqlStore<C> {
             finished: Watermark::default(),
             unrecorded: false,
             batches: batches.clone(),
+            commit_rate: commit_rate.clone(),
         }));
         let (wake, wake_rx) = std::sync::mpsc::channel();
         let gathering = Arc::new(AtomicBool::new(false));
@@ -421,11 +442,13 @@ impl<C: Conn> SqlStore<C> {
         Ok(SqlStore {
             readers: parts.readers.into_iter().map(Mutex::new).collect(),
             jobs,
+            ahead,
             committer,
             wake,
             gathering,
             batches,
             wakes,
+            commit_rate,
             writer: Mutex::new(Some(writer)),
             background: Mutex::new(parts.background),
             session,
@@ -791,6 +814,41 @@ impl<C: Conn> SqlStore<C> {
             job.finish(Err(libc::EIO));
             return;
         }
+        self.commit_or_wake(inline);
+    }
+
+    /// Queues a change ahead of everything queued: it goes into the next batch, and is
+    /// committed as `submit`'s are. For the heartbeat, whose lateness the other mounts read
+    /// as this mount's death: queued behind a backlog of changes answered early (up to
+    /// `async_backlog` of them, many seconds of batches on a slow or distant database), it
+    /// reached the database after the session expiry, so another mount ended this live
+    /// session (every change refused from then on, the backlog with them), and this
+    /// mount's directory leases lapsed while changes made under them still waited. And
+    /// for the taking of inode numbers for early answers, which behind such a backlog held
+    /// every create back for its commit. Only for changes that need no order with those
+    /// queued before them; `inline` as for `queue`.
+    fn queue_ahead<T: Send + 'static>(
+        &self,
+        inline: bool,
+        op: impl FnMut(&mut Writer<C>) -> Result<T, Errno> + Send + 'static,
+        done: Done<T>,
+    ) {
+        let job = Box::new(Change {
+            op,
+            result: None,
+            done,
+            sync: false,
+            logged: 0,
+        });
+        if let Err(std::sync::mpsc::SendError(job)) = self.ahead.send(job) {
+            job.finish(Err(libc::EIO));
+            return;
+        }
+        self.commit_or_wake(inline);
+    }
+
+    /// After a change was queued: commits a batch on this thread, or wakes the writer.
+    fn commit_or_wake(&self, inline: bool) {
         // Commit on this thread when nobody is committing: a lone change (a create in a
         // shell loop) then costs no thread hand-off there and back, the largest part of its
         // latency on a busy 2-CPU machine. When the committer is busy, its holder or the
@@ -829,6 +887,8 @@ struct Committer<C: Conn> {
     /// closed before the volume's lock is let go.
     w: Option<Writer<C>>,
     rx: Receiver<Msg<C>>,
+    /// Jobs that go into the next batch before anything of `rx` (`SqlStore::submit_ahead`).
+    ahead_rx: Receiver<Box<dyn Job<C>>>,
     /// The session ended (`close`): every change queued from now on is answered EIO.
     closed: bool,
     at_close: fn(&mut C),
@@ -842,9 +902,27 @@ struct Committer<C: Conn> {
     unrecorded: bool,
     /// Batches run, for `lanefs stats`.
     batches: Arc<AtomicU64>,
+    /// See `SqlStore::commit_rate`.
+    commit_rate: Arc<AtomicU64>,
 }
 
 impl<C: Conn> Committer<C> {
+    /// Folds a batch of `ops` changes that took `took` into the commit rate (a moving
+    /// average: a quarter each new sample).
+    fn measure_rate(&mut self, ops: usize, took: Duration) {
+        if ops < RATE_SAMPLE_OPS_MIN && took < RATE_SAMPLE_TIME_MIN {
+            return;
+        }
+        let sample = (ops as f64 / took.as_secs_f64().max(1e-6)) as u64;
+        let old = self.commit_rate.load(Ordering::Relaxed);
+        let rate = if old == 0 {
+            sample
+        } else {
+            (old * 3 + sample) / 4
+        };
+        self.commit_rate.store(rate.max(1), Ordering::Relaxed);
+    }
+
     /// Commits what is queued, in batches of up to `BATCH_OPS_MAX` changes, until the queue
     /// is empty or `batches` batches were committed; whether changes may be left (the last
     /// batch was full).
@@ -855,6 +933,13 @@ impl<C: Conn> Committer<C> {
                 return true;
             }
             let mut batch: Vec<Box<dyn Job<C>>> = Vec::new();
+            while batch.len() < BATCH_OPS_MAX {
+                match self.ahead_rx.try_recv() {
+                    Ok(job) if self.closed || self.w.is_none() => job.finish(Err(libc::EIO)),
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
             while batch.len() < BATCH_OPS_MAX {
                 match self.rx.try_recv() {
                     Ok(Msg::Job(job)) if self.closed || self.w.is_none() => {
@@ -875,9 +960,11 @@ impl<C: Conn> Committer<C> {
                         .collect();
                     let finished =
                         (!logged.is_empty() || self.unrecorded).then(|| self.finished.with(logged));
+                    let (ops, started) = (batch.len(), std::time::Instant::now());
                     let committed =
                         commit_batch(w, batch, self.recent_dirs.as_deref(), finished.as_ref());
                     self.batches.fetch_add(1, Ordering::Relaxed);
+                    self.measure_rate(ops, started.elapsed());
                     if let Some(finished) = finished {
                         self.finished = finished;
                         self.unrecorded = committed.is_err();
@@ -1453,6 +1540,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         CommitCounts {
             batches: self.batches.load(Ordering::Relaxed),
             wakes: self.wakes.load(Ordering::Relaxed),
+            rate: self.commit_rate.load(Ordering::Relaxed),
         }
     }
 
@@ -1464,7 +1552,15 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             waiting,
             database_gone: gone,
         } = self.backlog();
-        let max = self.backlog_max.load(Ordering::Relaxed);
+        let rate = self.commit_rate.load(Ordering::Relaxed);
+        let mut max = self.backlog_max.load(Ordering::Relaxed);
+        if rate != 0 {
+            // Never under a batch: a burst on a fast database is measured in full batches.
+            let drains = rate
+                .saturating_mul(BACKLOG_DRAIN_MAX.as_secs())
+                .max(BATCH_OPS_MAX as u64);
+            max = max.min(drains);
+        }
         let held = self.held_back.load(Ordering::Relaxed);
         // Once held back, early answers resume only when half the backlog has committed: a
         // database that barely keeps up would otherwise flip the mount (and log both lines)
@@ -1481,7 +1577,9 @@ impl<C: Conn> MetaStore for SqlStore<C> {
                 let why = if gone {
                     "the database is gone".to_owned()
                 } else {
-                    format!("{waiting} answered changes wait for their commit")
+                    format!(
+                        "{waiting} answered changes wait for their commit (the database commits about {rate} a second)"
+                    )
                 };
                 tracing::warn!(
                     "volume: {why}; changes are answered after their commit until it catches up"
@@ -1493,7 +1591,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
 
     fn delegate_inodes(&self, done: Done<(u64, u64)>) {
         // The writer thread's: an early create asks for the next range without waiting.
-        self.queue(false, false, None, |w| Ok(w.take_range()?), done)
+        self.queue_ahead(false, |w| Ok(w.take_range()?), done)
     }
 
     fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
@@ -1609,18 +1707,22 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         let gap_max = self
             .session_expiry
             .map_or(i64::MAX, |e| e.as_nanos() as i64 / 2);
-        self.submit(
-            false,
+        self.queue_ahead(
+            true,
             move |w| {
                 clock
                     .read_server(&mut w.conn, CLOCK_READING_ROUND_TRIP_MAX)
                     .map_err(|e| e.errno())?;
-                ops::heartbeat(w, now_ns)?;
+                // Stamped when it runs, not when it was queued (`now_ns`, which this mount's
+                // own reckoning of its leases keeps: the earlier, the safer): the wait for
+                // the batch before is no silence of this mount's.
+                let at_ns = clock.now_ns().max(now_ns);
+                ops::heartbeat(w, at_ns)?;
                 let mut beat = Beat::default();
                 if w.log_changes {
                     // Its rows carry this machine's times (see `ops::Writer::log`).
                     ops::trim_change_log(w, crate::now_ns())?;
-                    beat.leases = ops::renew_leases(w, now_ns + ops::LEASE_TTL.as_nanos() as i64)?;
+                    beat.leases = ops::renew_leases(w, at_ns + ops::LEASE_TTL.as_nanos() as i64)?;
                 }
                 let Some(expiry) = expiry else {
                     return Ok(beat);
@@ -1739,6 +1841,14 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn change_lease(&self, change: LeaseChange, done: Done<bool>) {
+        // A recall only marks another session's lease: it needs no order with this mount's
+        // queued changes, and a mount waiting for the lease it recalls has a deadline.
+        // A take and a release keep their order (a release queued earlier must not undo a
+        // take of the same directory queued later, and a release commits after the changes
+        // answered under its lease).
+        if let LeaseChange::Recall { .. } = change {
+            return self.queue_ahead(true, move |w| ops::change_lease(w, change), done);
+        }
         self.queue(
             false,
             false,

@@ -58,7 +58,7 @@ impl AtimeSwitch {
 pub(super) struct AtimeDue {
     /// Each mutex protects one shard's set; leaf locks, held for one set operation.
     shards: Vec<Mutex<HashSet<u64>>>,
-    /// The next open's number (fh = number << 1 | FH_ATIME_DUE).
+    /// The next open's number (fh = number << 1, with FH_ATIME_DUE set where due).
     next: AtomicU64,
 }
 
@@ -78,8 +78,16 @@ impl AtimeDue {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    fn add(&self) -> u64 {
-        let fh = (self.next.fetch_add(1, Ordering::Relaxed) << 1) | FH_ATIME_DUE;
+    /// A new open's handle, its own whether or not its reads may move atime (`due`): a
+    /// shared volume's OFD locks go at their open's RELEASE by its handle (see `locks`),
+    /// and with one handle shared by every open whose reads move no atime, the release of
+    /// any of them dropped the locks of all the others.
+    fn new_handle(&self, due: bool) -> u64 {
+        let number = self.next.fetch_add(1, Ordering::Relaxed) << 1;
+        if !due {
+            return number;
+        }
+        let fh = number | FH_ATIME_DUE;
         self.shard(fh).insert(fh);
         fh
     }
@@ -291,8 +299,8 @@ impl VolumeFs {
                 .moves(rec.is_dir(), rec.atime_ns, mtime, ctime, now)
     }
 
-    /// The answer to an open of `rec` with `flags`: without FOPEN_KEEP_CACHE and with a
-    /// handle of its own when its reads may move atime.
+    /// The answer to an open of `rec` with `flags`, with a handle of its own: marked, and
+    /// without FOPEN_KEEP_CACHE, when its reads may move atime.
     pub(super) fn open_out(&self, rec: &InodeRec, flags: u32) -> abi::OpenOut {
         let mut open_flags = self.open_flags(flags);
         let due = match self.atime.get().rule {
@@ -300,13 +308,11 @@ impl VolumeFs {
             AtimeRule::Always => true,
             AtimeRule::Relative => self.atime_moves(rec, now_ns()),
         };
-        let mut fh = 0;
         if due {
             open_flags &= !fopen::KEEP_CACHE;
-            fh = self.atime_due.add();
         }
         abi::OpenOut {
-            fh,
+            fh: self.atime_due.new_handle(due),
             open_flags,
             backing_id: 0,
         }

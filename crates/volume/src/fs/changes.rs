@@ -18,7 +18,8 @@ pub(super) struct Follower {
     pub(super) cursors: HashMap<u64, u64>,
     /// The session's /dev/fuse fd, set once the session is connected.
     pub(super) session_fd: Arc<OnceLock<i32>>,
-    /// Whether the last poll failed (one log line per outage, not one per poll).
+    /// Whether the last poll failed, or the reload of the chattr flags after it (one log
+    /// line per outage; the flags are read again whole once it ends).
     pub(super) failing: bool,
     /// This mount's open files: one another mount unlinked is held (see `ops::hold_orphan`).
     pub(super) open: Arc<OpenTable>,
@@ -41,7 +42,15 @@ impl Follower {
         };
         match store.changes_since(&mut self.cursors) {
             Ok(changes) => {
-                self.failing = false;
+                if self.failing {
+                    match self.fileattrs.reload_all(store) {
+                        Ok(()) => self.failing = false,
+                        Err(e) => tracing::warn!(
+                            "volume: reading the chattr flags again after the change log was unreadable: {} (tried again at the next poll)",
+                            std::io::Error::from_raw_os_error(e)
+                        ),
+                    }
+                }
                 for change in &changes {
                     // Marked before the kernel is told: its next GETATTR or read then
                     // finds the state stale.

@@ -85,6 +85,28 @@ impl FileAttrs {
         Ok(())
     }
 
+    /// Reads every inode's flags from the store again: after the change log could not be
+    /// read for a while, whose Flags entries (kept 60 s) may have gone unread.
+    pub(super) fn reload_all(&self, store: &dyn MetaStore) -> Result<(), Errno> {
+        let now: HashMap<u64, u32> = store.fileattr_flags()?.into_iter().collect();
+        let gone: Vec<u64> = self
+            .shards
+            .iter()
+            .flat_map(|shard| {
+                let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+                shard.keys().copied().collect::<Vec<_>>()
+            })
+            .filter(|ino| !now.contains_key(ino))
+            .collect();
+        for ino in gone {
+            self.set(ino, 0);
+        }
+        for (ino, flags) in now {
+            self.set(ino, flags);
+        }
+        Ok(())
+    }
+
     fn set(&self, ino: u64, flags: u32) {
         let mut shard = self.shard(ino);
         let had = if flags == 0 {

@@ -247,6 +247,17 @@ impl Locks {
         owners
     }
 
+    /// A release of locks on `ino` failed (the database gone past `--db-wait`): the
+    /// inode's last close here releases all of them again. (Before, the owner was
+    /// forgotten first and nothing tried again: the locks stayed until the mount ended, and
+    /// the other mounts' waiters with them.) Noted as an entry no owner's close matches.
+    pub fn release_failed(&self, ino: u64) {
+        let mut shard = self.waits.held_shard(ino);
+        if shard.insert((ino, 0, 0), u64::MAX).is_none() {
+            self.waits.held_count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Whether anyone took locks on `ino` here; forgets them all (the last close).
     pub fn forget_inode(&self, ino: u64) -> bool {
         if self.waits.held_count.load(Ordering::Relaxed) == 0 {
@@ -277,9 +288,10 @@ impl Locks {
             drop(list);
             return waiter.reply.error(libc::EINTR);
         }
-        if self.waits.count.load(Ordering::Acquire) == 0 {
-            return;
-        }
+        // Kept even when nothing waits yet: the request may still be at its first try (a
+        // commit), and the kernel sends an INTERRUPT once; lost, the caller would wait
+        // unkillable (the kernel waits for the answer uninterruptibly once it sent one)
+        // for as long as the holder keeps the lock.
         if list.interrupts.len() == INTERRUPTS_MAX {
             list.interrupts.pop_front();
         }
@@ -291,6 +303,12 @@ impl Locks {
     /// Puts a blocking request whose lock is held on the wait list (ENOLCK when full).
     pub fn wait(&self, unique: u64, req: LockReq, reply: Reply) {
         let mut list = self.waits.lock();
+        if let Some(pos) = list.interrupts.iter().position(|u| *u == unique) {
+            // Interrupted during its first try.
+            list.interrupts.remove(pos);
+            drop(list);
+            return reply.error(libc::EINTR);
+        }
         if list.stop || self.waits.count.load(Ordering::Acquire) >= WAITERS_MAX {
             drop(list);
             return reply.error(libc::ENOLCK);
