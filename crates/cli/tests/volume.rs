@@ -5403,6 +5403,62 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// One user blocking on a lock from many processes fills at most a quarter of the
+    /// mount's wait list: another user's blocking lock still waits, and gets the lock once
+    /// it is let go, instead of failing with ENOLCK at once. (Before, 256 waiters of one
+    /// user shut every other user out of blocking locks on the mount.)
+    #[test]
+    fn one_users_lock_waiters_leave_room_for_anothers() {
+        let Some(volume) = Volume::format_on_postgres("lock-users") else {
+            return;
+        };
+        let a = volume.mount(&[]);
+        let f = a.path("f");
+        std::fs::write(&f, b"x").unwrap();
+        let holder = std::fs::File::open(&f).unwrap();
+        assert_eq!(flock_ex(&holder), 0);
+        let flock_as = |uid: u32, args: &[&str]| {
+            Command::new("setpriv")
+                .arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={uid}"))
+                .args(["--clear-groups", "flock"])
+                .args(args)
+                .arg(&f)
+                .args(["echo", "got"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("setpriv and flock are installed")
+        };
+        let mut flooders: Vec<_> = (0..256).map(|_| flock_as(65534, &[])).collect();
+        // Those past the user's share fail at once; the others wait.
+        let waiting = |flooders: &mut Vec<std::process::Child>| {
+            flooders
+                .iter_mut()
+                .map(|c| usize::from(c.try_wait().unwrap().is_none()))
+                .sum::<usize>()
+        };
+        wait_until(Duration::from_secs(10), || waiting(&mut flooders) <= 64);
+        std::thread::sleep(Duration::from_millis(500));
+        let flooding = waiting(&mut flooders);
+        let mut other = flock_as(65533, &["-w", "60"]);
+        std::thread::sleep(Duration::from_secs(1));
+        let refused = other.try_wait().unwrap().is_some();
+        drop(holder);
+        let got = other.wait_with_output().unwrap();
+        for child in flooders {
+            child.wait_with_output().unwrap();
+        }
+        assert!(
+            !refused,
+            "another user's blocking lock was refused with {flooding} of one user's waiting"
+        );
+        assert_eq!(String::from_utf8_lossy(&got.stdout), "got\n");
+        assert!(flooding <= 64, "{flooding} of one user's requests waited");
+        a.unmount();
+        volume.assert_clean();
+    }
+
     /// Another process's open and close of a locked file leaves the lock (and an OFD lock
     /// of another open) in place. Before, every open whose reads move no atime (all of
     /// them under noatime) shared handle 0, and the RELEASE of any of them dropped the

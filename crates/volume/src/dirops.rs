@@ -913,7 +913,7 @@ impl AsyncDirops {
     fn lease_new_directory(&self, dir: u64) -> Option<i64> {
         let leases = self.leases.as_ref()?;
         let now = self.inner.volume_now_ns();
-        drop(leases.taken(dir, now));
+        drop(leases.taken_with_create(dir, now));
         Some(now + crate::ops::LEASE_TTL.as_nanos() as i64)
     }
 
@@ -1350,11 +1350,15 @@ impl MetaStore for AsyncDirops {
             node,
             Box::new(move |r| {
                 if let Some(this) = this.upgrade() {
-                    if let Err(e) = r {
-                        this.failed_change("a create", dir, &name, Some(ino), e);
-                        if let (Some(leases), Some(_)) = (&this.leases, lease_expires_ns) {
-                            leases.lost(ino);
+                    match (r, &this.leases, lease_expires_ns) {
+                        (Ok(_), Some(leases), Some(_)) => leases.row_committed(ino),
+                        (Err(e), leases, expires) => {
+                            this.failed_change("a create", dir, &name, Some(ino), e);
+                            if let (Some(leases), Some(_)) = (leases, expires) {
+                                leases.lost(ino);
+                            }
                         }
+                        _ => {}
                     }
                     this.settled_change(dir, &name, seq, Some(ino));
                 }

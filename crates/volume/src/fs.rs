@@ -1551,7 +1551,7 @@ impl Filesystem for VolumeFs {
                 }
                 reply.ok()
             }
-            Ok(Some(_)) if sleep => self.locks.wait(req.unique, lock, reply),
+            Ok(Some(_)) if sleep => self.locks.wait((req.unique, req.uid), lock, reply),
             Ok(Some(_)) => reply.error(libc::EAGAIN),
             Err(e) => reply.error(e),
         }

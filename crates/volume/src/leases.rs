@@ -53,6 +53,10 @@ pub struct Held {
     revoked: AtomicBool,
     /// Used since the last heartbeat (a lease unused for a heartbeat is let go).
     used: AtomicBool,
+    /// Its row is in the database. A lease taken with the early mkdir of its directory is
+    /// not until that create commits, and a heartbeat (which goes ahead of the queue) may
+    /// run before: it neither renews nor forgets such a lease.
+    committed: AtomicBool,
 }
 
 /// An early answer in progress under a lease (None: the volume needs none); the lease is
@@ -82,6 +86,9 @@ pub struct Leases {
     /// Directories whose release is queued and not committed yet, so that a recall seen
     /// again meanwhile queues no second one. A leaf lock, held to insert or remove.
     releasing: Arc<Mutex<HashSet<u64>>>,
+    /// Leases a heartbeat forgot (not renewed) whose early answers in progress the next
+    /// `revoke` still waits for, before anything is let go. A leaf lock.
+    lapsed: Mutex<Vec<Arc<Held>>>,
     taken: AtomicU64,
     let_go_at_recall: AtomicU64,
     waited_for_others: AtomicU64,
@@ -93,6 +100,7 @@ impl Default for Leases {
             held: Shards::new(),
             refused: Shards::new(),
             releasing: Arc::default(),
+            lapsed: Mutex::default(),
             taken: AtomicU64::new(0),
             let_go_at_recall: AtomicU64::new(0),
             waited_for_others: AtomicU64::new(0),
@@ -162,12 +170,30 @@ impl Leases {
     /// Records a lease taken at `taken_ns` (its expiry `taken_ns + LEASE_TTL`), and starts
     /// the early answer it was taken for.
     pub fn taken(&self, dir: u64, taken_ns: i64) -> LeaseUse {
+        self.record(dir, taken_ns, true)
+    }
+
+    /// `taken`, for a lease whose row is written by a create still queued (the early mkdir
+    /// of its directory): `row_committed` once that create commits.
+    pub fn taken_with_create(&self, dir: u64, taken_ns: i64) -> LeaseUse {
+        self.record(dir, taken_ns, false)
+    }
+
+    /// The create that writes `dir`'s lease row committed.
+    pub fn row_committed(&self, dir: u64) {
+        if let Some(held) = self.held.shard(dir).get(&dir) {
+            held.committed.store(true, Ordering::Release);
+        }
+    }
+
+    fn record(&self, dir: u64, taken_ns: i64, committed: bool) -> LeaseUse {
         let held = Arc::new(Held {
             since_ns: taken_ns,
             until_ns: AtomicI64::new(valid_until(taken_ns)),
             users: AtomicU32::new(1),
             revoked: AtomicBool::new(false),
             used: AtomicBool::new(true),
+            committed: AtomicBool::new(committed),
         });
         self.held.shard(dir).insert(dir, held.clone());
         self.taken.fetch_add(1, Ordering::Relaxed);
@@ -184,13 +210,14 @@ impl Leases {
     /// A heartbeat that started at `beat_ns` renewed `renewed` in the database: those stay
     /// valid until `LEASE_MARGIN` before the new expiry; any other taken before the beat, or
     /// one that had lapsed already (the database may have given it to another mount since),
-    /// is forgotten.
+    /// is forgotten (and the next `revoke` waits for its early answers in progress).
     pub fn renewed(&self, beat_ns: i64, renewed: &[u64]) {
         let renewed: std::collections::HashSet<u64> = renewed.iter().copied().collect();
+        let mut lapsed = Vec::new();
         for shard in &self.held.shards {
             let mut held = shard.lock().unwrap_or_else(|e| e.into_inner());
             held.retain(|dir, h| {
-                if h.since_ns >= beat_ns {
+                if h.since_ns >= beat_ns || !h.committed.load(Ordering::Acquire) {
                     return true;
                 }
                 let keep = renewed.contains(dir) && h.until_ns.load(Ordering::Acquire) > beat_ns;
@@ -198,9 +225,16 @@ impl Leases {
                     h.until_ns.fetch_max(valid_until(beat_ns), Ordering::AcqRel);
                 } else {
                     h.revoked.store(true, Ordering::Release);
+                    lapsed.push(h.clone());
                 }
                 keep
             });
+        }
+        if !lapsed.is_empty() {
+            self.lapsed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .append(&mut lapsed);
         }
     }
 
@@ -219,7 +253,10 @@ impl Leases {
                 !go
             });
         }
-        for (_, h) in &revoked {
+        // And those a heartbeat forgot: a recall of one of them is served by this revoke,
+        // whose let-go must not pass an early answer still under way there.
+        let lapsed = std::mem::take(&mut *self.lapsed.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in revoked.iter().map(|(_, h)| h).chain(&lapsed) {
             // An answer between its check and the queueing of its change: microseconds.
             while h.users.load(Ordering::Acquire) != 0 {
                 std::thread::yield_now();
@@ -260,4 +297,52 @@ impl Leases {
 /// Until when a lease whose expiry was written as `from_ns + LEASE_TTL` may be used.
 fn valid_until(from_ns: i64) -> i64 {
     from_ns + (LEASE_TTL - LEASE_MARGIN).as_nanos() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A heartbeat that runs ahead of the queued mkdir whose create writes the directory's
+    /// lease row finds no row to renew: it keeps the lease as it is until the create has
+    /// committed, and forgets it only if a later beat does not renew it.
+    #[test]
+    fn a_beat_ahead_of_the_mkdir_that_writes_a_lease_keeps_it() {
+        let leases = Leases::default();
+        drop(leases.taken_with_create(7, 1_000));
+        leases.renewed(2_000, &[]);
+        assert!(
+            leases.holds(7, 3_000),
+            "forgotten before its row was written"
+        );
+        leases.row_committed(7);
+        leases.renewed(4_000, &[7]);
+        assert!(leases.holds(7, 5_000));
+        leases.renewed(6_000, &[]);
+        assert!(
+            !leases.holds(7, 7_000),
+            "kept though a beat did not renew it"
+        );
+    }
+
+    /// A lease a heartbeat forgot while an early answer was under way under it: the next
+    /// revoke (whose let-go a recall of it may be) waits for that answer.
+    #[test]
+    fn a_revoke_waits_for_answers_under_a_lease_a_beat_forgot() {
+        let leases = Arc::new(Leases::default());
+        let answer = leases.taken(7, 1_000);
+        leases.renewed(2_000, &[]);
+        assert!(!leases.holds(7, 3_000));
+        let revoking = {
+            let leases = leases.clone();
+            std::thread::spawn(move || leases.revoke(&[7], false))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !revoking.is_finished(),
+            "the revoke passed an answer under way"
+        );
+        drop(answer);
+        assert!(revoking.join().unwrap().is_empty());
+    }
 }

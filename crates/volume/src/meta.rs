@@ -309,7 +309,8 @@ pub enum LeaseChange {
         now_ns: i64,
         expires_ns: i64,
     },
-    /// Lets `dir` go; nobody takes it again before `free_from_ns` (None: at once).
+    /// Lets `dir` go; nobody takes it again before `free_from_ns` (None: at once). With a
+    /// `free_from_ns` (a let-go at a recall), only while the lease is recalled.
     Release { dir: u64, free_from_ns: Option<i64> },
     /// Asks `holder`, which holds `dir`, to let it go.
     Recall { dir: u64, holder: u64 },

@@ -1990,7 +1990,9 @@ pub fn change_lease<C: Tx>(w: &mut Writer<C>, change: LeaseChange) -> Result<boo
             dir,
             free_from_ns: Some(free_from_ns),
         } => w.tx().execute(
-            "UPDATE leases SET session = 0, recalled = 0, expires_ns = ? WHERE dir = ? AND session = ?",
+            // Only while recalled: a let-go queued from a recall read just before an earlier
+            // let-go committed must not end a lease taken again since (a take clears it).
+            "UPDATE leases SET session = 0, recalled = 0, expires_ns = ? WHERE dir = ? AND session = ? AND recalled <> 0",
             &args![free_from_ns, dir, me],
         )?,
         LeaseChange::Release {

@@ -37,11 +37,17 @@ pub const BACKGROUND_GATHER: Duration = Duration::from_micros(500);
 /// lease waits for the holder's backlog before the holder lets go, and a recalled lease is
 /// not renewed: it expires `ops::LEASE_TTL` (10 s) after its last renewal, and a holder
 /// whose backlog took longer would lose it with changes answered under it still queued.
-pub const BACKLOG_DRAIN_MAX: Duration = Duration::from_secs(4);
-/// A batch this large, or this slow, measures the database's commit rate (a smaller and
-/// quicker one says more about how few changes came than about the database).
+/// Under `leases::LEASE_MARGIN` (3 s), so that what was answered just before a lease's
+/// margin began commits before the lease expires.
+pub const BACKLOG_DRAIN_MAX: Duration = Duration::from_secs(2);
+/// A batch of this many changes measures the database's commit rate (a smaller one, or a
+/// heartbeat alone on a distant database, says more about how few changes came, or about
+/// the round trip, than about how many the database commits a second).
 const RATE_SAMPLE_OPS_MIN: usize = 16;
-const RATE_SAMPLE_TIME_MIN: Duration = Duration::from_millis(50);
+/// The backlog before the rate is measured (the first batches of a mount), and the least
+/// the rate allows (room for batches that measure it).
+const UNMEASURED_BACKLOG_MAX: u64 = 4 * BATCH_OPS_MAX as u64;
+const MEASURED_BACKLOG_MIN: u64 = 4 * RATE_SAMPLE_OPS_MIN as u64;
 
 /// A connection of one engine, as the committer and the readers use it.
 pub trait Conn: Tx + Send + 'static {
@@ -910,7 +916,7 @@ impl<C: Conn> Committer<C> {
     /// Folds a batch of `ops` changes that took `took` into the commit rate (a moving
     /// average: a quarter each new sample).
     fn measure_rate(&mut self, ops: usize, took: Duration) {
-        if ops < RATE_SAMPLE_OPS_MIN && took < RATE_SAMPLE_TIME_MIN {
+        if ops < RATE_SAMPLE_OPS_MIN {
             return;
         }
         let sample = (ops as f64 / took.as_secs_f64().max(1e-6)) as u64;
@@ -1553,14 +1559,13 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             database_gone: gone,
         } = self.backlog();
         let rate = self.commit_rate.load(Ordering::Relaxed);
-        let mut max = self.backlog_max.load(Ordering::Relaxed);
-        if rate != 0 {
-            // Never under a batch: a burst on a fast database is measured in full batches.
-            let drains = rate
+        let drains = match rate {
+            0 => UNMEASURED_BACKLOG_MAX,
+            rate => rate
                 .saturating_mul(BACKLOG_DRAIN_MAX.as_secs())
-                .max(BATCH_OPS_MAX as u64);
-            max = max.min(drains);
-        }
+                .max(MEASURED_BACKLOG_MIN),
+        };
+        let max = self.backlog_max.load(Ordering::Relaxed).min(drains);
         let held = self.held_back.load(Ordering::Relaxed);
         // Once held back, early answers resume only when half the backlog has committed: a
         // database that barely keeps up would otherwise flip the mount (and log both lines)
@@ -1789,7 +1794,10 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn hold_orphan(&self, ino: u64, done: Done<bool>) {
-        self.submit(false, move |w| ops::hold_orphan(w, ino), done)
+        // Ahead of the queue: the change-log reader waits for it, and a hold needs no
+        // order with this mount's queued changes (it only keeps another mount's unlink
+        // from freeing the inode; a later last close's let-go stays in order behind it).
+        self.queue_ahead(true, move |w| ops::hold_orphan(w, ino), done)
     }
 
     fn release_hold(&self, ino: u64, done: Done<()>) {
@@ -1797,8 +1805,11 @@ impl<C: Conn> MetaStore for SqlStore<C> {
     }
 
     fn sweep_orphans(&self, before_ns: i64, is_open: IsOpen, done: Done<Vec<u64>>) {
-        self.submit(
+        // Committed by the writer thread: the upkeep thread that queues it waits for none.
+        self.queue(
             false,
+            false,
+            None,
             move |w| ops::sweep_orphans(w, before_ns, &is_open),
             done,
         )

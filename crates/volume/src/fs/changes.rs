@@ -45,6 +45,7 @@ impl Follower {
                 if self.failing {
                     match self.fileattrs.reload_all(store) {
                         Ok(()) => self.failing = false,
+                        Err(libc::EAGAIN) => {}
                         Err(e) => tracing::warn!(
                             "volume: reading the chattr flags again after the change log was unreadable: {} (tried again at the next poll)",
                             std::io::Error::from_raw_os_error(e)

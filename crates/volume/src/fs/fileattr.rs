@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use lanefs_fuse::abi::{self, fattr};
@@ -36,6 +36,9 @@ pub(super) struct FileAttrs {
     shards: Vec<Mutex<HashMap<u64, u32>>>,
     /// How many inodes have flags: while 0 (nearly always) no check takes a lock.
     flagged: AtomicUsize,
+    /// This mount's own SETFLAGS so far, counted before each is applied: a `reload_all`
+    /// that one overlapped may have put back the flags from before it.
+    set_here: AtomicU64,
 }
 
 impl FileAttrs {
@@ -45,6 +48,7 @@ impl FileAttrs {
                 .map(|_| Mutex::new(HashMap::new()))
                 .collect(),
             flagged: AtomicUsize::new(0),
+            set_here: AtomicU64::new(0),
         };
         match store.fileattr_flags() {
             Ok(all) => {
@@ -86,8 +90,11 @@ impl FileAttrs {
     }
 
     /// Reads every inode's flags from the store again: after the change log could not be
-    /// read for a while, whose Flags entries (kept 60 s) may have gone unread.
+    /// read for a while, whose Flags entries (kept 60 s) may have gone unread. EAGAIN when
+    /// a SETFLAGS of this mount overlapped it (it may have put that change's old flags
+    /// back): to be run again.
     pub(super) fn reload_all(&self, store: &dyn MetaStore) -> Result<(), Errno> {
+        let before = self.set_here.load(Ordering::SeqCst);
         let now: HashMap<u64, u32> = store.fileattr_flags()?.into_iter().collect();
         let gone: Vec<u64> = self
             .shards
@@ -104,7 +111,16 @@ impl FileAttrs {
         for (ino, flags) in now {
             self.set(ino, flags);
         }
+        if self.set_here.load(Ordering::SeqCst) != before {
+            return Err(libc::EAGAIN);
+        }
         Ok(())
+    }
+
+    /// A SETFLAGS of this mount committed `flags` for `ino`.
+    pub(super) fn set_here(&self, ino: u64, flags: u32) {
+        self.set_here.fetch_add(1, Ordering::SeqCst);
+        self.set(ino, flags);
     }
 
     fn set(&self, ino: u64, flags: u32) {
@@ -316,7 +332,7 @@ impl VolumeFs {
         };
         match wait(set) {
             Ok(()) => {
-                self.fileattrs.set(ino, new);
+                self.fileattrs.set_here(ino, new);
                 reply.ioctl(0, &[])
             }
             Err(e) => reply.error(e),

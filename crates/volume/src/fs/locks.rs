@@ -36,6 +36,10 @@ const _: () = assert!(
     WAITERS_MAX + lanefs_fuse::offload::THREADS_PER_NODE + lanefs_fuse::offload::QUEUE_PER_NODE
         <= lanefs_fuse::uring::MAX_RING_ENTRIES - lanefs_fuse::uring::MAX_QUEUE_DEPTH
 );
+/// At most this many of the waiters may be one user's (root excepted): one user blocking
+/// on a lock it holds from many processes never keeps another's requests from waiting
+/// (ENOLCK beyond it, as the passthrough's).
+pub const WAITERS_PER_USER_MAX: usize = WAITERS_MAX / 4;
 /// Interrupts remembered for requests not (yet) on the wait list, the oldest forgotten first.
 const INTERRUPTS_MAX: usize = WAITERS_MAX + 64;
 /// Shards of the set of (inode, owner) pairs this mount took locks for.
@@ -87,6 +91,8 @@ type HeldKey = (u64, u64, u8);
 
 struct Waiter {
     unique: u64,
+    /// The caller's uid, for `WAITERS_PER_USER_MAX`.
+    uid: u32,
     req: LockReq,
     reply: Reply,
     next_try: Instant,
@@ -100,7 +106,21 @@ struct WaitList {
     released: Vec<u64>,
     /// INTERRUPTs not yet matched with a waiter.
     interrupts: VecDeque<u64>,
+    /// Waiters per uid other than root (on the list or being tried).
+    per_user: HashMap<u32, usize>,
     stop: bool,
+}
+
+impl WaitList {
+    /// A waiter of `uid` left (answered or interrupted).
+    fn left(&mut self, uid: u32) {
+        if let Some(n) = self.per_user.get_mut(&uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_user.remove(&uid);
+            }
+        }
+    }
 }
 
 struct Waits {
@@ -285,6 +305,7 @@ impl Locks {
         if let Some(pos) = list.waiting.iter().position(|w| w.unique == unique) {
             let waiter = list.waiting.swap_remove(pos);
             self.waits.count.fetch_sub(1, Ordering::AcqRel);
+            list.left(waiter.uid);
             drop(list);
             return waiter.reply.error(libc::EINTR);
         }
@@ -300,8 +321,9 @@ impl Locks {
         self.waits.wake.notify_one();
     }
 
-    /// Puts a blocking request whose lock is held on the wait list (ENOLCK when full).
-    pub fn wait(&self, unique: u64, req: LockReq, reply: Reply) {
+    /// Puts a blocking request whose lock is held on the wait list (ENOLCK when it, or the
+    /// caller's share of it, is full; EINTR when its INTERRUPT came first).
+    pub fn wait(&self, (unique, uid): (u64, u32), req: LockReq, reply: Reply) {
         let mut list = self.waits.lock();
         if let Some(pos) = list.interrupts.iter().position(|u| *u == unique) {
             // Interrupted during its first try.
@@ -309,13 +331,22 @@ impl Locks {
             drop(list);
             return reply.error(libc::EINTR);
         }
-        if list.stop || self.waits.count.load(Ordering::Acquire) >= WAITERS_MAX {
+        // The count, not the list: waiters being tried are off the list for a moment.
+        let users = list.per_user.get(&uid).copied().unwrap_or(0);
+        if list.stop
+            || self.waits.count.load(Ordering::Acquire) >= WAITERS_MAX
+            || (uid != 0 && users >= WAITERS_PER_USER_MAX)
+        {
             drop(list);
             return reply.error(libc::ENOLCK);
         }
         self.waits.count.fetch_add(1, Ordering::AcqRel);
+        if uid != 0 {
+            *list.per_user.entry(uid).or_default() += 1;
+        }
         list.waiting.push(Waiter {
             unique,
+            uid,
             req,
             reply,
             next_try: Instant::now() + WAIT_FIRST,
@@ -342,6 +373,7 @@ fn serve(waits: &Waits, store: &dyn MetaStore) {
             if let Some(pos) = list.interrupts.iter().position(|u| *u == waiter.unique) {
                 list.interrupts.remove(pos);
                 waits.count.fetch_sub(1, Ordering::AcqRel);
+                list.left(waiter.uid);
                 interrupted.push(waiter);
             } else if waiter.next_try <= now || released.contains(&waiter.req.ino) {
                 due.push(waiter);
@@ -355,6 +387,7 @@ fn serve(waits: &Waits, store: &dyn MetaStore) {
             waiter.reply.error(libc::EINTR);
         }
         let mut still = Vec::new();
+        let mut answered = Vec::new();
         for mut waiter in due {
             // A read first: a waiter costs the committer nothing while the range is held.
             let result = match store.lock_conflict(0, &waiter.req) {
@@ -371,15 +404,20 @@ fn serve(waits: &Waits, store: &dyn MetaStore) {
                 Ok(None) => {
                     waits.took(&waiter.req);
                     waits.count.fetch_sub(1, Ordering::AcqRel);
+                    answered.push(waiter.uid);
                     waiter.reply.ok()
                 }
                 Err(e) => {
                     waits.count.fetch_sub(1, Ordering::AcqRel);
+                    answered.push(waiter.uid);
                     waiter.reply.error(e)
                 }
             }
         }
         list = waits.lock();
+        for uid in answered {
+            list.left(uid);
+        }
         list.waiting.append(&mut still);
         let pending_interrupt = list
             .waiting
