@@ -171,6 +171,18 @@ struct Change<T, F> {
     logged: u64,
 }
 
+impl<T, F> Change<T, F> {
+    fn boxed(op: F, done: Done<T>, sync: bool) -> Box<Self> {
+        Box::new(Change {
+            op,
+            result: None,
+            done,
+            sync,
+            logged: 0,
+        })
+    }
+}
+
 impl<C: Conn, T: Send, F: FnMut(&mut Writer<C>) -> Result<T, Errno> + Send> Job<C>
     for Change<T, F>
 {
@@ -356,8 +368,8 @@ pub struct SqlStore<C: Conn> {
     readers: Vec<Mutex<C>>,
     /// The queue of changes. `Sender` is Sync: every queue sends without a lock of ours.
     jobs: Sender<Msg<C>>,
-    /// The heartbeat's lane: its jobs go into the next batch ahead of everything queued
-    /// (see `SqlStore::submit_ahead`).
+    /// The lane ahead of the queue: its jobs (the heartbeat's, among others) go into the
+    /// next batch before everything queued (see `SqlStore::queue_ahead`).
     ahead: Sender<Box<dyn Job<C>>>,
     /// The writing side (see [`Committer`]); whoever holds the mutex commits what is queued.
     /// Held for the batches of one drain. Taken after anything a caller of `submit` holds
@@ -797,13 +809,7 @@ impl<C: Conn> SqlStore<C> {
         op: impl FnMut(&mut Writer<C>) -> Result<T, Errno> + Send + 'static,
         done: Done<T>,
     ) {
-        let mut job = Box::new(Change {
-            op,
-            result: None,
-            done,
-            sync,
-            logged: 0,
-        });
+        let mut job = Change::boxed(op, done, sync);
         let sent = match (record, self.intent.get()) {
             (Some(record), Some(log)) => {
                 let mut sent = Ok(());
@@ -839,13 +845,7 @@ impl<C: Conn> SqlStore<C> {
         op: impl FnMut(&mut Writer<C>) -> Result<T, Errno> + Send + 'static,
         done: Done<T>,
     ) {
-        let job = Box::new(Change {
-            op,
-            result: None,
-            done,
-            sync: false,
-            logged: 0,
-        });
+        let job = Change::boxed(op, done, false);
         if let Err(std::sync::mpsc::SendError(job)) = self.ahead.send(job) {
             job.finish(Err(libc::EIO));
             return;
@@ -893,7 +893,7 @@ struct Committer<C: Conn> {
     /// closed before the volume's lock is let go.
     w: Option<Writer<C>>,
     rx: Receiver<Msg<C>>,
-    /// Jobs that go into the next batch before anything of `rx` (`SqlStore::submit_ahead`).
+    /// Jobs that go into the next batch before anything of `rx` (`SqlStore::queue_ahead`).
     ahead_rx: Receiver<Box<dyn Job<C>>>,
     /// The session ended (`close`): every change queued from now on is answered EIO.
     closed: bool,
