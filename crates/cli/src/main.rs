@@ -59,7 +59,7 @@ enum Command {
     Dump { volume: PathBuf },
     /// Make a new volume file from a dump on stdin: `lanefs load new.db < vol.json`. It uses the
     /// dumped volume's data directory.
-    Load { volume: PathBuf },
+    Load(volume_cmd::LoadArgs),
 }
 
 fn main() -> ExitCode {
@@ -77,7 +77,7 @@ fn main() -> ExitCode {
             Command::Status { volume } => volume_cmd::status(&volume),
             Command::Gc { volume } => volume_cmd::gc(&volume),
             Command::Dump { volume } => volume_cmd::dump(&volume),
-            Command::Load { volume } => volume_cmd::load(&volume),
+            Command::Load(args) => volume_cmd::load(args),
         },
     };
     match result {

@@ -110,12 +110,35 @@ pub fn dump(volume: &Path) -> io::Result<()> {
     io::Write::flush(&mut out)
 }
 
-pub fn load(volume: &Path) -> io::Result<()> {
+#[derive(Args, Debug)]
+pub struct LoadArgs {
+    /// The new volume file.
+    pub volume: PathBuf,
+    /// Load a dump that fsck finds problems in, with fsck's repairs (a stale dump's files
+    /// whose blocks the volume let go of after it read zeros there); without it such a dump
+    /// is refused and nothing is taken over.
+    #[arg(long)]
+    pub repair: bool,
+}
+
+pub fn load(args: LoadArgs) -> io::Result<()> {
+    let volume = &args.volume;
     not_on_postgres(volume, "load")?;
     lanefs_volume::volume::keep_host_files_private();
     let stdin = io::stdin();
     let mut input = io::BufReader::new(stdin.lock());
-    lanefs_volume::dump::load(volume, &mut input).map_err(io::Error::other)?;
-    println!("loaded {}", volume.display());
+    let repaired =
+        lanefs_volume::dump::load(volume, &mut input, args.repair).map_err(io::Error::other)?;
+    for problem in &repaired {
+        eprintln!("load: repaired: {problem}");
+    }
+    println!(
+        "loaded {}{}",
+        volume.display(),
+        match repaired.len() {
+            0 => String::new(),
+            n => format!(" ({n} problems repaired)"),
+        }
+    );
     Ok(())
 }

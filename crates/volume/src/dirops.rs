@@ -577,6 +577,18 @@ impl AsyncDirops {
     /// What `name` in `dir` holds by this mount's listing of `dir`: Some(Some(ino)),
     /// Some(None) for no such name; None without a valid listing (read the store).
     fn listed(&self, dir: u64, name: &[u8]) -> Option<Option<u64>> {
+        self.with_listing(dir, |listing| listing.names.get(name).copied())
+    }
+
+    /// Whether this mount's valid listing of `dir` is empty: every name made there has been
+    /// removed (by changes queued, in order, before anything queued after this).
+    fn listed_empty(&self, dir: u64) -> bool {
+        self.with_listing(dir, |listing| listing.names.is_empty()) == Some(true)
+    }
+
+    /// `f` of `dir`'s listing if it is valid (made under the lease held now); an invalid one
+    /// is dropped.
+    fn with_listing<R>(&self, dir: u64, f: impl FnOnce(&Listing) -> R) -> Option<R> {
         let under = match &self.leases {
             Some(leases) => Some(leases.valid_held(dir, self.inner.volume_now_ns())?),
             None => None,
@@ -594,7 +606,7 @@ impl AsyncDirops {
             self.unlist(gone);
             return None;
         }
-        Some(listing.names.get(name).copied())
+        Some(f(listing))
     }
 
     /// Starts the (empty) listing of a directory this mount just made.
@@ -1139,11 +1151,16 @@ impl AsyncDirops {
         }
         if dir {
             self.clear_foreign_lease(target.ino)?;
-            // Empty: a directory created by a pending change with nothing pending in it
-            // (its only pending change is its own creation), or one with nothing pending
+            // Empty: one whose complete listing this mount holds has no name left (the
+            // removes that emptied it are queued before this one: `rm -rf` of a tree this
+            // mount made waited for a commit at every directory, 2.4 ms each on
+            // PostgreSQL); a directory created by a pending change with nothing pending in
+            // it (its only pending change is its own creation); or one with nothing pending
             // whose stored listing is empty.
+            let listed_empty = self.listed_empty(target.ino);
             let inodes = self.inodes.shard(target.ino);
             match inodes.get(&target.ino) {
+                _ if listed_empty => {}
                 Some(p) if !(p.creation_pending && p.ops == 1) => return Ok(None),
                 Some(_) => {}
                 None => {

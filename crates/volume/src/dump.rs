@@ -17,9 +17,10 @@ use serde_json::{Map, json};
 
 use crate::blocks::{BlockStore, ObjectBlockStore};
 use crate::file::BLOCK_ID_SESSION_SHIFT;
+use crate::fsck::Strays;
 use crate::location::DataLocation;
 use crate::schema::{FORMAT_VERSION, counter, setting};
-use crate::sqlite;
+use crate::sqlite::{self, SqliteConn};
 use crate::volume::{self, VolumeLock};
 
 /// The tables a dump holds, in the order a load inserts them.
@@ -92,6 +93,73 @@ fn from_hex(hex: &str) -> Result<Vec<u8>, String> {
         .collect()
 }
 
+/// A column's declared type, as the schema names it.
+#[derive(Clone, Copy)]
+enum ColumnType {
+    Integer,
+    Bytes,
+    Text,
+}
+
+/// The declared types of `table`'s `columns` (each must be one of the table's).
+fn column_types(
+    conn: &rusqlite::Connection,
+    table: &str,
+    columns: &[&str],
+) -> Result<Vec<ColumnType>, String> {
+    let mut stmt = conn
+        .prepare(&format!(
+            "SELECT name, type FROM pragma_table_info('{table}')"
+        ))
+        .map_err(sql)?;
+    let declared: Vec<(String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .and_then(|rows| rows.collect())
+        .map_err(sql)?;
+    columns
+        .iter()
+        .map(|column| {
+            let (_, typ) = declared
+                .iter()
+                .find(|(name, _)| name == column)
+                .ok_or_else(|| format!("load: table {table} has no column {column}"))?;
+            Ok(match typ.as_str() {
+                "BIGINT" => ColumnType::Integer,
+                "BLOB" => ColumnType::Bytes,
+                _ => ColumnType::Text,
+            })
+        })
+        .collect()
+}
+
+/// `v` if a column of type `typ` may hold it. SQLite would store any value in any column,
+/// and a name stored as text is listed but never found (lookups compare bytes).
+fn typed(v: Value, typ: ColumnType, table: &str, column: &str) -> Result<Value, String> {
+    let fits = matches!(
+        (&v, typ),
+        (Value::Null, _)
+            | (Value::Integer(_), ColumnType::Integer)
+            | (Value::Blob(_), ColumnType::Bytes)
+            | (Value::Text(_), ColumnType::Text)
+    );
+    if fits {
+        return Ok(v);
+    }
+    let wanted = match typ {
+        ColumnType::Integer => "a 64-bit integer",
+        ColumnType::Bytes => "a byte string ({\"hex\": ...})",
+        ColumnType::Text => "a string",
+    };
+    let held = match v {
+        Value::Integer(i) => i.to_string(),
+        Value::Real(f) => f.to_string(),
+        Value::Text(t) => format!("{t:?}"),
+        Value::Blob(_) => "a byte string".to_owned(),
+        Value::Null => "null".to_owned(),
+    };
+    Err(format!("load: {table}.{column} holds {held}, not {wanted}"))
+}
+
 /// A column name from a dump, used in SQL: letters, digits and `_` only.
 fn column_name(name: &str) -> Result<&str, String> {
     let plain = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
@@ -106,6 +174,7 @@ fn column_name(name: &str) -> Result<&str, String> {
 pub fn dump(db: &Path, out: &mut dyn Write) -> Result<(), String> {
     let _lock = VolumeLock::take(db)?;
     let (conn, _settings) = volume::check(db, false)?;
+    refuse_unclean(db, &conn)?;
     let mut doc = Map::new();
     doc.insert("lanefs_volume_dump".into(), json!(FORMAT_VERSION));
     for table in TABLES {
@@ -133,8 +202,31 @@ pub fn dump(db: &Path, out: &mut dyn Write) -> Result<(), String> {
     writeln!(out).map_err(|e| format!("dump: writing: {e}"))
 }
 
-/// Makes a new volume database at `db` from a dump read from `input`.
-pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
+/// A volume a mount left without ending its session (killed, or its machine lost) still
+/// has work only a mount finishes: changes it answered before their commit (in its intent
+/// log, applied by the next mount) and files it held open after their last unlink (freed by
+/// the next mount). A dump taken now would lose the first and keep the second for good.
+fn refuse_unclean(db: &Path, conn: &rusqlite::Connection) -> Result<(), String> {
+    let sessions: i64 = conn
+        .query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))
+        .map_err(sql)?;
+    let logs = crate::intent::dead_logs(&volume::intent_dir_of(db), None)?;
+    let pending: usize = logs.iter().map(|l| l.records.len()).sum();
+    if sessions > 0 || pending > 0 {
+        return Err(format!(
+            "dump: {} was not unmounted cleanly ({sessions} sessions left, {pending} changes answered before their commit in its intent logs); mount it once and unmount it, which finishes their work, then dump",
+            db.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Makes a new volume database at `db` from a dump read from `input`; returns the problems
+/// `repair` repaired. Nothing is taken over unless the whole dump loads into a volume that
+/// fsck finds consistent with its data location: a damaged or stale dump (one naming blocks
+/// the volume let go of after it) is refused, and the dumped volume stays usable, unless
+/// `repair` asks for fsck's repairs (a file whose block is gone then reads zeros there).
+pub fn load(db: &Path, input: &mut dyn Read, repair: bool) -> Result<Vec<String>, String> {
     if db.exists() {
         return Err(format!(
             "{} exists; load makes a new volume file",
@@ -154,13 +246,29 @@ pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
         }
         None => return Err("load: the input is not a lanefs volume dump".into()),
     };
-    volume::forget_intent_logs(db)?;
-    let conn = rusqlite::Connection::open(db).map_err(|e| format!("{}: {e}", db.display()))?;
-    let result = (|| -> Result<(), String> {
-        conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
+    // Made here, never found: a load or format racing this one on the same path fails here
+    // instead of both writing one file, and a failed load removes only what it made.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(db)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => {
+                format!("{} exists; load makes a new volume file", db.display())
+            }
+            _ => format!("{}: {e}", db.display()),
+        })?;
+    let result = (|| -> Result<Vec<String>, String> {
+        volume::forget_intent_logs(db)?;
+        let mut conn = SqliteConn(
+            rusqlite::Connection::open(db).map_err(|e| format!("{}: {e}", db.display()))?,
+        );
+        let shown = db.display().to_string();
+        conn.0
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
             .map_err(sql)?;
-        conn.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
-        sqlite::create_schema(&conn, crate::now_ns()).map_err(sql)?;
+        conn.0.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
+        sqlite::create_schema(&conn.0, crate::now_ns()).map_err(sql)?;
         for table in TABLES {
             let newer = TABLES_SINCE
                 .iter()
@@ -176,42 +284,100 @@ pub fn load(db: &Path, input: &mut dyn Read) -> Result<(), String> {
                 .iter()
                 .map(|c| column_name(c.as_str().unwrap_or("")))
                 .collect::<Result<_, String>>()?;
+            let types = column_types(&conn.0, table, &columns)?;
             let insert = format!(
                 "INSERT INTO {table} ({}) VALUES ({})",
                 columns.join(", "),
                 vec!["?"; columns.len()].join(", ")
             );
             let mut stmt = conn
+                .0
                 .prepare(&insert)
                 .map_err(|e| format!("load: {table}: {e}"))?;
-            for row in part["rows"].as_array().into_iter().flatten() {
-                let values = row
+            // Required: a table whose rows went missing would load empty, and its blocks
+            // would then be the first gc's to delete.
+            let rows = part
+                .get("rows")
+                .and_then(|r| r.as_array())
+                .ok_or_else(|| format!("load: table {table} has no list of rows"))?;
+            for (n, row) in rows.iter().enumerate() {
+                let row = row
                     .as_array()
-                    .ok_or_else(|| format!("load: a row of {table} is not a list"))?
+                    .ok_or_else(|| format!("load: row {n} of {table} is not a list"))?;
+                if row.len() != columns.len() {
+                    return Err(format!(
+                        "load: row {n} of {table} has {} values for {} columns",
+                        row.len(),
+                        columns.len()
+                    ));
+                }
+                let values = row
                     .iter()
-                    .map(from_json)
+                    .zip(&columns)
+                    .zip(&types)
+                    .map(|((v, column), typ)| typed(from_json(v)?, *typ, table, column))
                     .collect::<Result<Vec<Value>, String>>()?;
                 stmt.execute(rusqlite::params_from_iter(values))
                     .map_err(|e| format!("load: {table}: {e}"))?;
             }
         }
-        let takeover = take_over_data(db, &conn)?;
-        conn.execute_batch("COMMIT").map_err(sql)?;
+        for name in [counter::NEXT_INODE, counter::NEXT_SESSION] {
+            conn.0
+                .query_row("SELECT value FROM counters WHERE name = ?1", [name], |_| {
+                    Ok(())
+                })
+                .map_err(|e| format!("load: the dump's counter {name}: {e}"))?;
+        }
+        // Past every inode the dump holds, whatever its counter says: a create would
+        // otherwise fail on a number in use.
+        conn.0
+            .execute(
+                "UPDATE counters SET value = MAX(value, (SELECT COALESCE(MAX(ino), 0) + 1 FROM inodes)) WHERE name = ?1",
+                [counter::NEXT_INODE],
+            )
+            .map_err(sql)?;
+        volume::check_settings(&mut conn, &shown, "an SQLite").map_err(|e| format!("load: {e}"))?;
+        let takeover = take_over_data(db, &conn.0)?;
+        let mut report = crate::fsck::Report::default();
+        let strays = crate::fsck::check_all(
+            &mut conn,
+            &takeover.blocks,
+            &mut report,
+            &mut |_| {},
+            Strays::Expected,
+        )?;
+        if let (Some(first), false) = (report.problems.first(), repair) {
+            return Err(format!(
+                "load: the dump does not make a consistent volume with its data location ({} problems; the first: {first}); nothing was loaded and the data location is as it was (`lanefs load --repair` loads it with fsck's repairs)",
+                report.problems()
+            ));
+        }
+        // What the dumped volume wrote after the dump: blocks the loaded one lets go of, as
+        // it does of those it releases (the reaper and gc delete them; fsck expects them).
+        let now = crate::now_ns();
+        for block in strays {
+            conn.0
+                .execute(
+                    "INSERT INTO gc_blocks (block, since_ns) VALUES (?1, ?2) ON CONFLICT (block) DO NOTHING",
+                    rusqlite::params![block as i64, now],
+                )
+                .map_err(sql)?;
+        }
+        conn.0.execute_batch("COMMIT").map_err(sql)?;
         takeover
             .blocks
             .put_volume_id(&takeover.uuid)
-            .map_err(|e| format!("load: writing the data location's volume id: {e}"))
+            .map_err(|e| format!("load: writing the data location's volume id: {e}"))?;
+        Ok(report.problems)
     })();
-    if let Err(e) = result {
-        drop(conn);
+    if result.is_err() {
         for suffix in ["", "-wal", "-shm"] {
             let mut p = db.as_os_str().to_owned();
             p.push(suffix);
             let _ = std::fs::remove_file(&p);
         }
-        return Err(e);
     }
-    Ok(())
+    result
 }
 
 /// What `load` takes over once its database is committed: the data location, to mark with

@@ -159,7 +159,7 @@ fn check_and_repair<C: Conn>(
     // The repairs are made in the transaction either way, and rolled back without
     // `repair`: what a check reports is what a repair would do (a later check sees the
     // earlier repairs, as in a repair).
-    let result = check_all(conn, &*held.blocks, &mut report, progress);
+    let result = check_all(conn, &*held.blocks, &mut report, progress, Strays::Problems);
     match result {
         Ok(unreferenced) if repair => {
             conn.commit(false).map_err(sql)?;
@@ -398,12 +398,24 @@ const UNREACHABLE_DIRS_SQL: &str = "WITH RECURSIVE reached (ino) AS (
      SELECT ino FROM inodes i WHERE (i.mode & ?) = ?
      AND ino NOT IN (SELECT ino FROM reached) ORDER BY ino";
 
-/// Returns the blocks to delete after the commit.
-fn check_all(
+/// What `check_all` makes of blocks no file refers to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Strays {
+    /// Problems: a volume's own blocks are deleted when released, so a stray is a leftover.
+    Problems,
+    /// Expected: `lanefs load` of an older dump finds the blocks the dumped volume wrote
+    /// after it (the loaded volume forgets them; gc deletes them).
+    Expected,
+}
+
+/// Checks everything, making the repairs in the caller's transaction; returns the blocks of
+/// the data location no file refers to (to delete after the commit).
+pub(crate) fn check_all(
     conn: &mut dyn Tx,
     blocks: &dyn BlockStore,
     report: &mut Report,
     progress: &mut dyn FnMut(&str),
+    strays: Strays,
 ) -> Result<Vec<u64>, String> {
     progress("fsck: inode columns");
     // First: the entries check takes an entry under a parent whose mode is not a
@@ -799,7 +811,7 @@ fn check_all(
     let mut unreferenced: Vec<u64> = stored.difference(&referenced).copied().collect();
     unreferenced.sort_unstable();
     for b in &unreferenced {
-        if !released.contains(b) {
+        if strays == Strays::Problems && !released.contains(b) {
             problem(
                 report,
                 progress,

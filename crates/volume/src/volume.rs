@@ -196,9 +196,32 @@ pub fn check(db: &Path, write: bool) -> Result<(Connection, Settings), String> {
             "{shown} is not a lanefs volume (not an SQLite database)"
         ));
     }
-    let conn = sqlite::connect(db, write)
-        .map_err(|e| format!("{shown}: cannot open the database: {e}"))?;
-    let mut conn = SqliteConn(conn);
+    let open = |write| {
+        sqlite::connect(db, write).map_err(|e| format!("{shown}: cannot open the database: {e}"))
+    };
+    if write {
+        // Recognised read-only first: opening for writing switches a database to WAL for
+        // good, and an upgrade would run its steps on another program's database. A volume
+        // of every format has a uuid setting and a format number; any trouble reading them
+        // other than a missing table is the writing open's to name.
+        let foreign = open(false).is_ok_and(|probe| {
+            match probe.query_row(
+                "SELECT (SELECT value FROM settings WHERE name = 'uuid'),
+                        (SELECT max(version) FROM schema_migrations)",
+                [],
+                |r| Ok(r.get_ref(0)?.as_str().is_ok() && r.get_ref(1)?.as_i64().is_ok()),
+            ) {
+                Ok(ours) => !ours,
+                Err(e) => e.to_string().contains("no such table"),
+            }
+        });
+        if foreign {
+            return Err(format!(
+                "{shown} is an SQLite database but not a lanefs volume"
+            ));
+        }
+    }
+    let mut conn = SqliteConn(open(write)?);
     if write {
         migrate(&mut conn, "BLOB", &shown.to_string())?;
     }
