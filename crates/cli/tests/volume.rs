@@ -4401,6 +4401,98 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// One mount removes empty directories while the other creates a file in each at the
+    /// same moment: the rmdir is answered early once the directory is found empty, the
+    /// create early under the directory's lease. Exactly one of them may succeed, and what
+    /// was answered holds: never both answered (the create lost at its commit, or the
+    /// rmdir refused at its commit with the directory left behind), never a create whose
+    /// fsync fails after its open succeeded; fsck clean.
+    #[test]
+    fn an_rmdir_racing_a_create_in_the_directory_on_another_mount_is_answered_once() {
+        use std::sync::Barrier;
+        let Some(volume) = Volume::format_on_postgres("rmdir-race") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime"]);
+        // b keeps the directories' names cached, so its creates go straight to them.
+        let b = volume.mount(&["--noatime", "--entry-timeout", "600"]);
+        const DIRS: usize = 120;
+        std::fs::create_dir(a.path("p")).unwrap();
+        for i in 0..DIRS {
+            std::fs::create_dir(a.path(&format!("p/d-{i}"))).unwrap();
+        }
+        std::fs::File::open(a.path("p"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        for i in 0..DIRS {
+            std::fs::metadata(b.path(&format!("p/d-{i}"))).unwrap();
+        }
+        // b's lookups recalled a's lease on p; a takes it again once it cooled down, and
+        // answers its rmdirs there early.
+        std::thread::sleep(Duration::from_millis(2500));
+        let go = Arc::new(Barrier::new(2));
+        let remover = {
+            let (go, p) = (go.clone(), a.path("p"));
+            std::thread::spawn(move || {
+                (0..DIRS)
+                    .map(|i| {
+                        go.wait();
+                        std::fs::remove_dir(p.join(format!("d-{i}"))).map_err(|e| e.kind())
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        let p = b.path("p");
+        let mut created = Vec::new();
+        for i in 0..DIRS {
+            go.wait();
+            let name = p.join(format!("d-{i}/f"));
+            created.push(match std::fs::File::create_new(&name) {
+                Ok(mut f) => {
+                    f.write_all(b"x").unwrap();
+                    match f.sync_all() {
+                        Ok(()) => true,
+                        Err(e) => panic!("{}: open succeeded, then fsync: {e}", name.display()),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => panic!("create of {}: {e}", name.display()),
+            });
+        }
+        let removed = remover.join().unwrap();
+        std::fs::File::open(a.path("p"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        let mut both = Vec::new();
+        for i in 0..DIRS {
+            let gone = match removed[i] {
+                Ok(()) => true,
+                Err(std::io::ErrorKind::DirectoryNotEmpty) => false,
+                Err(e) => panic!("rmdir of d-{i}: {e}"),
+            };
+            if gone == created[i] {
+                both.push(i);
+            }
+            let kept = a.path(&format!("p/d-{i}/f")).exists();
+            assert_eq!(
+                kept, created[i],
+                "d-{i}/f: created {}, there {kept}",
+                created[i]
+            );
+            assert_eq!(a.path(&format!("p/d-{i}")).exists(), !gone, "d-{i}");
+        }
+        assert!(
+            both.is_empty(),
+            "rmdir and create both answered (or neither) for d-{both:?}"
+        );
+        assert!(a.counter("async_dirops") > 0);
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// One mount renames new files over a name while the other unlinks that name, both
     /// synchronously, so that a rename can commit between the unlink's statements (its link
     /// count dropped where the name pointed, then the name deleted): every unlink answers

@@ -1129,17 +1129,20 @@ impl AsyncDirops {
         })
     }
 
-    /// Whether the remove of `name` in `parent` can be answered early: the inode, and the
-    /// directory as read; an error where the synchronous remove would meet the same one (a
-    /// lease on the directory to remove that another mount holds past its expiry: waiting
-    /// for it again there would only double the caller's wait).
+    /// Whether the remove of `name` in `parent` can be answered early: the inode, the
+    /// directory as read, and for a directory to remove the use of its own lease, held until
+    /// the remove is queued (so no other mount makes a name in it between the emptiness
+    /// check and the queueing: its recall waits for that use, and then for the remove's
+    /// commit); an error where the synchronous remove would meet the same one (a lease on
+    /// the directory to remove that another mount holds past its expiry: waiting for it
+    /// again there would only double the caller's wait).
     fn early_remove(
         &self,
         parent: u64,
         name: &[u8],
         dir: bool,
         hooks: &Hooks,
-    ) -> Result<Option<(InodeRec, InodeRec)>, Errno> {
+    ) -> Result<Option<(InodeRec, InodeRec, LeaseUse)>, Errno> {
         let Ok(base) = self.current(0, parent) else {
             return Ok(None);
         };
@@ -1149,8 +1152,14 @@ impl AsyncDirops {
         if target.is_dir() != dir {
             return Ok(None);
         }
+        let mut emptied_lease = LeaseUse::unneeded();
         if dir {
             self.clear_foreign_lease(target.ino)?;
+            // Another mount that took it since waits: its names may not be committed yet.
+            let Some(lease) = self.use_lease(target.ino) else {
+                return Ok(None);
+            };
+            emptied_lease = lease;
             // Empty: one whose complete listing this mount holds has no name left (the
             // removes that emptied it are queued before this one: `rm -rf` of a tree this
             // mount made waited for a commit at every directory, 2.4 ms each on
@@ -1177,7 +1186,7 @@ impl AsyncDirops {
         } else if target.nlink != 1 || (hooks.open_here)(target.ino) {
             return Ok(None);
         }
-        Ok(Some((base, target)))
+        Ok(Some((base, target, emptied_lease)))
     }
 }
 
@@ -1419,7 +1428,7 @@ impl MetaStore for AsyncDirops {
             },
             _ => None,
         };
-        let Some((base, target)) = early else {
+        let Some((base, target, emptied_lease)) = early else {
             let unleased = lease.is_none();
             drop(lease);
             if unleased && !dir {
@@ -1475,6 +1484,7 @@ impl MetaStore for AsyncDirops {
             ino: target.ino,
             ..Default::default()
         }));
+        drop(emptied_lease);
         drop(lease);
     }
 
