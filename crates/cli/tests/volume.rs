@@ -1369,6 +1369,10 @@ fn a_second_mount_and_bad_volumes_are_refused_with_one_sentence() {
     let lost = Volume::format("lost");
     std::fs::rename(&lost.data, lost.dir.path().join("moved")).unwrap();
     refused(&lost.db, "is missing");
+    // A data directory that lost its volume-id object (nothing to hold: said, not locked).
+    let unmarked = Volume::format("unmarked");
+    std::fs::remove_file(unmarked.data.join("lanefs-volume-id")).unwrap();
+    refused(&unmarked.db, "has lost its lanefs-volume-id object");
     // Another volume's data directory.
     let mixed = Volume::format("mixed");
     rusqlite::Connection::open(&mixed.db)

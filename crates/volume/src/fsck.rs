@@ -86,8 +86,7 @@ struct Held<C> {
 fn hold_sqlite(db: &Path) -> Result<Held<SqliteConn>, String> {
     let mut lock = VolumeLock::take(db)?;
     let (conn, settings) = volume::check(db, true)?;
-    let blocks = volume::open_blocks(db, &settings)?;
-    lock.cover_data(&settings.data)?;
+    let blocks = lock.cover_and_open_blocks(db, &settings)?;
     Ok(Held {
         conn: SqliteConn(conn),
         blocks,

@@ -88,6 +88,23 @@ impl VolumeLock {
         }
         Ok(())
     }
+
+    /// `open_blocks` under the data directory's hold (`cover_data`): the volume-id is read
+    /// once the hold is taken, so a `format --force` of the directory that ran in between
+    /// (it holds the directory while it deletes and rewrites it) is seen, not mounted over.
+    pub fn cover_and_open_blocks(
+        &mut self,
+        db: &Path,
+        settings: &Settings,
+    ) -> Result<Arc<ObjectBlockStore>, String> {
+        match &settings.data {
+            // Without its volume-id there is nothing to hold: `open_blocks` says what is
+            // missing.
+            DataLocation::Dir(dir) if !dir.join(VOLUME_ID_KEY).is_file() => {}
+            data => self.cover_data(data)?,
+        }
+        open_blocks(db, settings)
+    }
 }
 
 /// flock(LOCK_EX) on a data directory's volume-id object (every data directory of a volume
@@ -650,8 +667,7 @@ pub fn open_for_mount(
         Some(lock) => lock,
         None => VolumeLock::take(db)?,
     };
-    let blocks = open_blocks(db, &settings)?;
-    lock.cover_data(&settings.data)?;
+    let blocks = lock.cover_and_open_blocks(db, &settings)?;
     narrow_volume_files(Some(db), &settings.data);
     let store = SqliteStore::open(db, &hostname(), &mountpoint.to_string_lossy(), now_ns())
         .map_err(|e| format!("{}: starting a session: {e}", db.display()))?;
