@@ -4413,11 +4413,91 @@ mod on_postgres {
     /// fsync fails after its open succeeded; fsck clean.
     #[test]
     fn an_rmdir_racing_a_create_in_the_directory_on_another_mount_is_answered_once() {
+        rmdir_racing_creates_on_another_mount(&["--noatime"]);
+    }
+
+    /// As above, with the rmdirs waiting for their commit (the remover answers nothing
+    /// early): the directory's lease, taken by the creating mount after the rmdir looked,
+    /// must still stop the rmdir's commit.
+    #[test]
+    fn a_synchronous_rmdir_racing_a_create_in_the_directory_on_another_mount_is_answered_once() {
+        rmdir_racing_creates_on_another_mount(&["--noatime", "--no-async-dirops"]);
+    }
+
+    /// One mount renames files into a directory, waiting for each commit, while the other
+    /// creates the same names there with O_EXCL, answered early under the directory's
+    /// lease: every create whose open succeeded keeps its fsync's promise, and a name both
+    /// succeeded on holds the renamed file (the rename came second and replaced it).
+    #[test]
+    fn a_rename_racing_a_create_of_its_new_name_on_another_mount_is_answered_once() {
+        use std::sync::Barrier;
+        let Some(volume) = Volume::format_on_postgres("rename-race") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime", "--no-async-dirops"]);
+        let b = volume.mount(&["--noatime", "--entry-timeout", "600"]);
+        const NAMES: usize = 120;
+        std::fs::create_dir(a.path("from")).unwrap();
+        std::fs::create_dir(a.path("to")).unwrap();
+        for i in 0..NAMES {
+            std::fs::write(a.path(&format!("from/f-{i}")), b"renamed").unwrap();
+        }
+        std::fs::metadata(b.path("to")).unwrap();
+        let go = Arc::new(Barrier::new(2));
+        let renamer = {
+            let (go, from, to) = (go.clone(), a.path("from"), a.path("to"));
+            std::thread::spawn(move || {
+                (0..NAMES)
+                    .map(|i| {
+                        go.wait();
+                        std::fs::rename(from.join(format!("f-{i}")), to.join(format!("f-{i}")))
+                            .is_ok()
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        let to = b.path("to");
+        let mut created = Vec::new();
+        for i in 0..NAMES {
+            go.wait();
+            let name = to.join(format!("f-{i}"));
+            created.push(match std::fs::File::create_new(&name) {
+                Ok(mut f) => {
+                    f.write_all(b"created").unwrap();
+                    match f.sync_all() {
+                        Ok(()) => true,
+                        Err(e) => panic!("{}: open succeeded, then fsync: {e}", name.display()),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+                Err(e) => panic!("create of {}: {e}", name.display()),
+            });
+        }
+        let renamed = renamer.join().unwrap();
+        std::fs::File::open(a.path("to"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        for i in 0..NAMES {
+            assert!(renamed[i], "rename of f-{i} failed");
+            let held = std::fs::read(a.path(&format!("to/f-{i}"))).unwrap();
+            assert_eq!(
+                held, b"renamed",
+                "to/f-{i} (created there too: {})",
+                created[i]
+            );
+        }
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    fn rmdir_racing_creates_on_another_mount(remover_args: &[&str]) {
         use std::sync::Barrier;
         let Some(volume) = Volume::format_on_postgres("rmdir-race") else {
             return;
         };
-        let a = volume.mount(&["--noatime"]);
+        let a = volume.mount(remover_args);
         // b keeps the directories' names cached, so its creates go straight to them.
         let b = volume.mount(&["--noatime", "--entry-timeout", "600"]);
         const DIRS: usize = 120;
@@ -4491,7 +4571,7 @@ mod on_postgres {
             both.is_empty(),
             "rmdir and create both answered (or neither) for d-{both:?}"
         );
-        assert!(a.counter("async_dirops") > 0);
+        assert!(b.counter("async_dirops") > 0);
         a.unmount();
         b.unmount();
         volume.assert_clean();
@@ -5636,8 +5716,6 @@ mod on_postgres {
         volume.assert_clean();
     }
 
-    /// A mount killed with kill -9 while holding a flock: the other mount ends its session
-    /// after the heartbeat timeout, and the lock with it.
     /// A blocking flock killed (SIGKILL) at any moment of its wait ends at once. Once the
     /// kernel has sent its INTERRUPT it waits for the answer uninterruptibly, and before,
     /// an INTERRUPT that came while the request was still at its first try (a commit) was

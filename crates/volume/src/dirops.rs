@@ -81,6 +81,11 @@ pub fn deferring_lease_waits<T>(defer: bool, op: impl FnOnce() -> T) -> T {
 
 /// Shards of the overlay's two maps.
 const SHARDS: usize = 16;
+/// How many times a change made outside this mount's leases runs again after another mount
+/// took a lease it needs since its recall (`run_unleased`): each try recalled them first, so
+/// more means mounts taking them back as soon as they are let go, which the cooldown after
+/// a recall keeps rare.
+const UNLEASED_TRIES_MAX: usize = 16;
 /// Reads of a name that raced with a commit, tried again before waiting for the committer.
 const RACED_READS_MAX: usize = 3;
 /// Names held in the listings of the directories this mount made (`Listing`), all
@@ -764,28 +769,28 @@ impl AsyncDirops {
     }
 
     /// A create that waits for its commit, in a directory whose lease this mount does not
-    /// hold: on a shared volume its own statement checks that no other mount holds one
-    /// (one round trip less than `clear_foreign_lease` before it); if another does, the
-    /// create waits for it as `clear_foreign_lease` does and runs again.
-    fn create_unleased(&self, mut node: NewNode, done: Done<InodeRec>) {
+    /// hold: on a shared volume its own transaction checks that no other mount holds one
+    /// (one round trip less than `clear_foreign_lease` before it); see `run_unleased`.
+    fn create_unleased(&self, node: NewNode, done: Done<InodeRec>) {
         let Some(leases) = &self.leases else {
             return self.inner.create(node, done);
         };
-        let now = self.inner.volume_now_ns();
-        if leases.holds(node.parent, now) {
-            return self.inner.create(node, done);
+        // Under this mount's lease, used until the change is queued: a let-go queues behind.
+        if let Some(lease) = leases.use_held(node.parent, self.inner.volume_now_ns()) {
+            self.inner.create(node, done);
+            drop(lease);
+            return;
         }
-        node.unleased_at_ns = Some(now);
-        match wait(|created| self.inner.create(node.clone(), created)) {
-            Err(crate::ops::FOREIGN_LEASE) => {
-                if let Err(e) = self.clear_foreign_lease(node.parent) {
-                    return done(Err(e));
-                }
-                node.unleased_at_ns = None;
-                self.inner.create(node, done)
-            }
-            created => done(created),
-        }
+        let parent = node.parent;
+        self.run_unleased(
+            || self.clear_foreign_lease(parent).map(drop),
+            |at_ns, created| {
+                let mut node = node.clone();
+                node.unleased_at_ns = at_ns;
+                self.inner.create(node, created)
+            },
+            done,
+        )
     }
 
     /// An unlink that waits for its commit, in a directory whose lease this mount does not
@@ -798,38 +803,92 @@ impl AsyncDirops {
         is_open: IsOpen,
         done: Done<Removed>,
     ) {
-        let Some(leases) = &self.leases else {
-            return self
-                .inner
+        if let Some(leases) = &self.leases
+            && let Some(lease) = leases.use_held(parent, self.inner.volume_now_ns())
+        {
+            self.inner
                 .remove(parent, name, false, now_ns, None, is_open, done);
-        };
-        let now = self.inner.volume_now_ns();
-        if leases.holds(parent, now) {
-            return self
-                .inner
-                .remove(parent, name, false, now_ns, None, is_open, done);
+            drop(lease);
+            return;
         }
-        let checked = wait(|removed| {
-            self.inner.remove(
-                parent,
-                name.clone(),
-                false,
-                now_ns,
-                Some(now),
-                is_open.clone(),
-                removed,
-            )
-        });
-        match checked {
-            Err(crate::ops::FOREIGN_LEASE) => {
-                if let Err(e) = self.clear_foreign_lease(parent) {
-                    return done(Err(e));
-                }
+        self.run_unleased(
+            || self.clear_foreign_lease(parent).map(drop),
+            |at_ns, removed| {
+                let (name, is_open) = (name.clone(), is_open.clone());
                 self.inner
-                    .remove(parent, name, false, now_ns, None, is_open, done)
-            }
-            removed => done(removed),
+                    .remove(parent, name, false, now_ns, at_ns, is_open, removed)
+            },
+            done,
+        )
+    }
+
+    /// An rmdir that waits for its commit: checked against other mounts' leases on the
+    /// parent and on the directory it removes (what another mount answered in it must be
+    /// committed before it is found empty or not); see `run_unleased`.
+    fn rmdir_unleased(
+        &self,
+        parent: u64,
+        name: Vec<u8>,
+        now_ns: i64,
+        unleased_at_ns: Option<i64>,
+        is_open: IsOpen,
+        done: Done<Removed>,
+    ) {
+        if self.leases.is_none() {
+            return self
+                .inner
+                .remove(parent, name, true, now_ns, unleased_at_ns, is_open, done);
         }
+        self.run_unleased(
+            || {
+                self.clear_foreign_lease(parent)?;
+                if let Ok(target) = self.inner.lookup(0, parent, &name)
+                    && target.is_dir()
+                {
+                    self.clear_foreign_lease(target.ino)?;
+                }
+                Ok(())
+            },
+            |at_ns, removed| {
+                let (name, is_open) = (name.clone(), is_open.clone());
+                self.inner
+                    .remove(parent, name, true, now_ns, at_ns, is_open, removed)
+            },
+            done,
+        )
+    }
+
+    /// A change that waits for its commit, made on a shared volume outside this mount's
+    /// leases: its transaction checks, once it holds the rows of the directories it changes,
+    /// that no other mount holds a live lease on them (`ops::FOREIGN_LEASE` otherwise,
+    /// changing nothing); refused, it recalls them (`clear`) and runs again. A recall
+    /// before the change alone would leave a window: another mount could take a lease
+    /// between the recall and the commit, and answer early a create the commit then
+    /// contradicts. On a volume one mount holds, `run(None)` once.
+    fn run_unleased<T: Send + 'static>(
+        &self,
+        clear: impl Fn() -> Result<(), Errno>,
+        run: impl Fn(Option<i64>, Done<T>),
+        done: Done<T>,
+    ) {
+        if self.leases.is_none() {
+            return run(None, done);
+        }
+        for _ in 0..UNLEASED_TRIES_MAX {
+            let at_ns = self.inner.volume_now_ns();
+            match wait(|ran| run(Some(at_ns), ran)) {
+                Err(crate::ops::FOREIGN_LEASE) => {
+                    if let Err(e) = clear() {
+                        return done(Err(e));
+                    }
+                }
+                ran => return done(ran),
+            }
+        }
+        tracing::error!(
+            "volume: a change was refused {UNLEASED_TRIES_MAX} times in a row for other mounts' directory leases taken again after each recall; it fails with EIO"
+        );
+        done(Err(libc::EIO))
     }
 
     /// A lookup through the overlay (straight to the store when nothing is answered early
@@ -1399,14 +1458,31 @@ impl MetaStore for AsyncDirops {
         drop(lease);
     }
 
-    fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
-        if let Err(e) = self.clear_foreign_lease(parent) {
-            return done(Err(e));
-        }
+    fn link(
+        &self,
+        ino: u64,
+        parent: u64,
+        name: Vec<u8>,
+        now_ns: i64,
+        unleased_at_ns: Option<i64>,
+        done: Done<InodeRec>,
+    ) {
         self.forget_listing(parent);
         self.mark_stale(ino);
         self.mark_stale(parent);
-        self.inner.link(ino, parent, name, now_ns, done)
+        if self.leases.is_none() {
+            return self
+                .inner
+                .link(ino, parent, name, now_ns, unleased_at_ns, done);
+        }
+        self.run_unleased(
+            || self.clear_foreign_lease(parent).map(drop),
+            |at_ns, linked| {
+                self.inner
+                    .link(ino, parent, name.clone(), now_ns, at_ns, linked)
+            },
+            done,
+        )
     }
 
     fn remove(
@@ -1422,35 +1498,32 @@ impl MetaStore for AsyncDirops {
         let hooks = self.active();
         let lease = hooks.and_then(|_| self.use_lease(parent));
         let early = match (hooks, &lease) {
-            (Some(hooks), Some(_)) => match self.early_remove(parent, &name, dir, hooks) {
-                Ok(early) => early,
+            // The parent's lease checked again after the checks, which may have waited for
+            // another mount's lease on the directory to remove.
+            (Some(hooks), Some(lease)) => match self.early_remove(parent, &name, dir, hooks) {
+                Ok(early) => early.filter(|_| lease.valid_at(self.inner.volume_now_ns())),
                 Err(e) => return done(Err(e)),
             },
             _ => None,
         };
         let Some((base, target, emptied_lease)) = early else {
-            let unleased = lease.is_none();
-            drop(lease);
-            if unleased && !dir {
-                self.forget_listing(parent);
-                return self.unlink_unleased(parent, name, now_ns, is_open, done);
-            }
-            if unleased && let Err(e) = self.clear_foreign_lease(parent) {
-                return done(Err(e));
-            }
-            if dir
-                && self.leases.is_some()
-                && let Ok(target) = self.inner.lookup(0, parent, &name)
-                // Another mount's lease on the directory to remove: what it answered there
-                // must be committed before the directory is found empty or not.
-                && let Err(e) = self.clear_foreign_lease(target.ino)
-            {
-                return done(Err(e));
-            }
             self.forget_listing(parent);
-            return self
-                .inner
+            if dir {
+                // Checked against leases on the parent too, whether or not this mount
+                // holds it: its use is let go here, so as not to hold a recall of it up
+                // for a commit.
+                drop(lease);
+                return self.rmdir_unleased(parent, name, now_ns, unleased_at_ns, is_open, done);
+            }
+            let Some(lease) = lease else {
+                return self.unlink_unleased(parent, name, now_ns, is_open, done);
+            };
+            // Under this mount's lease, used until the change is queued: the let-go of a
+            // recall queues behind it, and the queue commits in order.
+            self.inner
                 .remove(parent, name, dir, now_ns, unleased_at_ns, is_open, done);
+            drop(lease);
+            return;
         };
         let seq = self.record(parent, base, &name, None, now_ns, -(dir as i64));
         if dir {
@@ -1496,36 +1569,55 @@ impl MetaStore for AsyncDirops {
         newname: Vec<u8>,
         flags: u32,
         now_ns: i64,
+        unleased_at_ns: Option<i64>,
         is_open: IsOpen,
         done: Done<Renamed>,
     ) {
-        if self.leases.is_some() {
-            let cleared = (|| {
-                self.clear_foreign_lease(parent)?;
-                if newparent != parent {
-                    self.clear_foreign_lease(newparent)?;
-                }
-                // A directory renamed over must be empty, with nothing answered in it
-                // elsewhere.
-                match self.lookup(0, newparent, &newname) {
-                    Ok(over) if over.is_dir() => {
-                        self.clear_foreign_lease(over.ino)?;
-                    }
-                    Err(WAIT_OFF_QUEUE) => return Err(WAIT_OFF_QUEUE),
-                    _ => {}
-                }
-                Ok(())
-            })();
-            if let Err(e) = cleared {
-                return done(Err(e));
-            }
-        }
         self.forget_listing(parent);
         self.forget_listing(newparent);
         self.mark_stale(parent);
         self.mark_stale(newparent);
-        self.inner.rename(
-            parent, name, newparent, newname, flags, now_ns, is_open, done,
+        if self.leases.is_none() {
+            return self.inner.rename(
+                parent,
+                name,
+                newparent,
+                newname,
+                flags,
+                now_ns,
+                unleased_at_ns,
+                is_open,
+                done,
+            );
+        }
+        let clear = || {
+            self.clear_foreign_lease(parent)?;
+            if newparent != parent {
+                self.clear_foreign_lease(newparent)?;
+            }
+            // A directory renamed over must be empty, with nothing answered in it
+            // elsewhere.
+            match self.lookup(0, newparent, &newname) {
+                Ok(over) if over.is_dir() => {
+                    self.clear_foreign_lease(over.ino)?;
+                }
+                Err(WAIT_OFF_QUEUE) => return Err(WAIT_OFF_QUEUE),
+                _ => {}
+            }
+            Ok(())
+        };
+        if let Err(e) = clear() {
+            return done(Err(e));
+        }
+        self.run_unleased(
+            clear,
+            |at_ns, renamed| {
+                let (name, newname, is_open) = (name.clone(), newname.clone(), is_open.clone());
+                self.inner.rename(
+                    parent, name, newparent, newname, flags, now_ns, at_ns, is_open, renamed,
+                )
+            },
+            done,
         )
     }
 

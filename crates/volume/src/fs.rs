@@ -1876,6 +1876,7 @@ impl Filesystem for VolumeFs {
                 newname.as_bytes().to_vec(),
                 flags,
                 now_ns(),
+                None,
                 fs.is_open(),
                 Box::new(move |r| match r {
                     Ok(renamed) => {
@@ -1910,6 +1911,7 @@ impl Filesystem for VolumeFs {
                 newparent,
                 newname.clone(),
                 now_ns(),
+                None,
                 Box::new(move |r| match r {
                     Ok(rec) => {
                         let mut out = tmpl.fill(&rec);

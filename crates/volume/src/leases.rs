@@ -67,6 +67,15 @@ impl LeaseUse {
     pub fn unneeded() -> LeaseUse {
         LeaseUse(None)
     }
+
+    /// Whether the lease still holds at `now_ns`: a use held across a wait (a recall of
+    /// another lease) may outlive it, as the heartbeat that renews it waits for this use
+    /// when a recall of it came meanwhile.
+    pub fn valid_at(&self, now_ns: i64) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|held| held.until_ns.load(Ordering::Acquire) > now_ns)
+    }
 }
 
 impl Drop for LeaseUse {

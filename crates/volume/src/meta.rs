@@ -403,11 +403,22 @@ pub trait MetaStore: Send + Sync + 'static {
     // Changes, each one transaction (shared with others: group commit).
     /// mknod, mkdir, symlink and create: EEXIST when the name is taken.
     fn create(&self, node: NewNode, done: Done<InodeRec>);
-    /// A new name for an existing non-directory inode.
-    fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>);
-    /// unlink (`dir` false) or rmdir (`dir` true). `unleased_at_ns` (an unlink only), as
+    /// A new name for an existing non-directory inode. `unleased_at_ns`, as
     /// `NewNode::unleased_at_ns`: another mount's live lease on `parent` then refuses it
     /// with `ops::FOREIGN_LEASE`, changing nothing.
+    fn link(
+        &self,
+        ino: u64,
+        parent: u64,
+        name: Vec<u8>,
+        now_ns: i64,
+        unleased_at_ns: Option<i64>,
+        done: Done<InodeRec>,
+    );
+    /// unlink (`dir` false) or rmdir (`dir` true). `unleased_at_ns`, as
+    /// `NewNode::unleased_at_ns`: another mount's live lease on `parent` (or on the
+    /// directory an rmdir removes) then refuses it with `ops::FOREIGN_LEASE`, changing
+    /// nothing.
     #[allow(clippy::too_many_arguments)]
     fn remove(
         &self,
@@ -428,6 +439,7 @@ pub trait MetaStore: Send + Sync + 'static {
         newname: Vec<u8>,
         flags: u32,
         now_ns: i64,
+        unleased_at_ns: Option<i64>,
         is_open: IsOpen,
         done: Done<Renamed>,
     );

@@ -78,12 +78,13 @@ const TOUCH_DIR_RETURNING_SQL: &str = concat!(
     "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0",
     returning_attr_columns!()
 );
-/// As `TOUCH_DIR_RETURNING_SQL`, only if no other session's lease on the directory is live.
-const TOUCH_UNLEASED_DIR_RETURNING_SQL: &str = concat!(
-    "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0
-     AND NOT EXISTS (SELECT 1 FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?)",
-    returning_attr_columns!()
-);
+/// Another session's lease on a directory, live at a time: (dir, me, at_ns). A change that
+/// must not pass other mounts' leases runs it as a statement of its own after the one that
+/// took the directory's row lock: on PostgreSQL each statement reads what committed before
+/// it began, so it sees a lease whose take held that lock first (`take_lease` takes it),
+/// which a condition inside the locking statement would not.
+const FOREIGN_LEASE_SQL: &str =
+    "SELECT session FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?";
 /// A row if the directory `?` (4th) is the directory `?` (1st) or one of its ancestors: the
 /// walk up the `parent` column stops at the root (2nd) or at that directory (3rd), and after
 /// 100,000 steps should a damaged volume hold a loop.
@@ -844,21 +845,21 @@ impl<C: Tx> Writer<C> {
         nlink_delta: i64,
         unleased_at_ns: Option<i64>,
     ) -> Result<InodeRec, Errno> {
+        let touch_args = args![now_ns, now_ns, nlink_delta, dir];
         let row = match unleased_at_ns {
-            None => self.tx().query_opt(
-                TOUCH_DIR_RETURNING_SQL,
-                &args![now_ns, now_ns, nlink_delta, dir],
-            )?,
+            None => self.tx().query_opt(TOUCH_DIR_RETURNING_SQL, &touch_args)?,
             Some(at_ns) => {
+                // In one round trip, the lock first.
                 let me = self.session;
-                let row = self.tx().query_opt(
-                    TOUCH_UNLEASED_DIR_RETURNING_SQL,
-                    &args![now_ns, now_ns, nlink_delta, dir, dir, me, at_ns],
-                )?;
-                if row.is_none() && foreign_lease(self.tx(), me, dir, at_ns)?.is_some() {
+                let [touched, leased] = <[Vec<Row>; 2]>::try_from(self.tx().queries(&[
+                    (TOUCH_DIR_RETURNING_SQL, &touch_args),
+                    (FOREIGN_LEASE_SQL, &args![dir, me, at_ns]),
+                ])?)
+                .map_err(|_| DbError::Other("two queries, not two answers".into()))?;
+                if !leased.is_empty() {
                     return Err(FOREIGN_LEASE);
                 }
-                row
+                touched.into_iter().next()
             }
         };
         let rec = attr_from_row(&row.ok_or(libc::ENOENT)?, 0)?;
@@ -972,6 +973,28 @@ impl<C: Tx> Writer<C> {
             .get(1)
             .ok_or_else(|| DbError::Other("two queries, one answer".into()))?;
         Ok(entries.is_empty())
+    }
+
+    /// With `unleased_at_ns`: FOREIGN_LEASE if another mount's lease on one of `dirs` is
+    /// live then. Run once this transaction holds those directories' row locks (see
+    /// `FOREIGN_LEASE_SQL`): a mount that takes a lease waits for that lock (`take_lease`),
+    /// so it either sees this change or this change sees its lease, and what it answers
+    /// early under the lease never meets a change made past it.
+    fn refuse_foreign_leases(
+        &mut self,
+        dirs: &[u64],
+        unleased_at_ns: Option<i64>,
+    ) -> Result<(), Errno> {
+        let Some(at_ns) = unleased_at_ns else {
+            return Ok(());
+        };
+        let me = self.session;
+        for &dir in dirs {
+            if foreign_lease(self.tx(), me, dir, at_ns)?.is_some() {
+                return Err(FOREIGN_LEASE);
+            }
+        }
+        Ok(())
     }
 
     /// Moves chunks' blocks and their slices' to gc_blocks; returns them. `only`: one
@@ -1160,12 +1183,15 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
     Ok(attr)
 }
 
+/// `unleased_at_ns`: the directory changes only if no other mount's lease on it is live
+/// then (else `FOREIGN_LEASE`, changing nothing).
 pub fn link<C: Tx>(
     w: &mut Writer<C>,
     ino: u64,
     parent: u64,
     name: &[u8],
     now_ns: i64,
+    unleased_at_ns: Option<i64>,
 ) -> Result<InodeRec, Errno> {
     let attr = w.attr(ino)?;
     if attr.is_dir() {
@@ -1181,6 +1207,7 @@ pub fn link<C: Tx>(
     }
     w.insert_entry(parent, name, ino, attr.mode)?;
     w.touch_dir(parent, now_ns, 0)?;
+    w.refuse_foreign_leases(&[parent], unleased_at_ns)?;
     // Linked again: no longer an orphan (no row when it never was one).
     w.tx()
         .execute("DELETE FROM orphans WHERE ino = ?", &args![ino])?;
@@ -1188,7 +1215,8 @@ pub fn link<C: Tx>(
     w.attr(ino)
 }
 
-/// `unleased_at_ns`: see `MetaStore::remove` (an unlink only).
+/// `unleased_at_ns`: see `MetaStore::remove`; an rmdir checks the directory it removes too
+/// (a create answered early in it would be lost).
 pub fn remove<C: Tx>(
     w: &mut Writer<C>,
     parent: u64,
@@ -1209,6 +1237,7 @@ pub fn remove<C: Tx>(
     if !w.is_empty_dir_locked(ino)? {
         return Err(libc::ENOTEMPTY);
     }
+    w.refuse_foreign_leases(&[parent, ino], unleased_at_ns)?;
     w.delete_entry(parent, name)?;
     w.touch_dir(parent, now_ns, -1)?;
     w.log(ChangeKind::Entry, ino, parent, Some(name), now_ns)?;
@@ -1234,36 +1263,38 @@ fn unlink<C: Tx>(
     is_open: &IsOpen,
 ) -> Result<Removed, Errno> {
     let me = w.session;
-    let (touch_sql, touch_args) = match unleased_at_ns {
-        None => (
-            TOUCH_DIR_RETURNING_SQL,
-            args![now_ns, now_ns, 0i64, parent].to_vec(),
-        ),
-        Some(at_ns) => (
-            TOUCH_UNLEASED_DIR_RETURNING_SQL,
-            args![now_ns, now_ns, 0i64, parent, parent, me, at_ns].to_vec(),
-        ),
-    };
-    let [touched, dropped, deleted] = <[Vec<Row>; 3]>::try_from(w.tx().queries(&[
-        (touch_sql, &touch_args),
-        (
-            "UPDATE inodes SET nlink = nlink - 1, ctime_ns = ?
-             WHERE ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?) AND nlink > 0
-             RETURNING ino, nlink",
-            &args![now_ns, parent, name],
-        ),
-        (
-            "DELETE FROM entries WHERE parent = ? AND name = ? RETURNING ino, kind",
-            &args![parent, name],
-        ),
-    ])?)
-    .map_err(|_| DbError::Other("three queries, not three answers".into()))?;
+    let touch_args = args![now_ns, now_ns, 0i64, parent];
+    let lease_args = args![parent, me, unleased_at_ns.unwrap_or(0)];
+    let drop_args = args![now_ns, parent, name];
+    let delete_args = args![parent, name];
+    // The lease check, when asked for, right after the lock (see `FOREIGN_LEASE_SQL`).
+    let lease_step = unleased_at_ns.map(|_| (FOREIGN_LEASE_SQL, &lease_args[..]));
+    let steps: Vec<(&'static str, &[Arg<'_>])> = [(TOUCH_DIR_RETURNING_SQL, &touch_args[..])]
+        .into_iter()
+        .chain(lease_step)
+        .chain([
+            (
+                "UPDATE inodes SET nlink = nlink - 1, ctime_ns = ?
+                 WHERE ino = (SELECT ino FROM entries WHERE parent = ? AND name = ?) AND nlink > 0
+                 RETURNING ino, nlink",
+                &drop_args[..],
+            ),
+            (
+                "DELETE FROM entries WHERE parent = ? AND name = ? RETURNING ino, kind",
+                &delete_args[..],
+            ),
+        ])
+        .collect();
+    let mut answers = w.tx().queries(&steps)?;
+    if answers.len() != steps.len() {
+        return Err(DbError::Other("fewer answers than queries".into()).into());
+    }
+    let [touched, dropped, deleted] =
+        [0, answers.len() - 2, answers.len() - 1].map(|i| std::mem::take(&mut answers[i]));
+    if unleased_at_ns.is_some() && !answers[1].is_empty() {
+        return Err(FOREIGN_LEASE);
+    }
     let Some(touched) = touched.first() else {
-        if let Some(at_ns) = unleased_at_ns
-            && foreign_lease(w.tx(), me, parent, at_ns)?.is_some()
-        {
-            return Err(FOREIGN_LEASE);
-        }
         return Err(libc::ENOENT);
     };
     let (dropped, deleted) = (dropped.first(), deleted.first());
@@ -1293,6 +1324,8 @@ fn unlink<C: Tx>(
     w.drop_link(ino, now_ns, is_open)
 }
 
+/// `unleased_at_ns`: only if no other mount's lease is live then on either directory, nor
+/// on a directory renamed over (else `FOREIGN_LEASE`, changing nothing).
 #[allow(clippy::too_many_arguments)]
 pub fn rename<C: Tx>(
     w: &mut Writer<C>,
@@ -1302,9 +1335,11 @@ pub fn rename<C: Tx>(
     newname: &[u8],
     flags: u32,
     now_ns: i64,
+    unleased_at_ns: Option<i64>,
     is_open: &IsOpen,
 ) -> Result<Renamed, Errno> {
     let [src, dst] = w.entries_locked([(parent, name), (newparent, newname)])?;
+    w.refuse_foreign_leases(&[parent, newparent], unleased_at_ns)?;
     let (src, src_mode) = src.ok_or(libc::ENOENT)?;
     let src_dir = src_mode & libc::S_IFMT == libc::S_IFDIR;
     let mut renamed = Renamed::default();
@@ -1375,6 +1410,9 @@ pub fn rename<C: Tx>(
         }
         if dst_dir && !w.is_empty_dir_locked(dst)? {
             return Err(libc::ENOTEMPTY);
+        }
+        if dst_dir {
+            w.refuse_foreign_leases(&[dst], unleased_at_ns)?;
         }
         w.delete_entry(newparent, newname)?;
         if dst_dir {
@@ -2022,6 +2060,17 @@ fn take_lease(
     now_ns: i64,
     expires_ns: i64,
 ) -> Result<u64, Errno> {
+    // The directory's row lock first, as every change of its names takes it: a change
+    // that checks for other mounts' leases (`Writer::refuse_foreign_leases`) then either
+    // committed before this take, and what is answered under the lease reads it, or sees the
+    // lease. A directory removed meanwhile takes no lease.
+    if tx.execute(
+        "UPDATE inodes SET nlink = nlink WHERE ino = ? AND nlink > 0",
+        &args![dir],
+    )? == 0
+    {
+        return Ok(0);
+    }
     Ok(tx.execute(
         "INSERT INTO leases (dir, session, epoch, expires_ns, recalled) VALUES (?, ?, 1, ?, 0)
          ON CONFLICT (dir) DO UPDATE SET session = excluded.session,

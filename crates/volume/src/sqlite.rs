@@ -517,12 +517,13 @@ mod tests {
     fn a_recalled_lease_is_neither_renewed_nor_taken_again_by_its_holder() {
         use crate::meta::LeaseChange;
         let f = Fixture::new("recall");
+        // The root: a lease is taken only on a directory that exists.
         let steps = wait(|done| {
             f.store.submit(
                 false,
                 |w| {
                     let take = |now_ns: i64| LeaseChange::Take {
-                        dir: 9,
+                        dir: ROOT_INO,
                         now_ns,
                         expires_ns: now_ns + 100,
                     };
@@ -530,7 +531,13 @@ mod tests {
                     Ok((
                         ops::change_lease(w, take(100))?,
                         ops::renew_leases(w, 300)?,
-                        ops::change_lease(w, LeaseChange::Recall { dir: 9, holder })?,
+                        ops::change_lease(
+                            w,
+                            LeaseChange::Recall {
+                                dir: ROOT_INO,
+                                holder,
+                            },
+                        )?,
                         ops::renew_leases(w, 400)?,
                         ops::change_lease(w, take(200))?,
                         ops::change_lease(w, take(301))?,
@@ -543,7 +550,7 @@ mod tests {
         let (taken, renewed, recalled, renewed_recalled, retaken_live, retaken_expired, after) =
             steps.unwrap();
         assert!(taken && recalled);
-        assert_eq!(renewed, vec![9]);
+        assert_eq!(renewed, vec![ROOT_INO]);
         assert_eq!(
             renewed_recalled,
             Vec::<u64>::new(),
@@ -557,10 +564,34 @@ mod tests {
             retaken_expired,
             "the expired lease could not be taken afresh"
         );
-        assert_eq!(after, vec![9], "a fresh take kept the old recall");
+        assert_eq!(after, vec![ROOT_INO], "a fresh take kept the old recall");
     }
 
-    /// A regular file `name` to create in the root directory.
+    /// A lease is taken only on a directory that exists: one removed after a mount's
+    /// recall and before its take gets none (the take waits for the remove's row lock).
+    #[test]
+    fn no_lease_is_taken_on_a_directory_that_is_gone() {
+        let f = Fixture::new("gone");
+        let take = |dir| crate::meta::LeaseChange::Take {
+            dir,
+            now_ns: 100,
+            expires_ns: 200,
+        };
+        let taken = wait(|done| {
+            f.store.submit(
+                false,
+                move |w| {
+                    Ok((
+                        ops::change_lease(w, take(ROOT_INO + 1000))?,
+                        ops::change_lease(w, take(ROOT_INO))?,
+                    ))
+                },
+                done,
+            )
+        });
+        assert_eq!(taken.unwrap(), (false, true));
+    }
+
     /// Takes the root directory's lease for the writer's session, from 100 to 200 ns.
     fn take_root_lease(w: &mut Writer<SqliteConn>) -> Result<(), Errno> {
         let take = crate::meta::LeaseChange::Take {
@@ -572,6 +603,7 @@ mod tests {
         Ok(())
     }
 
+    /// A regular file `name` to create in the root directory.
     fn root_file(name: &[u8], unleased_at_ns: Option<i64>) -> crate::meta::NewNode {
         crate::meta::NewNode {
             ino: None,

@@ -1599,10 +1599,18 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.queue_ahead(false, |w| Ok(w.take_range()?), done)
     }
 
-    fn link(&self, ino: u64, parent: u64, name: Vec<u8>, now_ns: i64, done: Done<InodeRec>) {
+    fn link(
+        &self,
+        ino: u64,
+        parent: u64,
+        name: Vec<u8>,
+        now_ns: i64,
+        unleased_at_ns: Option<i64>,
+        done: Done<InodeRec>,
+    ) {
         self.submit(
             false,
-            move |w| ops::link(w, ino, parent, &name, now_ns),
+            move |w| ops::link(w, ino, parent, &name, now_ns, unleased_at_ns),
             done,
         )
     }
@@ -1632,6 +1640,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         newname: Vec<u8>,
         flags: u32,
         now_ns: i64,
+        unleased_at_ns: Option<i64>,
         is_open: IsOpen,
         done: Done<Renamed>,
     ) {
@@ -1639,7 +1648,15 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             false,
             move |w| {
                 ops::rename(
-                    w, parent, &name, newparent, &newname, flags, now_ns, &is_open,
+                    w,
+                    parent,
+                    &name,
+                    newparent,
+                    &newname,
+                    flags,
+                    now_ns,
+                    unleased_at_ns,
+                    &is_open,
                 )
             },
             done,
