@@ -4430,7 +4430,6 @@ mod on_postgres {
     /// succeeded on holds the renamed file (the rename came second and replaced it).
     #[test]
     fn a_rename_racing_a_create_of_its_new_name_on_another_mount_is_answered_once() {
-        use std::sync::Barrier;
         let Some(volume) = Volume::format_on_postgres("rename-race") else {
             return;
         };
@@ -4443,37 +4442,15 @@ mod on_postgres {
             std::fs::write(a.path(&format!("from/f-{i}")), b"renamed").unwrap();
         }
         std::fs::metadata(b.path("to")).unwrap();
-        let go = Arc::new(Barrier::new(2));
-        let renamer = {
-            let (go, from, to) = (go.clone(), a.path("from"), a.path("to"));
-            std::thread::spawn(move || {
-                (0..NAMES)
-                    .map(|i| {
-                        go.wait();
-                        std::fs::rename(from.join(format!("f-{i}")), to.join(format!("f-{i}")))
-                            .is_ok()
-                    })
-                    .collect::<Vec<_>>()
-            })
-        };
-        let to = b.path("to");
-        let mut created = Vec::new();
-        for i in 0..NAMES {
-            go.wait();
-            let name = to.join(format!("f-{i}"));
-            created.push(match std::fs::File::create_new(&name) {
-                Ok(mut f) => {
-                    f.write_all(b"created").unwrap();
-                    match f.sync_all() {
-                        Ok(()) => true,
-                        Err(e) => panic!("{}: open succeeded, then fsync: {e}", name.display()),
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
-                Err(e) => panic!("create of {}: {e}", name.display()),
-            });
-        }
-        let renamed = renamer.join().unwrap();
+        let (from, to) = (a.path("from"), a.path("to"));
+        let (renamed, created) = race_creates(
+            NAMES,
+            move |i| {
+                std::fs::rename(from.join(format!("f-{i}")), to.join(format!("f-{i}"))).is_ok()
+            },
+            |i| b.path(&format!("to/f-{i}")),
+            std::io::ErrorKind::AlreadyExists,
+        );
         std::fs::File::open(a.path("to"))
             .unwrap()
             .sync_all()
@@ -4492,8 +4469,49 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// `count` rounds, each started on both sides at once: `other(i)` on a thread of its own,
+    /// and here an O_EXCL create of `create_at(i)`, a write and an fsync; what `other`
+    /// returned, and which creates were made (a create refused with `refused` was not). A
+    /// create whose open succeeded and whose fsync then failed panics: its answer was lost.
+    fn race_creates<T: Send + 'static>(
+        count: usize,
+        other: impl Fn(usize) -> T + Send + 'static,
+        create_at: impl Fn(usize) -> PathBuf,
+        refused: std::io::ErrorKind,
+    ) -> (Vec<T>, Vec<bool>) {
+        let go = Arc::new(std::sync::Barrier::new(2));
+        let other = {
+            let go = go.clone();
+            std::thread::spawn(move || {
+                (0..count)
+                    .map(|i| {
+                        go.wait();
+                        other(i)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        let created = (0..count)
+            .map(|i| {
+                go.wait();
+                let name = create_at(i);
+                match std::fs::File::create_new(&name) {
+                    Ok(mut f) => {
+                        f.write_all(b"created").unwrap();
+                        if let Err(e) = f.sync_all() {
+                            panic!("{}: open succeeded, then fsync: {e}", name.display());
+                        }
+                        true
+                    }
+                    Err(e) if e.kind() == refused => false,
+                    Err(e) => panic!("create of {}: {e}", name.display()),
+                }
+            })
+            .collect();
+        (other.join().unwrap(), created)
+    }
+
     fn rmdir_racing_creates_on_another_mount(remover_args: &[&str]) {
-        use std::sync::Barrier;
         let Some(volume) = Volume::format_on_postgres("rmdir-race") else {
             return;
         };
@@ -4515,36 +4533,13 @@ mod on_postgres {
         // b's lookups recalled a's lease on p; a takes it again once it cooled down, and
         // answers its rmdirs there early.
         std::thread::sleep(Duration::from_millis(2500));
-        let go = Arc::new(Barrier::new(2));
-        let remover = {
-            let (go, p) = (go.clone(), a.path("p"));
-            std::thread::spawn(move || {
-                (0..DIRS)
-                    .map(|i| {
-                        go.wait();
-                        std::fs::remove_dir(p.join(format!("d-{i}"))).map_err(|e| e.kind())
-                    })
-                    .collect::<Vec<_>>()
-            })
-        };
-        let p = b.path("p");
-        let mut created = Vec::new();
-        for i in 0..DIRS {
-            go.wait();
-            let name = p.join(format!("d-{i}/f"));
-            created.push(match std::fs::File::create_new(&name) {
-                Ok(mut f) => {
-                    f.write_all(b"x").unwrap();
-                    match f.sync_all() {
-                        Ok(()) => true,
-                        Err(e) => panic!("{}: open succeeded, then fsync: {e}", name.display()),
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-                Err(e) => panic!("create of {}: {e}", name.display()),
-            });
-        }
-        let removed = remover.join().unwrap();
+        let p = a.path("p");
+        let (removed, created) = race_creates(
+            DIRS,
+            move |i| std::fs::remove_dir(p.join(format!("d-{i}"))).map_err(|e| e.kind()),
+            |i| b.path(&format!("p/d-{i}/f")),
+            std::io::ErrorKind::NotFound,
+        );
         std::fs::File::open(a.path("p"))
             .unwrap()
             .sync_all()
