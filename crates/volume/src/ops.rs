@@ -989,10 +989,19 @@ impl<C: Tx> Writer<C> {
             return Ok(());
         };
         let me = self.session;
-        for &dir in dirs {
-            if foreign_lease(self.tx(), me, dir, at_ns)?.is_some() {
-                return Err(FOREIGN_LEASE);
-            }
+        // One read a directory, in one round trip.
+        let step_args: Vec<[Arg<'_>; 3]> = dirs.iter().map(|&dir| args![dir, me, at_ns]).collect();
+        let steps: Vec<(&'static str, &[Arg<'_>])> = step_args
+            .iter()
+            .map(|a| (FOREIGN_LEASE_SQL, &a[..]))
+            .collect();
+        if self
+            .tx()
+            .queries(&steps)?
+            .iter()
+            .any(|rows| !rows.is_empty())
+        {
+            return Err(FOREIGN_LEASE);
         }
         Ok(())
     }
