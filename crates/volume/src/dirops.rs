@@ -1192,33 +1192,25 @@ impl AsyncDirops {
     /// directory as read, and for a directory to remove the use of its own lease, held until
     /// the remove is queued (so no other mount makes a name in it between the emptiness
     /// check and the queueing: its recall waits for that use, and then for the remove's
-    /// commit); an error where the synchronous remove would meet the same one (a lease on
-    /// the directory to remove that another mount holds past its expiry: waiting for it
-    /// again there would only double the caller's wait).
+    /// commit). Another mount's lease on it was recalled before (`remove`); one taken since
+    /// makes this mount's take fail, and the remove wait for its commit.
     fn early_remove(
         &self,
         parent: u64,
         name: &[u8],
         dir: bool,
         hooks: &Hooks,
-    ) -> Result<Option<(InodeRec, InodeRec, LeaseUse)>, Errno> {
-        let Ok(base) = self.current(0, parent) else {
-            return Ok(None);
-        };
+    ) -> Option<(InodeRec, InodeRec, LeaseUse)> {
+        let base = self.current(0, parent).ok()?;
         let Some(Some(target)) = self.resolve(0, parent, name) else {
-            return Ok(None);
+            return None;
         };
         if target.is_dir() != dir {
-            return Ok(None);
+            return None;
         }
         let mut emptied_lease = LeaseUse::unneeded();
         if dir {
-            self.clear_foreign_lease(target.ino)?;
-            // Another mount that took it since waits: its names may not be committed yet.
-            let Some(lease) = self.use_lease(target.ino) else {
-                return Ok(None);
-            };
-            emptied_lease = lease;
+            emptied_lease = self.use_lease(target.ino)?;
             // Empty: one whose complete listing this mount holds has no name left (the
             // removes that emptied it are queued before this one: `rm -rf` of a tree this
             // mount made waited for a commit at every directory, 2.4 ms each on
@@ -1229,7 +1221,7 @@ impl AsyncDirops {
             let inodes = self.inodes.shard(target.ino);
             match inodes.get(&target.ino) {
                 _ if listed_empty => {}
-                Some(p) if !(p.creation_pending && p.ops == 1) => return Ok(None),
+                Some(p) if !(p.creation_pending && p.ops == 1) => return None,
                 Some(_) => {}
                 None => {
                     drop(inodes);
@@ -1238,14 +1230,14 @@ impl AsyncDirops {
                         .readdir(0, target.ino)
                         .is_ok_and(|e| e.is_empty())
                     {
-                        return Ok(None);
+                        return None;
                     }
                 }
             }
         } else if target.nlink != 1 || (hooks.open_here)(target.ino) {
-            return Ok(None);
+            return None;
         }
-        Ok(Some((base, target, emptied_lease)))
+        Some((base, target, emptied_lease))
     }
 }
 
@@ -1496,14 +1488,27 @@ impl MetaStore for AsyncDirops {
         done: Done<Removed>,
     ) {
         let hooks = self.active();
+        // Another mount's lease on a directory to remove is recalled (what it answered there
+        // committed) before this mount uses its lease on the parent: a use held across that
+        // wait, up to a dead holder's expiry, would hold up a recall of the parent, and the
+        // upkeep thread with it. A lease held past its expiry fails here as it would on the
+        // synchronous way: waiting again there would only double the caller's wait.
+        if dir
+            && hooks.is_some()
+            && self.leases.is_some()
+            && let Some(Some(target)) = self.resolve(0, parent, &name)
+            && target.is_dir()
+            && let Err(e) = self.clear_foreign_lease(target.ino)
+        {
+            return done(Err(e));
+        }
         let lease = hooks.and_then(|_| self.use_lease(parent));
         let early = match (hooks, &lease) {
             // The parent's lease checked again after the checks, which may have waited for
-            // another mount's lease on the directory to remove.
-            (Some(hooks), Some(lease)) => match self.early_remove(parent, &name, dir, hooks) {
-                Ok(early) => early.filter(|_| lease.valid_at(self.inner.volume_now_ns())),
-                Err(e) => return done(Err(e)),
-            },
+            // the take of the lease on the directory to remove.
+            (Some(hooks), Some(lease)) => self
+                .early_remove(parent, &name, dir, hooks)
+                .filter(|_| lease.valid_at(self.inner.volume_now_ns())),
             _ => None,
         };
         let Some((base, target, emptied_lease)) = early else {

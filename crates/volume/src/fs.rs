@@ -31,6 +31,7 @@ mod writeback;
 
 pub use atime::AtimeSwitch;
 use lanefs_fuse::atime::Atime;
+use lanefs_fuse::caller::Waiting;
 
 /// Shards of the open-file and directory-handle tables.
 const OPEN_SHARDS: usize = 64;
@@ -1551,7 +1552,7 @@ impl Filesystem for VolumeFs {
                 }
                 reply.ok()
             }
-            Ok(Some(_)) if sleep => self.locks.wait((req.unique, req.uid), lock, reply),
+            Ok(Some(_)) if sleep => self.locks.wait(Waiting::of(req), lock, reply),
             Ok(Some(_)) => reply.error(libc::EAGAIN),
             Err(e) => reply.error(e),
         }

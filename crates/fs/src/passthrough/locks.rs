@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lanefs_fuse::abi;
+use lanefs_fuse::caller::Waiting;
 use lanefs_fuse::{Reply, Request};
 
 use super::PassthroughFs;
@@ -102,9 +103,8 @@ fn lease_held(errno: i32) -> bool {
 
 /// A lock request waiting for its lock.
 struct Waiter {
-    unique: u64,
-    /// The caller's uid, for `WAITERS_PER_USER_MAX`.
-    uid: u32,
+    /// The request (its caller's uid counts for `WAITERS_PER_USER_MAX`).
+    caller: Waiting,
     nodeid: u64,
     reply: Reply,
     attempt: Attempt,
@@ -412,10 +412,10 @@ impl LockTable {
 
     pub fn interrupt(&self, unique: u64) {
         let mut list = self.waits.lock();
-        if let Some(pos) = list.waiting.iter().position(|w| w.unique == unique) {
+        if let Some(pos) = list.waiting.iter().position(|w| w.caller.unique == unique) {
             let waiter = list.waiting.swap_remove(pos);
             self.waits.count.fetch_sub(1, Ordering::AcqRel);
-            list.left(waiter.uid);
+            list.left(waiter.caller.uid);
             drop(list);
             return waiter.reply.error(libc::EINTR);
         }
@@ -431,14 +431,8 @@ impl LockTable {
     /// (without blocking) after a back-off until the lease is gone: one thread for every
     /// waiter, so lease waits never hold a queue's worker or an offload thread. Bounded with
     /// the lock waiters (the same list): beyond it the open fails with ENOLCK.
-    pub fn wait_for_open(
-        &self,
-        (unique, uid): (u64, u32),
-        nodeid: u64,
-        reply: Reply,
-        attempt: Attempt,
-    ) {
-        self.wait((unique, uid), nodeid, reply, attempt, lease_held)
+    pub fn wait_for_open(&self, caller: Waiting, nodeid: u64, reply: Reply, attempt: Attempt) {
+        self.wait(caller, nodeid, reply, attempt, lease_held)
     }
 
     /// Puts a request whose lock is held elsewhere (or whose open waits for a lease break)
@@ -446,12 +440,13 @@ impl LockTable {
     /// its INTERRUPT came first); the waiting thread answers it.
     fn wait(
         &self,
-        (unique, uid): (u64, u32),
+        caller: Waiting,
         nodeid: u64,
         reply: Reply,
         attempt: Attempt,
         retry: fn(i32) -> bool,
     ) {
+        let (unique, uid) = (caller.unique, caller.uid);
         let mut list = self.waits.lock();
         if let Some(pos) = list.interrupts.iter().position(|u| *u == unique) {
             list.interrupts.remove(pos);
@@ -485,8 +480,7 @@ impl LockTable {
         }
         // Tried again at once: a lock released between the caller's try and now told no one.
         list.waiting.push(Waiter {
-            unique,
-            uid,
+            caller,
             nodeid,
             reply,
             attempt,
@@ -525,11 +519,14 @@ impl Waits {
             let released = std::mem::take(&mut list.released);
             let mut due = Vec::new();
             for waiter in std::mem::take(&mut list.waiting) {
-                let interrupted = list.interrupts.iter().position(|u| *u == waiter.unique);
+                let interrupted = list
+                    .interrupts
+                    .iter()
+                    .position(|u| *u == waiter.caller.unique);
                 if let Some(pos) = interrupted {
                     list.interrupts.remove(pos);
                     self.count.fetch_sub(1, Ordering::AcqRel);
-                    list.left(waiter.uid);
+                    list.left(waiter.caller.uid);
                     waiter.reply.error(libc::EINTR);
                 } else if waiter.next_try <= now || released.contains(&waiter.nodeid) {
                     due.push(waiter);
@@ -541,6 +538,17 @@ impl Waits {
             let mut still = Vec::new();
             let mut answered = Vec::new();
             for mut waiter in due {
+                // Killed without an INTERRUPT (see `Waiting::is_dying`).
+                if waiter.caller.is_dying() {
+                    self.count.fetch_sub(1, Ordering::AcqRel);
+                    answered.push(waiter.caller.uid);
+                    waiter.reply.error(libc::EINTR);
+                    tracing::debug!(
+                        "lock wait of thread {}: its caller is being killed; answered EINTR",
+                        waiter.caller.pid
+                    );
+                    continue;
+                }
                 match (waiter.attempt)() {
                     Err(e) if (waiter.retry)(e) => {
                         waiter.next_try = now + waiter.delay;
@@ -549,7 +557,7 @@ impl Waits {
                     }
                     result => {
                         self.count.fetch_sub(1, Ordering::AcqRel);
-                        answered.push(waiter.uid);
+                        answered.push(waiter.caller.uid);
                         match result {
                             Ok(answer) => answer(waiter.reply),
                             Err(e) => waiter.reply.error(e),
@@ -565,7 +573,7 @@ impl Waits {
             let pending_interrupt = list
                 .waiting
                 .iter()
-                .any(|w| list.interrupts.contains(&w.unique));
+                .any(|w| list.interrupts.contains(&w.caller.unique));
             if !list.released.is_empty() || pending_interrupt {
                 continue;
             }
@@ -621,13 +629,7 @@ impl PassthroughFs {
             };
             let attempt =
                 move || sys::flock(&file.fd, operation | libc::LOCK_NB).map(|()| lock_granted());
-            self.lock_or_wait(
-                (req.unique, req.uid),
-                nodeid,
-                sleep,
-                reply,
-                Box::new(attempt),
-            );
+            self.lock_or_wait(Waiting::of(req), nodeid, sleep, reply, Box::new(attempt));
             if operation == libc::LOCK_UN {
                 self.locks.released(nodeid);
             }
@@ -663,18 +665,12 @@ impl PassthroughFs {
             let fd = owner_fd_for(&owners, (&file, fh), owner, pid, typ)?;
             sys::fcntl_lock(&fd, libc::F_OFD_SETLK, &mut to_flock(&lk)).map(|()| lock_granted())
         };
-        self.lock_or_wait(
-            (req.unique, req.uid),
-            nodeid,
-            sleep,
-            reply,
-            Box::new(attempt),
-        )
+        self.lock_or_wait(Waiting::of(req), nodeid, sleep, reply, Box::new(attempt))
     }
 
     fn lock_or_wait(
         &self,
-        (unique, uid): (u64, u32),
+        caller: Waiting,
         nodeid: u64,
         sleep: bool,
         reply: Reply,
@@ -683,8 +679,7 @@ impl PassthroughFs {
         match attempt() {
             Ok(answer) => answer(reply),
             Err(e) if sleep && lock_held(e) => {
-                self.locks
-                    .wait((unique, uid), nodeid, reply, attempt, lock_held)
+                self.locks.wait(caller, nodeid, reply, attempt, lock_held)
             }
             Err(e) => reply.error(e),
         }

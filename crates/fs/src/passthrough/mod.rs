@@ -36,6 +36,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use lanefs_fuse::abi::{self, init_flags};
+use lanefs_fuse::caller::Waiting;
 use lanefs_fuse::{Connection, Filesystem, InitRequest, Reply, Request};
 
 use counters::Counters;
@@ -333,7 +334,7 @@ impl PassthroughFs {
                     }))
                 };
                 self.locks
-                    .wait_for_open((req.unique, req.uid), ino, reply, Box::new(attempt));
+                    .wait_for_open(Waiting::of(&req), ino, reply, Box::new(attempt));
             }
             Err(e) => reply.error(e),
         }
@@ -949,7 +950,7 @@ impl Filesystem for PassthroughFs {
                     }))
                 };
                 self.locks
-                    .wait_for_open((req.unique, req.uid), ino, reply, Box::new(attempt));
+                    .wait_for_open(Waiting::of(req), ino, reply, Box::new(attempt));
             }
             Err(e) => reply.error(e),
         }

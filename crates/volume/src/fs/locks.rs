@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use lanefs_fuse::caller::Waiting;
 use lanefs_fuse::{Reply, abi};
 
 use crate::meta::*;
@@ -90,9 +91,8 @@ pub fn lock_out(req: &LockReq, holder: Option<LockHolder>) -> abi::FileLock {
 type HeldKey = (u64, u64, u8);
 
 struct Waiter {
-    unique: u64,
-    /// The caller's uid, for `WAITERS_PER_USER_MAX`.
-    uid: u32,
+    /// The request (its caller's uid counts for `WAITERS_PER_USER_MAX`).
+    caller: Waiting,
     req: LockReq,
     reply: Reply,
     next_try: Instant,
@@ -302,10 +302,10 @@ impl Locks {
 
     pub fn interrupt(&self, unique: u64) {
         let mut list = self.waits.lock();
-        if let Some(pos) = list.waiting.iter().position(|w| w.unique == unique) {
+        if let Some(pos) = list.waiting.iter().position(|w| w.caller.unique == unique) {
             let waiter = list.waiting.swap_remove(pos);
             self.waits.count.fetch_sub(1, Ordering::AcqRel);
-            list.left(waiter.uid);
+            list.left(waiter.caller.uid);
             drop(list);
             return waiter.reply.error(libc::EINTR);
         }
@@ -323,7 +323,8 @@ impl Locks {
 
     /// Puts a blocking request whose lock is held on the wait list (ENOLCK when it, or the
     /// caller's share of it, is full; EINTR when its INTERRUPT came first).
-    pub fn wait(&self, (unique, uid): (u64, u32), req: LockReq, reply: Reply) {
+    pub fn wait(&self, caller: Waiting, req: LockReq, reply: Reply) {
+        let (unique, uid) = (caller.unique, caller.uid);
         let mut list = self.waits.lock();
         if let Some(pos) = list.interrupts.iter().position(|u| *u == unique) {
             // Interrupted during its first try.
@@ -345,8 +346,7 @@ impl Locks {
             *list.per_user.entry(uid).or_default() += 1;
         }
         list.waiting.push(Waiter {
-            unique,
-            uid,
+            caller,
             req,
             reply,
             next_try: Instant::now() + WAIT_FIRST,
@@ -370,10 +370,14 @@ fn serve(waits: &Waits, store: &dyn MetaStore) {
         let mut due = Vec::new();
         let mut interrupted = Vec::new();
         for waiter in std::mem::take(&mut list.waiting) {
-            if let Some(pos) = list.interrupts.iter().position(|u| *u == waiter.unique) {
+            if let Some(pos) = list
+                .interrupts
+                .iter()
+                .position(|u| *u == waiter.caller.unique)
+            {
                 list.interrupts.remove(pos);
                 waits.count.fetch_sub(1, Ordering::AcqRel);
-                list.left(waiter.uid);
+                list.left(waiter.caller.uid);
                 interrupted.push(waiter);
             } else if waiter.next_try <= now || released.contains(&waiter.req.ino) {
                 due.push(waiter);
@@ -389,6 +393,17 @@ fn serve(waits: &Waits, store: &dyn MetaStore) {
         let mut still = Vec::new();
         let mut answered = Vec::new();
         for mut waiter in due {
+            // Killed without an INTERRUPT (see `Waiting::is_dying`).
+            if waiter.caller.is_dying() {
+                waits.count.fetch_sub(1, Ordering::AcqRel);
+                answered.push(waiter.caller.uid);
+                waiter.reply.error(libc::EINTR);
+                tracing::debug!(
+                    "lock wait of thread {}: its caller is being killed; answered EINTR",
+                    waiter.caller.pid
+                );
+                continue;
+            }
             // A read first: a waiter costs the committer nothing while the range is held.
             let result = match store.lock_conflict(0, &waiter.req) {
                 Ok(Some(holder)) => Ok(Some(holder)),
@@ -404,12 +419,12 @@ fn serve(waits: &Waits, store: &dyn MetaStore) {
                 Ok(None) => {
                     waits.took(&waiter.req);
                     waits.count.fetch_sub(1, Ordering::AcqRel);
-                    answered.push(waiter.uid);
+                    answered.push(waiter.caller.uid);
                     waiter.reply.ok()
                 }
                 Err(e) => {
                     waits.count.fetch_sub(1, Ordering::AcqRel);
-                    answered.push(waiter.uid);
+                    answered.push(waiter.caller.uid);
                     waiter.reply.error(e)
                 }
             }
@@ -422,7 +437,7 @@ fn serve(waits: &Waits, store: &dyn MetaStore) {
         let pending_interrupt = list
             .waiting
             .iter()
-            .any(|w| list.interrupts.contains(&w.unique));
+            .any(|w| list.interrupts.contains(&w.caller.unique));
         if !list.released.is_empty() || pending_interrupt || list.stop {
             continue;
         }
