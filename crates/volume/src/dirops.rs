@@ -864,7 +864,11 @@ impl AsyncDirops {
     /// changing nothing); refused, it recalls them (`clear`) and runs again. A recall
     /// before the change alone would leave a window: another mount could take a lease
     /// between the recall and the commit, and answer early a create the commit then
-    /// contradicts. On a volume one mount holds, `run(None)` once.
+    /// contradicts. It waits for each commit, so on a queue's worker (under
+    /// `deferring_lease_waits`) it answers `WAIT_OFF_QUEUE` before anything, and the request
+    /// runs again from the offload pool: the queue's other requests would otherwise wait
+    /// behind the commit, up to `--db-wait` for a database gone. On a volume one mount holds,
+    /// `run(None)` once.
     fn run_unleased<T: Send + 'static>(
         &self,
         clear: impl Fn() -> Result<(), Errno>,
@@ -873,6 +877,9 @@ impl AsyncDirops {
     ) {
         if self.leases.is_none() {
             return run(None, done);
+        }
+        if DEFER_LEASE_WAITS.get() {
+            return done(Err(WAIT_OFF_QUEUE));
         }
         for _ in 0..UNLEASED_TRIES_MAX {
             let at_ns = self.inner.volume_now_ns();
@@ -1611,9 +1618,6 @@ impl MetaStore for AsyncDirops {
             }
             Ok(())
         };
-        if let Err(e) = clear() {
-            return done(Err(e));
-        }
         self.run_unleased(
             clear,
             |at_ns, renamed| {

@@ -1348,7 +1348,12 @@ pub fn rename<C: Tx>(
     is_open: &IsOpen,
 ) -> Result<Renamed, Errno> {
     let [src, dst] = w.entries_locked([(parent, name), (newparent, newname)])?;
-    w.refuse_foreign_leases(&[parent, newparent], unleased_at_ns)?;
+    let parents: &[u64] = if parent == newparent {
+        &[parent]
+    } else {
+        &[parent, newparent]
+    };
+    w.refuse_foreign_leases(parents, unleased_at_ns)?;
     let (src, src_mode) = src.ok_or(libc::ENOENT)?;
     let src_dir = src_mode & libc::S_IFMT == libc::S_IFDIR;
     let mut renamed = Renamed::default();
