@@ -9,28 +9,30 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
+use super::launcher::Launcher;
 use super::{Mount, TempDir, lanefs, wait_until};
 
 /// MinIO's root user: the tests' S3 access key (not a secret: loopback only, test data).
 pub const ACCESS_KEY: &str = "lanefs-test";
 pub const SECRET_KEY: &str = "lanefs-test-secret";
-/// How long MinIO may take to answer its readiness probe after starting. A fresh one is
-/// ready in ~0.5 s. One started again on its port and data by a fault test (`start_again`),
-/// while a mount keeps retrying requests to it, is often back within a second, but has been
-/// seen unreachable for 31, 33, 64, 93 and over 120 s (connect refused, from this process and
-/// from curl alike, although MinIO had started, and `ss` showed its listening socket at
-/// times), whether or not other fault tests ran beside it. Cause not found yet.
-const READY_WITHIN: Duration = Duration::from_secs(300);
+/// How long MinIO may take to answer its readiness probe after starting: a fresh one is
+/// ready in ~0.5 s, one started again on its port and data by a fault test in about as long.
+const READY_WITHIN: Duration = Duration::from_secs(60);
 
 pub struct Minio {
-    dir: TempDir,
-    binary: PathBuf,
     pub port: u16,
-    child: Option<Child>,
+    binary: PathBuf,
+    /// Starts and kills the server (see `Launcher` for why the test does not itself); when
+    /// dropped, kills it.
+    launcher: Launcher,
+    /// The running server's pid, if it runs.
+    server: Option<u32>,
+    /// Last field: removed after the launcher killed the server.
+    dir: TempDir,
 }
 
 fn find_binary() -> Option<PathBuf> {
@@ -76,11 +78,19 @@ impl Minio {
         }
         let dir = TempDir::new(&format!("minio-{tag}"));
         std::fs::create_dir(dir.path().join("data")).unwrap();
+        let launcher = Launcher::start(&[
+            ("MINIO_ROOT_USER", ACCESS_KEY),
+            ("MINIO_ROOT_PASSWORD", SECRET_KEY),
+            ("MINIO_BROWSER", "off"),
+            // Its request counters readable without a token (`requests`).
+            ("MINIO_PROMETHEUS_AUTH_TYPE", "public"),
+        ])?;
         let mut minio = Minio {
-            dir,
-            binary,
             port: free_port(),
-            child: None,
+            binary,
+            launcher,
+            server: None,
+            dir,
         };
         minio.start_again();
         Ok(minio)
@@ -88,27 +98,20 @@ impl Minio {
 
     /// Starts the (stopped) server again, on the same port and data; waits until it is ready.
     pub fn start_again(&mut self) {
-        assert!(self.child.is_none(), "MinIO is already running");
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("log"))
-            .unwrap();
-        let child = Command::new(&self.binary)
-            .args(["server", "--address"])
-            .arg(format!("127.0.0.1:{}", self.port))
-            .arg(self.dir.path().join("data"))
-            .env("MINIO_ROOT_USER", ACCESS_KEY)
-            .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
-            .env("MINIO_BROWSER", "off")
-            // Its request counters readable without a token (`requests`).
-            .env("MINIO_PROMETHEUS_AUTH_TYPE", "public")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", self.binary.display()));
-        self.child = Some(child);
+        assert!(self.server.is_none(), "MinIO is already running");
+        let address = format!("127.0.0.1:{}", self.port);
+        let data = self.dir.path().join("data");
+        let pid = self.launcher.spawn(
+            &[
+                self.binary.to_str().expect("a UTF-8 path to minio"),
+                "server",
+                "--address",
+                &address,
+                data.to_str().expect("temp paths are UTF-8"),
+            ],
+            &self.dir.path().join("log"),
+        );
+        self.server = Some(pid);
         let started = std::time::Instant::now();
         // What the probe got, counted by answer: in the failure message.
         let mut answers = std::collections::BTreeMap::<String, u32>::new();
@@ -123,23 +126,19 @@ impl Minio {
             self.port,
             started.elapsed()
         );
-        let exited = self
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten());
         assert!(
             ready,
-            "MinIO did not become ready on port {} (exit: {exited:?}; probe answers: {answers:?}):\n{}",
+            "MinIO did not become ready on port {} (running: {}; probe answers: {answers:?}):\n{}",
             self.port,
+            Path::new(&format!("/proc/{pid}")).exists(),
             std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
         );
     }
 
     /// Kills the server (SIGKILL: as a crash or a pulled cable would) and waits for it.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(pid) = self.server.take() {
+            self.launcher.kill(pid);
         }
     }
 
@@ -245,12 +244,6 @@ impl Minio {
             .iter()
             .filter(|k| k.starts_with("blocks/"))
             .count()
-    }
-}
-
-impl Drop for Minio {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 

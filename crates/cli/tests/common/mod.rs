@@ -3,6 +3,7 @@
 //! fail.
 #![allow(dead_code)] // each test binary uses part of the harness
 
+pub mod launcher;
 pub mod minio;
 pub mod postgres;
 pub mod subject;

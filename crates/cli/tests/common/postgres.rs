@@ -5,8 +5,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 
 use super::TempDir;
+use super::launcher::Launcher;
 
 /// The user the server runs as (Debian's package makes it).
 const PG_USER: &str = "postgres";
@@ -16,6 +18,8 @@ pub struct PgServer {
     pub port: u16,
     data: PathBuf,
     sockets: PathBuf,
+    /// Runs initdb and pg_ctl (see `Launcher` for why the test does not itself).
+    launcher: Mutex<Launcher>,
     /// Last field: removed after `drop` stopped the server.
     dir: TempDir,
 }
@@ -61,11 +65,16 @@ impl PgServer {
             .status()
             .expect("running chown");
         assert!(chown.success(), "chown of {} failed", dir.path().display());
+        let launcher = match Launcher::start(&[]) {
+            Ok(launcher) => Mutex::new(launcher),
+            Err(why) => panic!("{why}"),
+        };
         let server = PgServer {
             bin,
             port: free_port(),
             data,
             sockets,
+            launcher,
             dir,
         };
         server.as_postgres(
@@ -84,22 +93,28 @@ impl PgServer {
         Some(server)
     }
 
-    /// Runs one of the server's programs as the postgres user; panics with its output if it
-    /// fails.
+    /// Runs one of the server's programs as the postgres user (from the launcher); panics
+    /// with its output if it fails.
     fn as_postgres(&self, program: &str, args: &[&str]) {
-        let out = Command::new("runuser")
-            .args(["-u", PG_USER, "--"])
-            .arg(self.bin.join(program))
-            .args(args)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .output()
-            .expect("running runuser");
+        let program_path = self.bin.join(program);
+        let mut argv = vec![
+            "runuser",
+            "-u",
+            PG_USER,
+            "--",
+            program_path.to_str().expect("a UTF-8 PostgreSQL path"),
+        ];
+        argv.extend_from_slice(args);
+        let output = self.dir.path().join(format!("{program}.out"));
+        let ok = self.launcher.lock().unwrap_or_else(|e| e.into_inner()).run(
+            self.dir.path(),
+            &argv,
+            &output,
+        );
         assert!(
-            out.status.success(),
-            "{program} {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            ok,
+            "{program} {args:?}: {}",
+            std::fs::read_to_string(&output).unwrap_or_default()
         );
     }
 
@@ -262,14 +277,25 @@ impl Drop for HeldTransaction {
 impl Drop for PgServer {
     fn drop(&mut self) {
         // Immediate: nothing to keep. Errors are ignored (a test may have stopped it).
-        let _ = Command::new("runuser")
-            .args(["-u", PG_USER, "--"])
-            .arg(self.bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-w", "-m", "immediate", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let data = self.data.to_str().expect("UTF-8 temp path").to_owned();
+        let pg_ctl = self.bin.join("pg_ctl");
+        let launcher = self.launcher.get_mut().unwrap_or_else(|e| e.into_inner());
+        launcher.run(
+            self.dir.path(),
+            &[
+                "runuser",
+                "-u",
+                PG_USER,
+                "--",
+                pg_ctl.to_str().expect("a UTF-8 PostgreSQL path"),
+                "-D",
+                &data,
+                "-w",
+                "-m",
+                "immediate",
+                "stop",
+            ],
+            Path::new("/dev/null"),
+        );
     }
 }

@@ -20,14 +20,15 @@ pub const KINDS: [Kind; 2] = [Kind::Passthrough, Kind::Volume];
 /// A fresh source of one kind: a tmpfs (passthrough) or a formatted volume.
 pub enum Source {
     Passthrough(Tmpfs),
-    Volume(Volume),
+    /// Boxed: a volume (with its servers) is several times a tmpfs's size.
+    Volume(Box<Volume>),
 }
 
 impl Source {
     pub fn new(kind: Kind, tag: &str) -> Source {
         match kind {
             Kind::Passthrough => Source::Passthrough(Tmpfs::new("64M")),
-            Kind::Volume => Source::Volume(Volume::format(tag)),
+            Kind::Volume => Source::Volume(Box::new(Volume::format(tag))),
         }
     }
 
