@@ -144,8 +144,9 @@ pub struct MountArgs {
     #[arg(long, value_name = "DIR")]
     pub intent_dir: Option<PathBuf>,
     /// Volume: at most N changes answered before their commit wait for it at once; past
-    /// that (or with the intent log full, or the database gone) changes are answered after
-    /// their commit until the database catches up [default: 32768].
+    /// that a change waits for room (up to a second), and with none (the database stuck),
+    /// the intent log full or the database gone, changes are answered after their commit
+    /// until the database catches up [default: 32768].
     #[arg(long, value_name = "N")]
     pub async_backlog: Option<u64>,
     /// Volume on PostgreSQL: how long operations wait for a database that went away before

@@ -92,6 +92,15 @@ const RACED_READS_MAX: usize = 3;
 /// together: past it a listing that would grow is dropped (its directory's names are read
 /// from the store again). About 64 MiB at most.
 const LISTED_NAMES_MAX: usize = 1 << 20;
+/// On a shared volume, where a lookup in the store is a round trip, the names of a
+/// directory this mount holds the lease of are read from the store into a listing at every
+/// this many of them looked up there under that lease without one (a create or an unlink
+/// looks its name up first, the kernel's LOOKUP before it another time): the next creates
+/// there are answered from memory.
+const LISTING_READ_AFTER_LOOKUPS: u32 = 16;
+/// ...unless the directory holds more names than this: its lookups go on to the store for
+/// as long as the lease holds.
+const LISTING_READ_MAX: usize = 1 << 16;
 
 /// What the file system lends the overlay: whether an inode is open on this mount (without
 /// marking it, unlike `IsOpen`), where released blocks go, and how the kernel forgets a
@@ -156,9 +165,11 @@ impl<K, V> Shards<K, V> {
 
 /// The complete set of a directory's names, which this mount knows because it made the
 /// directory (answered early) and every change of its names since went through here, so
-/// that a lookup or the free-name check of a create there needs no read of the store. Any
-/// change of its names that takes the store's synchronous path, or fails at its commit,
-/// drops it; on a shared volume it is valid only under the lease it was made under.
+/// that a lookup or the free-name check of a create there needs no read of the store (on a
+/// shared volume also one read from the store: `list_from_store`). A create or a remove
+/// that takes the store's synchronous path updates it once committed (`listing_follows`);
+/// a rename or a link there, or a change that fails at its commit, drops it. On a shared
+/// volume it is valid only under the lease it was made under.
 struct Listing {
     names: HashMap<Vec<u8>, u64>,
     under: Option<Arc<Held>>,
@@ -233,6 +244,12 @@ pub struct AsyncDirops {
     listings: Shards<u64, Listing>,
     /// Names in `listings`, all together (bounded by `LISTED_NAMES_MAX`).
     listed_names: AtomicUsize,
+    /// Bumped, per shard of `listings`, before a listing is forgotten: a listing read from
+    /// the store (`list_from_store`) while one of its shard's was forgotten is not kept
+    /// (the forget may be of its directory, which a failed commit changed meanwhile).
+    unlisted: [AtomicU64; SHARDS],
+    /// Listings read from the store (`lanefs stats`: listings_read).
+    listings_read: AtomicU64,
     /// A shared volume's directory leases (see `leases`): the ones this mount holds, and
     /// the others', which it recalls before changing or listing their directories (also
     /// when it answers nothing early itself). None where one mount holds the volume.
@@ -260,6 +277,8 @@ impl AsyncDirops {
             held_back: AtomicU64::new(0),
             hooks: OnceLock::new(),
             listings: Shards::new(),
+            unlisted: std::array::from_fn(|_| AtomicU64::new(0)),
+            listings_read: AtomicU64::new(0),
             listed_names: AtomicUsize::new(0),
             leases: shared.then(Leases::default),
         })
@@ -276,6 +295,7 @@ impl AsyncDirops {
             ("async_dirops", self.answered_early.load(Ordering::Relaxed)),
             ("async_dirop_errors", self.failed.load(Ordering::Relaxed)),
             ("async_held_back", self.held_back.load(Ordering::Relaxed)),
+            ("listings_read", self.listings_read.load(Ordering::Relaxed)),
         ];
         let backlog = self.inner.backlog();
         counters.push(("async_backlog", backlog.waiting));
@@ -284,6 +304,7 @@ impl AsyncDirops {
         counters.push(("commit_batches", commits.batches));
         counters.push(("commit_wakes", commits.wakes));
         counters.push(("commit_rate", commits.rate));
+        counters.push(("async_room_waits", commits.room_waits));
         if let Some(leases) = &self.leases {
             counters.extend(leases.counters());
         }
@@ -323,15 +344,26 @@ impl AsyncDirops {
     }
 
     /// The hooks when a change may be answered before its commit now: on a mount that
-    /// does, while the store's backlog has room (else the change waits for its commit, and
-    /// is counted).
+    /// does, while the store's backlog has room, waiting for some if it is full (else the
+    /// change waits for its commit, and is counted).
     fn active(&self) -> Option<&Hooks> {
         let hooks = self.hooks.get().filter(|_| self.enabled)?;
-        if !self.inner.backlog_has_room() {
+        if !self.inner.backlog_has_room(true) {
             self.held_back.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         Some(hooks)
+    }
+
+    /// Whether a change on a queue's worker (under `deferring_lease_waits`) must leave it
+    /// before `active`, which would wait there for room in a full backlog (up to a second
+    /// of the queue's other requests): it answers `WAIT_OFF_QUEUE` and runs again from the
+    /// offload pool.
+    fn backlog_wait_off_queue(&self) -> bool {
+        DEFER_LEASE_WAITS.get()
+            && self.enabled
+            && self.hooks.get().is_some()
+            && !self.inner.backlog_has_room(false)
     }
 
     /// Waits until every change queued so far has committed or failed.
@@ -486,10 +518,19 @@ impl AsyncDirops {
         pending.or_else(|| self.listed(parent, name))
     }
 
+    /// `known_name`, with `parent`'s listing read from the store when it is time to
+    /// (`list_from_store`). Only for a change of `name`: see there.
+    fn known_or_listed_name(&self, queue: usize, parent: u64, name: &[u8]) -> Option<Option<u64>> {
+        self.known_name(parent, name).or_else(|| {
+            self.list_from_store(queue, parent)?;
+            self.listed(parent, name)
+        })
+    }
+
     /// What `name` in `parent` holds: Some(Some(rec)), Some(None) for no such name, None when
     /// it could not be read.
     fn resolve(&self, queue: usize, parent: u64, name: &[u8]) -> Option<Option<InodeRec>> {
-        match self.known_name(parent, name) {
+        match self.known_or_listed_name(queue, parent, name) {
             Some(None) => Some(None),
             Some(Some(ino)) => self.current(queue, ino).ok().map(Some),
             None => match self.inner.lookup(queue, parent, name) {
@@ -537,15 +578,28 @@ impl AsyncDirops {
         seq
     }
 
-    /// A change answered early committed (or failed): its entries go (the name first, so a
-    /// reader never finds a name whose inode entry is gone before the database has both).
-    fn settled_change(&self, parent: u64, name: &[u8], seq: u64, created: Option<u64>) {
+    /// A change answered early committed (or `failed`): its entries go (the name first, so
+    /// a reader never finds a name whose inode entry is gone before the database has both).
+    fn settled_change(
+        &self,
+        parent: u64,
+        name: &[u8],
+        seq: u64,
+        created: Option<u64>,
+        failed: bool,
+    ) {
         {
             let mut names = self.names.shard(parent);
             let key = (parent, name.to_vec());
             if names.get(&key).is_some_and(|p| p.seq == seq) {
                 names.remove(&key);
             }
+        }
+        if failed {
+            // Again, now that the name is out of the overlay: a listing read from the store
+            // after `failed_change` forgot it may have taken the failed change from the
+            // overlay as done (`list_from_store`).
+            self.forget_listing(parent);
         }
         if let Some(ino) = created
             && let Some(p) = self.inodes.shard(ino).get_mut(&ino)
@@ -660,8 +714,91 @@ impl AsyncDirops {
 
     /// Drops `dir`'s listing (a change of its names that this overlay does not follow).
     fn forget_listing(&self, dir: u64) {
+        self.unlisted[dir as usize % SHARDS].fetch_add(1, Ordering::AcqRel);
         let gone = self.listings.shard(dir).remove(&dir);
         self.unlist(gone);
+    }
+
+    /// `done` of a create or a remove in `dir` that waits for its commit (held back, or
+    /// not to be answered early), wrapped so that `dir`'s listing follows it: once it
+    /// committed, before it is answered (the kernel holds `dir`'s lock until then),
+    /// `follow(answer)`; a failure (but for `WAIT_OFF_QUEUE`, which changed nothing)
+    /// forgets the listing. A create held back by a full backlog in the middle of an untar
+    /// would otherwise cost every create after it in the directory its lookups, and each
+    /// rmdir of an `rm -rf` a read of its parent's names.
+    fn listing_follows<T: 'static>(
+        &self,
+        dir: u64,
+        done: Done<T>,
+        follow: impl FnOnce(&AsyncDirops, &T) + Send + 'static,
+    ) -> Done<T> {
+        let this = self.me.clone();
+        Box::new(move |r| {
+            if let Some(this) = this.upgrade() {
+                match &r {
+                    Ok(answer) => follow(&this, answer),
+                    Err(WAIT_OFF_QUEUE) => {}
+                    Err(_) => this.forget_listing(dir),
+                }
+            }
+            done(r)
+        })
+    }
+
+    /// Reads `dir`'s names from the store into its listing, under the lease this mount
+    /// holds on it, the `LISTING_READ_AFTER_LOOKUPS`th time a name there is looked up in the
+    /// store under that lease; Some(()) when it did. Called only by a change of a name in
+    /// `dir`, which holds the kernel's lock of `dir` exclusively, so that no other change
+    /// of its names runs meanwhile (a LOOKUP may run without that lock: the kernel's
+    /// revalidation of a cached name takes none, so one may not read a listing): the names
+    /// are the store's overlaid with the changes pending there, which were taken before the
+    /// read (one that commits meanwhile is in both, the same). A commit that fails forgets
+    /// the listing, also one being read (`unlisted`). Another mount changes nothing there
+    /// while the lease holds.
+    fn list_from_store(&self, queue: usize, dir: u64) -> Option<()> {
+        let leases = self.leases.as_ref()?;
+        let held = leases.valid_held(dir, self.inner.volume_now_ns())?;
+        if !held.store_lookup_lists(LISTING_READ_AFTER_LOOKUPS)
+            || self.listed_names.load(Ordering::Relaxed) >= LISTED_NAMES_MAX
+        {
+            return None;
+        }
+        let unlisted = &self.unlisted[dir as usize % SHARDS];
+        let unlisted_before = unlisted.load(Ordering::Acquire);
+        let pending: Vec<(Vec<u8>, Option<u64>)> = self
+            .names
+            .shard(dir)
+            .iter()
+            .filter(|((parent, _), _)| *parent == dir)
+            .map(|((_, name), p)| (name.clone(), p.ino))
+            .collect();
+        let Some(mut names) = self.inner.names_in(queue, dir, LISTING_READ_MAX).ok()? else {
+            held.set_unlistable();
+            return None;
+        };
+        for (name, ino) in pending {
+            match ino {
+                Some(ino) => names.insert(name, ino),
+                None => names.remove(&name),
+            };
+        }
+        let count = names.len();
+        let mut listings = self.listings.shard(dir);
+        if listings.contains_key(&dir) || unlisted.load(Ordering::Acquire) != unlisted_before {
+            return None;
+        }
+        // Counted under the shard's lock, as `unlist` discounts a removed one.
+        self.listed_names.fetch_add(count, Ordering::Relaxed);
+        listings.insert(
+            dir,
+            Listing {
+                names,
+                under: Some(held),
+            },
+        );
+        drop(listings);
+        self.listings_read.fetch_add(1, Ordering::Relaxed);
+        Some(())
     }
 
     fn unlist(&self, gone: Option<Listing>) {
@@ -1232,10 +1369,11 @@ impl AsyncDirops {
                 Some(_) => {}
                 None => {
                     drop(inodes);
+                    // No names, or more than none: no attributes read.
                     if !self
                         .inner
-                        .readdir(0, target.ino)
-                        .is_ok_and(|e| e.is_empty())
+                        .names_in(0, target.ino, 0)
+                        .is_ok_and(|names| names.is_some())
                     {
                         return None;
                     }
@@ -1295,6 +1433,12 @@ impl MetaStore for AsyncDirops {
             recs.extend(self.inner.getattrs(queue, &unknown)?);
         }
         Ok(recs)
+    }
+
+    fn names_in(&self, queue: usize, dir: u64, max: usize) -> Result<Option<NamesIn>, Errno> {
+        self.clear_foreign_lease(dir)?;
+        self.settle_if_pending(dir);
+        self.inner.names_in(queue, dir, max)
     }
 
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno> {
@@ -1387,11 +1531,17 @@ impl MetaStore for AsyncDirops {
         if node.name.is_empty() || node.ino.is_some() {
             return self.inner.create(node, done);
         }
+        if self.backlog_wait_off_queue() {
+            return done(Err(WAIT_OFF_QUEUE));
+        }
         let lease = self.active().and_then(|_| self.use_lease(node.parent));
         let Some((parent, rec)) = lease.as_ref().and_then(|_| self.early_create(&node)) else {
             let unleased = lease.is_none();
             drop(lease);
-            self.forget_listing(node.parent);
+            let (dir, name) = (node.parent, node.name.clone());
+            let done = self.listing_follows(dir, done, move |this, rec: &InodeRec| {
+                this.list_change(dir, &name, Some(rec.ino))
+            });
             if unleased {
                 return self.create_unleased(node, done);
             }
@@ -1434,6 +1584,7 @@ impl MetaStore for AsyncDirops {
             node,
             Box::new(move |r| {
                 if let Some(this) = this.upgrade() {
+                    let failed = r.is_err();
                     match (r, &this.leases, lease_expires_ns) {
                         (Ok(_), Some(leases), Some(_)) => leases.row_committed(ino),
                         (Err(e), leases, expires) => {
@@ -1444,7 +1595,7 @@ impl MetaStore for AsyncDirops {
                         }
                         _ => {}
                     }
-                    this.settled_change(dir, &name, seq, Some(ino));
+                    this.settled_change(dir, &name, seq, Some(ino), failed);
                 }
             }),
         );
@@ -1494,6 +1645,9 @@ impl MetaStore for AsyncDirops {
         is_open: IsOpen,
         done: Done<Removed>,
     ) {
+        if self.backlog_wait_off_queue() {
+            return done(Err(WAIT_OFF_QUEUE));
+        }
         let hooks = self.active();
         // Another mount's lease on a directory to remove is recalled (what it answered there
         // committed) before this mount uses its lease on the parent: a use held across that
@@ -1519,7 +1673,13 @@ impl MetaStore for AsyncDirops {
             _ => None,
         };
         let Some((base, target, emptied_lease)) = early else {
-            self.forget_listing(parent);
+            let removed_name = name.clone();
+            let done = self.listing_follows(parent, done, move |this, removed: &Removed| {
+                this.list_change(parent, &removed_name, None);
+                if dir {
+                    this.forget_listing(removed.ino);
+                }
+            });
             if dir {
                 // Checked against leases on the parent too, whether or not this mount
                 // holds it: its use is let go here, so as not to hold a recall of it up
@@ -1552,6 +1712,7 @@ impl MetaStore for AsyncDirops {
             is_open,
             Box::new(move |r| {
                 if let Some(this) = this.upgrade() {
+                    let failed = r.is_err();
                     match r {
                         Ok(removed) => {
                             if let Some(hooks) = this.hooks.get() {
@@ -1560,7 +1721,7 @@ impl MetaStore for AsyncDirops {
                         }
                         Err(e) => this.failed_change(what, parent, &key, None, e),
                     }
-                    this.settled_change(parent, &key, seq, None);
+                    this.settled_change(parent, &key, seq, None, failed);
                 }
             }),
         );
@@ -1721,8 +1882,8 @@ impl MetaStore for AsyncDirops {
         self.inner.barrier(done)
     }
 
-    fn backlog_has_room(&self) -> bool {
-        self.inner.backlog_has_room()
+    fn backlog_has_room(&self, wait: bool) -> bool {
+        self.inner.backlog_has_room(wait)
     }
 
     fn backlog(&self) -> Backlog {

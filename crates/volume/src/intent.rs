@@ -36,10 +36,11 @@
 //!   that finds it full waits for that (it comes once the queued changes commit), at most
 //!   `FULL_WAIT_MAX`; then (the database busy or gone) it is written past the mapping with
 //!   `pwrite(2)`, and the next emptying cuts the file back.
-//! - *How far ahead.* A full log, or `async_backlog` changes numbered and not finished, and
-//!   the mount answers changes after their commit again (`SqlStore::backlog_has_room`)
-//!   until the database catches up: what waits for a database that is slow or gone is
-//!   bounded, in memory and here.
+//! - *How far ahead.* With `async_backlog` changes numbered and not finished, the next
+//!   waits for room (`wait_for_backlog_below`); with none within a second, a full log or the
+//!   database gone, the mount answers changes after their commit again
+//!   (`SqlStore::backlog_has_room`) until the database catches up: what waits for a
+//!   database that is slow or gone is bounded, in memory and here.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -48,6 +49,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
 
 use std::hash::Hasher;
 
@@ -425,6 +428,10 @@ pub struct IntentLog {
     /// How many numbered changes are finished (committed or failed), as the committer last
     /// told (`note_finished`): `last() - finished` wait for the database.
     finished: AtomicU64,
+    /// Changes waiting for room in the backlog (`wait_for_backlog_below`) wait on the
+    /// condvar, under the mutex (which guards nothing else: a leaf lock), for the
+    /// committer's `note_finished`.
+    finishing: (Mutex<()>, Condvar),
 }
 
 // SAFETY: the mapping is plain memory shared with the kernel's page cache; threads write it
@@ -518,6 +525,7 @@ impl IntentLog {
             empties: AtomicU64::new(0),
             failing: std::sync::atomic::AtomicBool::new(false),
             finished: AtomicU64::new(0),
+            finishing: (Mutex::new(()), Condvar::new()),
         })
     }
 
@@ -646,6 +654,30 @@ impl IntentLog {
     pub fn note_finished(&self, finished: &Watermark) {
         let count = finished.applied + finished.above.len() as u64;
         self.finished.store(count, Ordering::Relaxed);
+        // Taken so that a waiter between its look at the backlog and its wait cannot miss
+        // this.
+        let _finishing = self.finishing.0.lock().unwrap_or_else(|e| e.into_inner());
+        self.finishing.1.notify_all();
+    }
+
+    /// Waits until fewer than `max` changes wait for the database, at most until `until`;
+    /// whether they do.
+    pub fn wait_for_backlog_below(&self, max: u64, until: Instant) -> bool {
+        let mut finishing = self.finishing.0.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if self.backlog() < max {
+                return true;
+            }
+            let Some(left) = until.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            finishing = self
+                .finishing
+                .1
+                .wait_timeout(finishing, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     /// Changes numbered and not finished yet: answered, waiting for the database.

@@ -57,6 +57,24 @@ pub struct Held {
     /// not until that create commits, and a heartbeat (which goes ahead of the queue) may
     /// run before: it neither renews nor forgets such a lease.
     committed: AtomicBool,
+    /// Names in its directory that this mount looked up in the store under it, which no
+    /// listing held (see `AsyncDirops::list_from_store`)...
+    store_lookups: AtomicU32,
+    /// ...and whether the directory had too many names to list.
+    unlistable: AtomicBool,
+}
+
+impl Held {
+    /// Counts a name looked up in the store under this lease; whether it is time to read
+    /// the directory's listing: at every `nth`, unless it was found `unlistable`.
+    pub fn store_lookup_lists(&self, nth: u32) -> bool {
+        (self.store_lookups.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(nth)
+            && !self.unlistable.load(Ordering::Relaxed)
+    }
+
+    pub fn set_unlistable(&self) {
+        self.unlistable.store(true, Ordering::Relaxed);
+    }
 }
 
 /// An early answer in progress under a lease (None: the volume needs none); the lease is
@@ -203,6 +221,8 @@ impl Leases {
             revoked: AtomicBool::new(false),
             used: AtomicBool::new(true),
             committed: AtomicBool::new(committed),
+            store_lookups: AtomicU32::new(0),
+            unlistable: AtomicBool::new(false),
         });
         self.held.shard(dir).insert(dir, held.clone());
         self.taken.fetch_add(1, Ordering::Relaxed);

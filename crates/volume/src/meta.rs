@@ -56,6 +56,8 @@ impl InodeRec {
 /// A name's inode (ENOENT: none) and the session other than the caller's holding a live
 /// lease on its directory (`MetaStore::lookup_and_foreign_lease`).
 pub type NameAndLease = (Result<InodeRec, Errno>, Option<u64>);
+/// A directory's names, each with the inode it holds.
+pub type NamesIn = std::collections::HashMap<Vec<u8>, u64>;
 
 /// A setxattr's terms.
 #[derive(Debug, Clone)]
@@ -381,6 +383,8 @@ pub struct CommitCounts {
     pub wakes: u64,
     /// Changes committed per second, as recent batches measured it (0: not yet).
     pub rate: u64,
+    /// Changes answered early that found the backlog full and waited for room in it.
+    pub room_waits: u64,
 }
 
 pub trait MetaStore: Send + Sync + 'static {
@@ -390,6 +394,9 @@ pub trait MetaStore: Send + Sync + 'static {
     /// The records of those of `inos` that exist, in no particular order, in one read.
     fn getattrs(&self, queue: usize, inos: &[u64]) -> Result<Vec<InodeRec>, Errno>;
     fn readdir(&self, queue: usize, dir: u64) -> Result<Vec<DirItem>, Errno>;
+    /// `dir`'s names and their inodes, without attributes, in one read; None when it has
+    /// more than `max`.
+    fn names_in(&self, queue: usize, dir: u64, max: usize) -> Result<Option<NamesIn>, Errno>;
     fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno>;
     fn getxattr(&self, queue: usize, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno>;
     /// The names of the inode's xattrs that callers see (not its `chattr` flags' row).
@@ -480,8 +487,10 @@ pub trait MetaStore: Send + Sync + 'static {
     /// Whether a change may be answered before its commit now: fewer than the mount's
     /// `async_backlog` changes wait answered for theirs, the intent log has room, and the
     /// database was not found gone. If not, changes wait for their commit (so a database
-    /// that is slow or gone holds back a bounded amount, in memory and in the log).
-    fn backlog_has_room(&self) -> bool;
+    /// that is slow or gone holds back a bounded amount, in memory and in the log). With
+    /// the backlog full on a database that commits, it waits for room (`wait`; at most a
+    /// second) or says no at once (not `wait`: the caller waits elsewhere).
+    fn backlog_has_room(&self, wait: bool) -> bool;
     /// What waits for the database now (`lanefs stats`).
     fn backlog(&self) -> Backlog;
     /// The committer's batches and wakes so far (`lanefs stats`).

@@ -123,6 +123,10 @@ const READDIR_SQL: &str = concat!(
     attr_columns!(),
     " FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = CAST(? AS BIGINT) ORDER BY e.name"
 );
+/// A directory's names and their inodes, at most `?` of them (no attributes: see
+/// `names_in`).
+const NAMES_IN_SQL: &str =
+    "SELECT name, ino FROM entries WHERE parent = CAST(? AS BIGINT) LIMIT CAST(? AS BIGINT)";
 const LIST_XATTRS_SQL: &str = "SELECT name FROM xattrs WHERE ino = CAST(? AS BIGINT) ORDER BY name";
 const CHUNKS_SQL: &str =
     "SELECT idx, block, len, crc FROM chunks WHERE ino = CAST(? AS BIGINT) ORDER BY idx";
@@ -446,6 +450,16 @@ pub fn readdir(tx: &mut dyn Tx, dir: u64) -> Result<Vec<DirItem>, Errno> {
         });
     }
     Ok(items)
+}
+
+/// `dir`'s names and the inodes they hold, or None when it has more than `max`.
+pub fn names_in(tx: &mut dyn Tx, dir: u64, max: usize) -> Result<Option<NamesIn>, Errno> {
+    let limit = max as u64 + 1;
+    let mut names = HashMap::new();
+    for r in tx.query(NAMES_IN_SQL, &args![dir, limit])? {
+        names.insert(r.bytes(0)?, r.u64(1)?);
+    }
+    Ok((names.len() <= max).then_some(names))
 }
 
 /// Whether `name` can be a directory entry's: 1 to 255 bytes, no '/' or NUL, not "." or "..".
@@ -2253,7 +2267,10 @@ mod tests {
     fn prepared_again(conn: &rusqlite::Connection, sql: &str) -> i32 {
         for ino in 1..=3i64 {
             let mut statement = conn.prepare_cached(sql).unwrap();
-            let mut rows = statement.query([ino]).unwrap();
+            // The inode first, then 10 for any other parameter (a limit).
+            let others = statement.parameter_count() - 1;
+            let params = std::iter::once(ino).chain(std::iter::repeat_n(10, others));
+            let mut rows = statement.query(rusqlite::params_from_iter(params)).unwrap();
             while rows.next().unwrap().is_some() {}
         }
         conn.prepare_cached(sql)
@@ -2261,14 +2278,21 @@ mod tests {
             .get_status(rusqlite::StatementStatus::RePrepare)
     }
 
-    /// The reads every OPEN, LISTXATTR and READDIR make, and a flush's slice insert, are
-    /// planned once per connection (see `CHUNKS_SQL`'s comment); the plain `= ?` form of the
-    /// same statement, which they used to be, is prepared again at every use.
+    /// The reads every OPEN, LISTXATTR and READDIR (and an early rmdir) make, and a flush's
+    /// slice insert, are planned once per connection (see `CHUNKS_SQL`'s comment); the plain
+    /// `= ?` form of the same statement, which they used to be, is prepared again at every
+    /// use.
     #[test]
     fn reads_are_never_prepared_again() {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
         crate::sqlite::create_schema(&conn, 0).unwrap();
-        for sql in [READDIR_SQL, LIST_XATTRS_SQL, CHUNKS_SQL, SLICES_SQL] {
+        for sql in [
+            READDIR_SQL,
+            NAMES_IN_SQL,
+            LIST_XATTRS_SQL,
+            CHUNKS_SQL,
+            SLICES_SQL,
+        ] {
             assert_eq!(prepared_again(&conn, sql), 0, "{sql}");
         }
         let plain = CHUNKS_SQL.replace("CAST(? AS BIGINT)", "?");

@@ -40,6 +40,12 @@ pub const BACKGROUND_GATHER: Duration = Duration::from_micros(500);
 /// Under `leases::LEASE_MARGIN` (3 s), so that what was answered just before a lease's
 /// margin began commits before the lease expires.
 pub const BACKLOG_DRAIN_MAX: Duration = Duration::from_secs(2);
+/// A change that finds the backlog full waits this long at most for room in it (a change
+/// to finish, at the database's pace), then for its own commit: a database that finishes
+/// none in this long is stuck, not slow. Turning the change synchronous at once instead
+/// queued it behind the whole backlog (two seconds' worth), and a loop of creates that
+/// filled the backlog stalled for that long, again and again.
+const ROOM_WAIT_MAX: Duration = Duration::from_secs(1);
 /// A batch of this many changes measures the database's commit rate (a smaller one, or a
 /// heartbeat alone on a distant database, says more about how few changes came, or about
 /// the round trip, than about how many the database commits a second).
@@ -409,6 +415,8 @@ pub struct SqlStore<C: Conn> {
     database_gone: Arc<AtomicBool>,
     /// The last `backlog_has_room` said no: its change of mind is logged once each way.
     held_back: AtomicBool,
+    /// Changes that found the backlog full and waited for room (`lanefs stats`).
+    room_waits: AtomicU64,
 }
 
 /// This session's contact with the database, as its heartbeats saw it.
@@ -479,6 +487,7 @@ impl<C: Conn> SqlStore<C> {
             backlog_max: AtomicU64::new(0),
             database_gone: parts.database_gone,
             held_back: AtomicBool::new(false),
+            room_waits: AtomicU64::new(0),
         })
     }
 
@@ -1447,6 +1456,10 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         self.read(queue, |c| ops::readdir(c, dir))
     }
 
+    fn names_in(&self, queue: usize, dir: u64, max: usize) -> Result<Option<NamesIn>, Errno> {
+        self.read(queue, |c| ops::names_in(c, dir, max))
+    }
+
     fn readlink(&self, queue: usize, ino: u64) -> Result<Vec<u8>, Errno> {
         self.read(queue, |c| ops::readlink(c, ino))
     }
@@ -1547,17 +1560,15 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             batches: self.batches.load(Ordering::Relaxed),
             wakes: self.wakes.load(Ordering::Relaxed),
             rate: self.commit_rate.load(Ordering::Relaxed),
+            room_waits: self.room_waits.load(Ordering::Relaxed),
         }
     }
 
-    fn backlog_has_room(&self) -> bool {
+    fn backlog_has_room(&self, wait: bool) -> bool {
         let Some(log) = self.intent.get() else {
             return false;
         };
-        let Backlog {
-            waiting,
-            database_gone: gone,
-        } = self.backlog();
+        let gone = self.database_gone.load(Ordering::Relaxed);
         let rate = self.commit_rate.load(Ordering::Relaxed);
         let drains = match rate {
             0 => UNMEASURED_BACKLOG_MAX,
@@ -1571,7 +1582,20 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         // database that barely keeps up would otherwise flip the mount (and log both lines)
         // at every batch.
         let limit = if held { max.div_ceil(2) } else { max };
-        let room = !gone && !log.full() && waiting < limit;
+        let mut waiting = log.backlog();
+        let mut room = !gone && !log.full() && waiting < limit;
+        if !room && !held && !gone && !log.full() {
+            // Full, on a database that commits: room comes at its pace.
+            if !wait {
+                return false;
+            }
+            self.room_waits.fetch_add(1, Ordering::Relaxed);
+            room = log.wait_for_backlog_below(max, Instant::now() + ROOM_WAIT_MAX)
+                // A batch that failed for the database gone finishes its changes too.
+                && !self.database_gone.load(Ordering::Relaxed)
+                && !log.full();
+            waiting = log.backlog();
+        }
         // Compared first: the common case writes no cache line that every queue reads.
         if held == room && self.held_back.swap(!room, Ordering::Relaxed) == room {
             if room {
@@ -1583,7 +1607,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
                     "the database is gone".to_owned()
                 } else {
                     format!(
-                        "{waiting} answered changes wait for their commit (the database commits about {rate} a second)"
+                        "{waiting} answered changes wait for their commit (the database commits about {rate} a second, and finished none in {ROOM_WAIT_MAX:?})"
                     )
                 };
                 tracing::warn!(
