@@ -344,11 +344,14 @@ impl AsyncDirops {
     }
 
     /// The hooks when a change may be answered before its commit now: on a mount that
-    /// does, while the store's backlog has room, waiting for some if it is full (else the
-    /// change waits for its commit, and is counted).
-    fn active(&self) -> Option<&Hooks> {
+    /// does, while the store's backlog has room; with it full, after waiting for some
+    /// (`wait_for_room`: a create or a remove, which the kernel answers when it can; the
+    /// others, a close's or a setattr's commit of a new file's bytes, would hold their
+    /// queue's worker, so they take the synchronous way at once). Else the change waits for
+    /// its commit, and is counted.
+    fn active(&self, wait_for_room: bool) -> Option<&Hooks> {
         let hooks = self.hooks.get().filter(|_| self.enabled)?;
-        if !self.inner.backlog_has_room(true) {
+        if self.inner.backlog_has_room(wait_for_room) != Some(true) {
             self.held_back.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -363,7 +366,7 @@ impl AsyncDirops {
         DEFER_LEASE_WAITS.get()
             && self.enabled
             && self.hooks.get().is_some()
-            && !self.inner.backlog_has_room(false)
+            && self.inner.backlog_has_room(false).is_none()
     }
 
     /// Waits until every change queued so far has committed or failed.
@@ -814,7 +817,7 @@ impl AsyncDirops {
     /// the file recalls that lease first (`load_file`), so the bytes are committed before it
     /// reads them (close-to-open).
     pub fn lease_for_data_of(&self, dir: u64) -> Option<LeaseUse> {
-        self.active()?;
+        self.active(false)?;
         match &self.leases {
             None => Some(LeaseUse::unneeded()),
             Some(leases) => leases.use_held(dir, self.inner.volume_now_ns()),
@@ -1534,7 +1537,7 @@ impl MetaStore for AsyncDirops {
         if self.backlog_wait_off_queue() {
             return done(Err(WAIT_OFF_QUEUE));
         }
-        let lease = self.active().and_then(|_| self.use_lease(node.parent));
+        let lease = self.active(true).and_then(|_| self.use_lease(node.parent));
         let Some((parent, rec)) = lease.as_ref().and_then(|_| self.early_create(&node)) else {
             let unleased = lease.is_none();
             drop(lease);
@@ -1648,7 +1651,7 @@ impl MetaStore for AsyncDirops {
         if self.backlog_wait_off_queue() {
             return done(Err(WAIT_OFF_QUEUE));
         }
-        let hooks = self.active();
+        let hooks = self.active(true);
         // Another mount's lease on a directory to remove is recalled (what it answered there
         // committed) before this mount uses its lease on the parent: a use held across that
         // wait, up to a dead holder's expiry, would hold up a recall of the parent, and the
@@ -1882,7 +1885,7 @@ impl MetaStore for AsyncDirops {
         self.inner.barrier(done)
     }
 
-    fn backlog_has_room(&self, wait: bool) -> bool {
+    fn backlog_has_room(&self, wait: bool) -> Option<bool> {
         self.inner.backlog_has_room(wait)
     }
 

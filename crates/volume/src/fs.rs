@@ -2059,7 +2059,7 @@ impl Filesystem for VolumeFs {
         if let Err(e) = self.early_answer_error(ino, ErrorReport::Close) {
             return reply.error(e);
         }
-        if self.queue_new_early(&state) || !state.unflushed() {
+        if !state.unflushed() || self.queue_new_early(&state) {
             return answer(reply, self.early_answer_error(ino, ErrorReport::Close));
         }
         self.answer_off_queue(reply, move |fs, reply| {

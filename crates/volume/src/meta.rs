@@ -486,11 +486,11 @@ pub trait MetaStore: Send + Sync + 'static {
     fn barrier(&self, done: Done<()>);
     /// Whether a change may be answered before its commit now: fewer than the mount's
     /// `async_backlog` changes wait answered for theirs, the intent log has room, and the
-    /// database was not found gone. If not, changes wait for their commit (so a database
-    /// that is slow or gone holds back a bounded amount, in memory and in the log). With
-    /// the backlog full on a database that commits, it waits for room (`wait`; at most a
-    /// second) or says no at once (not `wait`: the caller waits elsewhere).
-    fn backlog_has_room(&self, wait: bool) -> bool;
+    /// database was not found gone: Some(true). Some(false): changes wait for their commit
+    /// (so a database that is slow or gone holds back a bounded amount, in memory and in
+    /// the log). With the backlog full on a database that commits, it waits for room
+    /// (`wait`; at most a second) or answers None at once (not `wait`).
+    fn backlog_has_room(&self, wait: bool) -> Option<bool>;
     /// What waits for the database now (`lanefs stats`).
     fn backlog(&self) -> Backlog;
     /// The committer's batches and wakes so far (`lanefs stats`).

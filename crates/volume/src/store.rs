@@ -1564,9 +1564,9 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         }
     }
 
-    fn backlog_has_room(&self, wait: bool) -> bool {
+    fn backlog_has_room(&self, wait: bool) -> Option<bool> {
         let Some(log) = self.intent.get() else {
-            return false;
+            return Some(false);
         };
         let gone = self.database_gone.load(Ordering::Relaxed);
         let rate = self.commit_rate.load(Ordering::Relaxed);
@@ -1587,7 +1587,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         if !room && !held && !gone && !log.full() {
             // Full, on a database that commits: room comes at its pace.
             if !wait {
-                return false;
+                return None;
             }
             self.room_waits.fetch_add(1, Ordering::Relaxed);
             room = log.wait_for_backlog_below(max, Instant::now() + ROOM_WAIT_MAX)
@@ -1596,6 +1596,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
                 && !log.full();
             waiting = log.backlog();
         }
+        let gone = self.database_gone.load(Ordering::Relaxed);
         // Compared first: the common case writes no cache line that every queue reads.
         if held == room && self.held_back.swap(!room, Ordering::Relaxed) == room {
             if room {
@@ -1605,6 +1606,10 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             } else {
                 let why = if gone {
                     "the database is gone".to_owned()
+                } else if log.full() {
+                    format!(
+                        "the intent log is full ({waiting} answered changes wait for their commit)"
+                    )
                 } else {
                     format!(
                         "{waiting} answered changes wait for their commit (the database commits about {rate} a second, and finished none in {ROOM_WAIT_MAX:?})"
@@ -1615,7 +1620,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
                 );
             }
         }
-        room
+        Some(room)
     }
 
     fn delegate_inodes(&self, done: Done<(u64, u64)>) {
