@@ -236,8 +236,8 @@ pub struct AsyncDirops {
     /// Changes answered before their commit, and those that then failed (`lanefs stats`).
     answered_early: AtomicU64,
     failed: AtomicU64,
-    /// Changes that waited for their commit because the store's backlog was full
-    /// (`backlog_has_room`).
+    /// Changes that waited for their commit because the store's backlog had no room and
+    /// none came (`backlog_has_room`: the database stuck or gone, the intent log full).
     held_back: AtomicU64,
     hooks: OnceLock<Hooks>,
     /// dir → its complete listing (see `Listing`); sharded by directory.
@@ -345,17 +345,20 @@ impl AsyncDirops {
 
     /// The hooks when a change may be answered before its commit now: on a mount that
     /// does, while the store's backlog has room; with it full, after waiting for some
-    /// (`wait_for_room`: a create or a remove, which the kernel answers when it can; the
-    /// others, a close's or a setattr's commit of a new file's bytes, would hold their
-    /// queue's worker, so they take the synchronous way at once). Else the change waits for
-    /// its commit, and is counted.
+    /// (`wait_for_room`: a create or a remove, or a close's commit of a new file's bytes
+    /// once off its queue's worker; a setattr's, on the worker, takes the synchronous way at
+    /// once). Else the change waits for its commit, and is counted.
     fn active(&self, wait_for_room: bool) -> Option<&Hooks> {
         let hooks = self.hooks.get().filter(|_| self.enabled)?;
-        if self.inner.backlog_has_room(wait_for_room) != Some(true) {
-            self.held_back.fetch_add(1, Ordering::Relaxed);
-            return None;
+        match self.inner.backlog_has_room(wait_for_room) {
+            Some(true) => Some(hooks),
+            Some(false) => {
+                self.held_back.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            // Full, and not waited for here: a close tries again off its worker, waiting.
+            None => None,
         }
-        Some(hooks)
     }
 
     /// Whether a change on a queue's worker (under `deferring_lease_waits`) must leave it
@@ -816,8 +819,9 @@ impl AsyncDirops {
     /// mount holds `dir`'s lease (held until the commit is queued): another mount's open of
     /// the file recalls that lease first (`load_file`), so the bytes are committed before it
     /// reads them (close-to-open).
-    pub fn lease_for_data_of(&self, dir: u64) -> Option<LeaseUse> {
-        self.active(false)?;
+    /// `wait_for_room`: as `active`'s (a caller off its queue's worker may wait).
+    pub fn lease_for_data_of(&self, dir: u64, wait_for_room: bool) -> Option<LeaseUse> {
+        self.active(wait_for_room)?;
         match &self.leases {
             None => Some(LeaseUse::unneeded()),
             Some(leases) => leases.use_held(dir, self.inner.volume_now_ns()),
@@ -1291,7 +1295,7 @@ impl AsyncDirops {
             return None;
         }
         let parent = self.inodes.shard(ino).get(&ino)?.rec.parent;
-        let lease = self.lease_for_data_of(parent)?;
+        let lease = self.lease_for_data_of(parent, false)?;
         let mut inodes = self.inodes.shard(ino);
         // The create may have settled meanwhile (the entry gone), or a synchronous change
         // come: then the database's state is the one to change.

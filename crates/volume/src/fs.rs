@@ -1056,7 +1056,7 @@ impl VolumeFs {
     fn flush_new_early(&self, state: &FileState, by: ErrorReport) -> Result<(), Errno> {
         // A file whose create failed at its commit has nowhere to put its bytes.
         self.early_answer_error(state.ino, by)?;
-        if self.queue_new_early(state) {
+        if self.queue_new_early(state, false) {
             return Ok(());
         }
         self.flush_state(state)
@@ -1064,12 +1064,13 @@ impl VolumeFs {
 
     /// The early half of `flush_new_early`: queues the commit of a new small file's bytes
     /// when its directory's lease allows; true when it did (or nothing was to commit).
-    fn queue_new_early(&self, state: &FileState) -> bool {
+    /// `wait_for_room`: in a full backlog, wait for room (off a queue's worker only).
+    fn queue_new_early(&self, state: &FileState, wait_for_room: bool) -> bool {
         let dir = state.created_in.load(Ordering::Relaxed);
         if dir == 0 {
             return false;
         }
-        let Some(_lease) = self.dirops.lease_for_data_of(dir) else {
+        let Some(_lease) = self.dirops.lease_for_data_of(dir, wait_for_room) else {
             return false;
         };
         let dirops = &self.dirops;
@@ -2059,10 +2060,16 @@ impl Filesystem for VolumeFs {
         if let Err(e) = self.early_answer_error(ino, ErrorReport::Close) {
             return reply.error(e);
         }
-        if !state.unflushed() || self.queue_new_early(&state) {
+        if !state.unflushed() || self.queue_new_early(&state, false) {
             return answer(reply, self.early_answer_error(ino, ErrorReport::Close));
         }
         self.answer_off_queue(reply, move |fs, reply| {
+            // Off the worker a full backlog is waited for (the database's pace): the
+            // synchronous way would wait for the whole backlog (2 s of commits), and a loop
+            // of `echo > f` with it.
+            if fs.queue_new_early(&state, true) {
+                return answer(reply, fs.early_answer_error(ino, ErrorReport::Close));
+            }
             answer(
                 reply,
                 fs.flush_state(&state)
