@@ -226,21 +226,13 @@ impl DirtyBudget {
 
     /// Waits until the mount is under its cap, at most `max`; whether it is.
     pub fn wait_under_cap(&self, max: std::time::Duration) -> bool {
-        let deadline = std::time::Instant::now() + max;
-        let mut waiting = lock(&self.under_cap.0);
-        while self.over_cap() {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            waiting = self
-                .under_cap
-                .1
-                .wait_timeout(waiting, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
+        let waiting = lock(&self.under_cap.0);
+        let (_waiting, waited) = self
+            .under_cap
+            .1
+            .wait_timeout_while(waiting, max, |_| self.over_cap())
+            .unwrap_or_else(|e| e.into_inner());
+        !waited.timed_out()
     }
 }
 

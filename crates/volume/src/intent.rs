@@ -50,7 +50,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Instant;
+use std::time::Duration;
 
 use std::hash::Hasher;
 
@@ -660,24 +660,16 @@ impl IntentLog {
         self.finishing.1.notify_all();
     }
 
-    /// Waits until fewer than `max` changes wait for the database, at most until `until`;
+    /// Waits until fewer than `max` changes wait for the database, at most `within`;
     /// whether they do.
-    pub fn wait_for_backlog_below(&self, max: u64, until: Instant) -> bool {
-        let mut finishing = self.finishing.0.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if self.backlog() < max {
-                return true;
-            }
-            let Some(left) = until.checked_duration_since(Instant::now()) else {
-                return false;
-            };
-            finishing = self
-                .finishing
-                .1
-                .wait_timeout(finishing, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+    pub fn wait_for_backlog_below(&self, max: u64, within: Duration) -> bool {
+        let finishing = self.finishing.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (_finishing, waited) = self
+            .finishing
+            .1
+            .wait_timeout_while(finishing, within, |_| self.backlog() >= max)
+            .unwrap_or_else(|e| e.into_inner());
+        !waited.timed_out()
     }
 
     /// Changes numbered and not finished yet: answered, waiting for the database.

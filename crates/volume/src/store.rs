@@ -1590,7 +1590,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
                 return None;
             }
             self.room_waits.fetch_add(1, Ordering::Relaxed);
-            room = log.wait_for_backlog_below(max, Instant::now() + ROOM_WAIT_MAX)
+            room = log.wait_for_backlog_below(max, ROOM_WAIT_MAX)
                 // A batch that failed for the database gone finishes its changes too.
                 && !self.database_gone.load(Ordering::Relaxed)
                 && !log.full();
