@@ -6317,6 +6317,108 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// Another mount changes a directory's group, set-group-ID bit and default ACL while
+    /// this mount creates files in it under its lease: each change recalls the lease, and
+    /// the files this mount creates once the change returned take the new group and the
+    /// new default ACL's mode, on both mounts: those created during the cooldown after the
+    /// recall (their transaction reads the directory's default ACL again) and those created
+    /// under the lease taken again after it (the take makes this mount read the directory
+    /// again). A holder that kept answering from its own record of the directory gave them
+    /// the old ones until that record aged.
+    #[test]
+    fn a_directorys_attribute_change_on_another_mount_recalls_its_lease() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let Some(volume) = Volume::format_on_postgres("dir-attrs") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::write(a.path("d/before"), b"x").unwrap();
+        let group_and_mode = |m: &common::Mount, name: &str| {
+            let meta = std::fs::metadata(m.path(&format!("d/{name}"))).unwrap();
+            (meta.gid(), meta.mode() & 0o7777)
+        };
+        // A file's mode without a default ACL: 0666 less the umask.
+        let plain = group_and_mode(&a, "before").1;
+        let setfacl = |args: &[&str]| {
+            common::run_ok(
+                std::process::Command::new("setfacl")
+                    .args(args)
+                    .arg(b.path("d")),
+            );
+        };
+        let chgrp = |gid: u32| {
+            std::os::unix::fs::chown(b.path("d"), None, Some(gid)).unwrap();
+            std::fs::set_permissions(b.path("d"), std::fs::Permissions::from_mode(0o2777)).unwrap();
+        };
+        type Change<'a> = Box<dyn Fn() + 'a>;
+        let rounds: [(Change, (u32, u32)); 5] = [
+            (Box::new(|| chgrp(4321)), (4321, plain)),
+            (Box::new(|| chgrp(4322)), (4322, plain)),
+            (
+                Box::new(|| setfacl(&["-d", "-m", "u::rw,g::r,o::-"])),
+                (4322, 0o640),
+            ),
+            (
+                Box::new(|| setfacl(&["-d", "-m", "u::rw,g::-,o::-"])),
+                (4322, 0o600),
+            ),
+            (Box::new(|| setfacl(&["-k"])), (4322, plain)),
+        ];
+        let recalls_before = a.counter("leases_let_go_at_recall");
+        let mut expected_before = (0, plain);
+        for (round, (change, expected)) in rounds.iter().enumerate() {
+            // a answers creates in d early again: the cooldown after the last recall is over.
+            let mut warm = 0;
+            assert!(
+                common::wait_until(Duration::from_secs(10), || {
+                    let early = a.counter("async_dirops");
+                    warm += 1;
+                    std::fs::write(a.path(&format!("d/warm{round}-{warm}")), b"x").unwrap();
+                    a.counter("async_dirops") > early
+                }),
+                "a never answered a create in d early again"
+            );
+            // Made under the lease a took again: the state before this round's change
+            // (looked at on a: a look on b would recall the lease).
+            if round > 0 {
+                assert_eq!(
+                    group_and_mode(&a, &format!("warm{round}-{warm}")),
+                    expected_before,
+                    "round {round}: a file created under a's new lease"
+                );
+            }
+            change();
+            for i in 0..30 {
+                std::fs::write(a.path(&format!("d/round{round}-{i}")), b"x").unwrap();
+            }
+            for i in [0, 29] {
+                let file = format!("round{round}-{i}");
+                for m in [&a, &b] {
+                    assert_eq!(
+                        group_and_mode(m, &file),
+                        *expected,
+                        "{file}'s group and mode on {}",
+                        m.mountpoint.display()
+                    );
+                }
+            }
+            expected_before = *expected;
+        }
+        let round_count = rounds.len() as u64;
+        drop(rounds);
+        // Each change recalled a's lease.
+        assert!(
+            a.counter("leases_let_go_at_recall") >= recalls_before + round_count,
+            "a let go {} leases at recalls",
+            a.counter("leases_let_go_at_recall") - recalls_before
+        );
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// A file open on b while a rewrites it: a frees the blocks b's view of the file still
     /// names. b's next read of them reads the file's view again from the database and
     /// returns a's bytes (close-to-open asks no more of an open file, and no less than the

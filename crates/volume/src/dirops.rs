@@ -842,6 +842,12 @@ impl AsyncDirops {
         if leases.refused_recently(dir, now) {
             return None;
         }
+        self.take_lease(leases, dir, now)
+    }
+
+    /// Takes `dir`'s lease, held by nobody else; None (and not tried again for a while)
+    /// when another mount holds it or the take failed.
+    fn take_lease(&self, leases: &Leases, dir: u64, now: i64) -> Option<LeaseUse> {
         let take = LeaseChange::Take {
             dir,
             now_ns: now,
@@ -861,6 +867,53 @@ impl AsyncDirops {
                 None
             }
         }
+    }
+
+    /// Before a create in `dir` builds its new inode from `dir`'s group, mode and default
+    /// ACL: on a shared volume where this mount may answer it early, takes `dir`'s lease
+    /// first if it does not hold it; whether it took it now. While this mount holds the
+    /// lease no other mount changes those (`change_of_dir` recalls it first), but what this
+    /// mount remembers of them from before the take may be older than another mount's
+    /// change: the caller reads them again (the store forgets its record of `dir` at the
+    /// take). A take refused leaves the create to wait for its commit, as `use_lease` would.
+    /// None is tried while the backlog is full: the take would commit behind it, and the
+    /// create is not answered early then anyway (`active`).
+    pub fn lease_ahead(&self, dir: u64) -> bool {
+        let Some(leases) = &self.leases else {
+            return false;
+        };
+        let now = self.inner.volume_now_ns();
+        if !self.enabled
+            || self.hooks.get().is_none()
+            || leases.holds(dir, now)
+            || leases.refused_recently(dir, now)
+            || self.inner.backlog_has_room(false) != Some(true)
+        {
+            return false;
+        }
+        self.take_lease(leases, dir, now).is_some()
+    }
+
+    /// An attribute or xattr change of directory `dir` (`run(unleased_at_ns, done)`, the
+    /// store's change): on a shared volume, made under this mount's lease on `dir` when it
+    /// holds it, else checked against other mounts' leases on it and recalling them (see
+    /// `run_unleased`): a holder answers the creates in `dir` early from its group,
+    /// set-group-ID bit and default ACL, and must not answer one from the old ones after
+    /// this change returned.
+    pub fn change_of_dir<T: Send + 'static>(
+        &self,
+        dir: u64,
+        run: impl Fn(Option<i64>, Done<T>),
+        done: Done<T>,
+    ) {
+        if let Some(leases) = &self.leases
+            && let Some(lease) = leases.use_held(dir, self.inner.volume_now_ns())
+        {
+            run(None, done);
+            drop(lease);
+            return;
+        }
+        self.run_unleased(|| self.clear_foreign_lease(dir).map(drop), run, done)
     }
 
     /// Before a change or a listing of `dir` that does not go under this mount's own lease:
@@ -1798,10 +1851,16 @@ impl MetaStore for AsyncDirops {
         )
     }
 
-    fn setattr(&self, ino: u64, change: AttrChange, done: Done<InodeRec>) {
+    fn setattr(
+        &self,
+        ino: u64,
+        change: AttrChange,
+        unleased_at_ns: Option<i64>,
+        done: Done<InodeRec>,
+    ) {
         let Some((rec, lease)) = self.early_setattr(ino, &change) else {
             self.mark_stale(ino);
-            return self.inner.setattr(ino, change, done);
+            return self.inner.setattr(ino, change, unleased_at_ns, done);
         };
         self.answered_early.fetch_add(1, Ordering::Relaxed);
         let this = self.me.clone();
@@ -1834,22 +1893,27 @@ impl MetaStore for AsyncDirops {
         self.inner.update_data(update, done)
     }
 
-    fn setxattr(&self, ino: u64, set: XattrSet, done: Done<()>) {
+    fn setxattr(&self, ino: u64, set: XattrSet, unleased_at_ns: Option<i64>, done: Done<()>) {
         if let Some(change) = self.acl_as_chmod(ino, &set) {
-            return self.setattr(ino, change, Box::new(move |r| done(r.map(|_| ()))));
+            return self.setattr(
+                ino,
+                change,
+                unleased_at_ns,
+                Box::new(move |r| done(r.map(|_| ()))),
+            );
         }
         self.mark_stale(ino);
-        self.inner.setxattr(ino, set, done)
+        self.inner.setxattr(ino, set, unleased_at_ns, done)
     }
 
-    fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>) {
+    fn removexattr(&self, ino: u64, name: Vec<u8>, unleased_at_ns: Option<i64>, done: Done<()>) {
         // Nothing to remove (`cp -a` removes a new directory's default ACL when its source
         // has none).
         if self.known_without_xattrs(ino) {
             return done(Err(libc::ENODATA));
         }
         self.mark_stale(ino);
-        self.inner.removexattr(ino, name, done)
+        self.inner.removexattr(ino, name, unleased_at_ns, done)
     }
 
     fn free_orphan(&self, ino: u64, done: Done<Vec<u64>>) {

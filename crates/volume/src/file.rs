@@ -1956,6 +1956,7 @@ mod tests {
                         lease_expires_ns: None,
                         unleased_at_ns: None,
                         xattrs: Vec::new(),
+                        inherit: None,
                     },
                     done,
                 )
@@ -2687,6 +2688,7 @@ mod tests {
                                         lease_expires_ns: None,
                                         unleased_at_ns: None,
                                         xattrs: Vec::new(),
+                                        inherit: None,
                                     },
                                     done,
                                 )
@@ -2722,6 +2724,7 @@ mod tests {
                     lease_expires_ns: None,
                     unleased_at_ns: None,
                     xattrs: Vec::new(),
+                    inherit: None,
                 },
                 done,
             )

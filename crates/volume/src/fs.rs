@@ -889,11 +889,22 @@ impl VolumeFs {
             return Err(libc::ENAMETOOLONG);
         }
         self.fileattrs.may_add_to(parent)?;
+        // What this mount remembers of `parent` may predate another mount's change of it
+        // that its lease, taken now, orders before this create (an O_TMPFILE, unnamed, is
+        // answered after its commit, under no lease).
+        if self.options.shared && !name.is_empty() && self.dirops.lease_ahead(parent) {
+            self.default_acls.forget(parent);
+        }
         let default = if mode & libc::S_IFMT == libc::S_IFLNK {
             None
         } else {
             self.default_acl(req.queue, parent)?
         };
+        let inherit = (mode & libc::S_IFMT != libc::S_IFLNK).then(|| Inherit {
+            mode,
+            umask,
+            default: default.as_deref().map(<[u8]>::to_vec),
+        });
         let (mode, xattrs) = acl::inherit(default.as_deref(), mode, umask);
         Ok(NewNode {
             ino: None,
@@ -908,6 +919,7 @@ impl VolumeFs {
             lease_expires_ns: None,
             unleased_at_ns: None,
             xattrs,
+            inherit,
         })
     }
 
@@ -926,12 +938,36 @@ impl VolumeFs {
         Ok(default)
     }
 
+    /// A setxattr or removexattr (`run(store, unleased_at_ns, done)`) of xattr `name` of
+    /// `ino`; `of_dir`: a directory's on a shared volume, whose change must recall another
+    /// mount's lease on it (`AsyncDirops::change_of_dir`).
+    fn change_xattr(
+        &self,
+        ino: u64,
+        name: Vec<u8>,
+        of_dir: bool,
+        reply: Reply,
+        run: impl Fn(&Arc<dyn MetaStore>, Option<i64>, Done<()>) + Send + Sync + 'static,
+    ) {
+        if !of_dir {
+            let done = self.xattr_change_done(ino, &name, LeaseReply { reply, again: None });
+            return run(&self.store, None, done);
+        }
+        let run = Arc::new(run);
+        self.with_lease_waits(reply, move |fs, reply| {
+            let (store, run) = (fs.store.clone(), run.clone());
+            let done = fs.xattr_change_done(ino, &name, reply);
+            fs.dirops
+                .change_of_dir(ino, move |at_ns, done| run(&store, at_ns, done), done)
+        })
+    }
+
     /// Before a change of xattr `name` of `ino`: the change's answer. What this mount knows
     /// of the inode's xattrs is forgotten now and again once the change is made: its names,
     /// a directory's default ACL (a create that read the old one meanwhile must not leave
     /// it behind), and an open file's "none" (a state loaded meanwhile may have read the
     /// store before the commit).
-    fn xattr_change_done(&self, ino: u64, name: &[u8], reply: Reply) -> Done<()> {
+    fn xattr_change_done(&self, ino: u64, name: &[u8], reply: LeaseReply) -> Done<()> {
         let default_acls = (name == acl::DEFAULT_XATTR).then(|| {
             self.default_acls.forget(ino);
             self.default_acls.clone()
@@ -957,7 +993,10 @@ impl VolumeFs {
             if let Some(state) = open.get(ino) {
                 state.xattrs_changing();
             }
-            answer(reply, r)
+            match r {
+                Ok(()) => reply.ok().ok(),
+                Err(e) => reply.error(e),
+            }
         })
     }
 
@@ -1305,6 +1344,7 @@ impl VolumeFs {
 }
 
 /// Builds entry answers on the committer's thread.
+#[derive(Clone)]
 struct EntryTemplate {
     entry_timeout: Duration,
     attr_timeout: Duration,
@@ -1771,9 +1811,9 @@ impl Filesystem for VolumeFs {
         let fs_open = self.open.clone();
         let tmpl = self.entry_template();
         let privileges_changed = (mode.is_some() || chown).then(|| self.no_privileges.clone());
-        self.store.setattr(
-            ino,
-            change,
+        let answer_with = move |reply: LeaseReply| -> Done<InodeRec> {
+            let (fs_open, tmpl, privileges_changed) =
+                (fs_open.clone(), tmpl.clone(), privileges_changed.clone());
             Box::new(move |r| {
                 if let Some(no_privileges) = privileges_changed {
                     no_privileges.forget(ino);
@@ -1787,7 +1827,7 @@ impl Filesystem for VolumeFs {
                         {
                             out.attr.size = state.size();
                         }
-                        reply.attr(&abi::AttrOut {
+                        reply.ok().attr(&abi::AttrOut {
                             attr_valid: out.attr_valid,
                             attr_valid_nsec: out.attr_valid_nsec,
                             attr: out.attr,
@@ -1796,8 +1836,25 @@ impl Filesystem for VolumeFs {
                     }
                     Err(e) => reply.error(e),
                 }
-            }),
-        )
+            })
+        };
+        // A directory's group and set-group-ID bit are what the files created in it take,
+        // which another mount may be answering early under its lease.
+        if !(self.options.shared && old.is_dir() && (mode.is_some() || change.gid.is_some())) {
+            let reply = LeaseReply { reply, again: None };
+            return self.store.setattr(ino, change, None, answer_with(reply));
+        }
+        self.with_lease_waits(reply, move |fs, reply| {
+            let store = fs.store.clone();
+            let change = change.clone();
+            fs.dirops.change_of_dir(
+                ino,
+                move |unleased_at_ns, done| {
+                    store.setattr(ino, change.clone(), unleased_at_ns, done)
+                },
+                answer_with(reply),
+            )
+        })
     }
 
     fn readlink(&self, req: &Request, ino: u64, reply: Reply) {
@@ -2271,7 +2328,7 @@ impl Filesystem for VolumeFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: u64,
         name: &OsStr,
         value: &[u8],
@@ -2304,8 +2361,25 @@ impl Filesystem for VolumeFs {
             kill_sgid: setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0
                 && name.as_bytes() == acl::ACCESS_XATTR,
         };
-        let done = self.xattr_change_done(ino, name.as_bytes(), reply);
-        self.store.setxattr(ino, set, done)
+        // A directory's default ACL is what the files created in it inherit, and an access
+        // ACL may drop its set-group-ID bit: another mount may be answering creates there
+        // early under its lease.
+        let of_dir = (name.as_bytes() == acl::DEFAULT_XATTR || set.kill_sgid)
+            && self.options.shared
+            && self
+                .store
+                .getattr(req.queue, ino)
+                .is_ok_and(|rec| rec.is_dir());
+        let name = name.as_bytes().to_vec();
+        self.change_xattr(
+            ino,
+            name,
+            of_dir,
+            reply,
+            move |store, unleased_at_ns, done| {
+                store.setxattr(ino, set.clone(), unleased_at_ns, done)
+            },
+        )
     }
 
     fn getxattr(&self, req: &Request, ino: u64, name: &OsStr, size: u32, reply: Reply) {
@@ -2369,15 +2443,28 @@ impl Filesystem for VolumeFs {
         }
     }
 
-    fn removexattr(&self, _req: &Request, ino: u64, name: &OsStr, reply: Reply) {
+    fn removexattr(&self, req: &Request, ino: u64, name: &OsStr, reply: Reply) {
         if !xattr_name_stored(name.as_bytes()) {
             return reply.error(libc::EOPNOTSUPP);
         }
         if let Err(e) = self.fileattrs.may_change_entry(ino) {
             return reply.error(e);
         }
-        let done = self.xattr_change_done(ino, name.as_bytes(), reply);
-        self.store.removexattr(ino, name.as_bytes().to_vec(), done)
+        // As in `setxattr`.
+        let of_dir = name.as_bytes() == acl::DEFAULT_XATTR
+            && self.options.shared
+            && self
+                .store
+                .getattr(req.queue, ino)
+                .is_ok_and(|rec| rec.is_dir());
+        let name = name.as_bytes().to_vec();
+        self.change_xattr(
+            ino,
+            name.clone(),
+            of_dir,
+            reply,
+            move |store, at_ns, done| store.removexattr(ino, name.clone(), at_ns, done),
+        )
     }
 
     fn fallocate(&self, req: &Request, ino: u64, arg: &abi::FallocateIn, reply: Reply) {
@@ -2570,6 +2657,7 @@ mod tests {
                     lease_expires_ns: None,
                     unleased_at_ns: None,
                     xattrs: Vec::new(),
+                    inherit: None,
                 },
                 done,
             )

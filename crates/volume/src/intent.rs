@@ -178,6 +178,7 @@ impl Intent {
                     lease_expires_ns: None,
                     unleased_at_ns: None,
                     xattrs,
+                    inherit: None,
                 })
             }
             2 => Intent::Remove {
@@ -957,6 +958,7 @@ mod tests {
                 lease_expires_ns: None,
                 unleased_at_ns: None,
                 xattrs: vec![(b"system.posix_acl_access".to_vec(), vec![2, 0, 0, 0])],
+                inherit: None,
             }),
             Intent::Create(NewNode {
                 ino: Some(78),

@@ -102,6 +102,21 @@ pub struct NewNode {
     /// Xattrs the inode is born with (name, value): the POSIX ACLs its directory's default
     /// ACL hands down (`acl::inherit`), inserted in the create's own transaction.
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// What `mode` and `xattrs` were made of, when they came from the directory's default
+    /// ACL as this mount knew it: a create outside this mount's lease on the directory
+    /// (`unleased_at_ns`) makes them again in its transaction from the default ACL there,
+    /// if another mount changed it since this mount read it.
+    pub inherit: Option<Inherit>,
+}
+
+/// A new inode's requested mode and the umask, and the default ACL its mode and ACLs were
+/// made of (`acl::inherit`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Inherit {
+    /// With type bits.
+    pub mode: u32,
+    pub umask: u32,
+    pub default: Option<Vec<u8>>,
 }
 
 impl NewNode {
@@ -450,12 +465,23 @@ pub trait MetaStore: Send + Sync + 'static {
         is_open: IsOpen,
         done: Done<Renamed>,
     );
-    fn setattr(&self, ino: u64, change: AttrChange, done: Done<InodeRec>);
+    /// `unleased_at_ns`, as `NewNode::unleased_at_ns`, for a directory's own attributes or
+    /// xattrs (its group, set-group-ID bit and default ACL are what the files created in it
+    /// inherit, answered early under its lease): another mount's live lease on `ino` then
+    /// refuses the change with `ops::FOREIGN_LEASE`, changing nothing.
+    fn setattr(
+        &self,
+        ino: u64,
+        change: AttrChange,
+        unleased_at_ns: Option<i64>,
+        done: Done<InodeRec>,
+    );
     /// A file's data changed (flush, truncate); the blocks it refers to are durable already.
     fn update_data(&self, update: DataUpdate, done: Done<Vec<u64>>);
-    /// XATTR_CREATE / XATTR_REPLACE in `flags`.
-    fn setxattr(&self, ino: u64, set: XattrSet, done: Done<()>);
-    fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>);
+    /// XATTR_CREATE / XATTR_REPLACE in `flags`. `unleased_at_ns`: as `setattr`'s.
+    fn setxattr(&self, ino: u64, set: XattrSet, unleased_at_ns: Option<i64>, done: Done<()>);
+    /// `unleased_at_ns`: as `setattr`'s.
+    fn removexattr(&self, ino: u64, name: Vec<u8>, unleased_at_ns: Option<i64>, done: Done<()>);
     /// Frees an orphan at its last release; its released blocks.
     fn free_orphan(&self, ino: u64, done: Done<Vec<u64>>);
     /// Everything committed before is durable when `done` runs (fsyncdir, syncfs).

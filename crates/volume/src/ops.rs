@@ -85,6 +85,11 @@ const TOUCH_DIR_RETURNING_SQL: &str = concat!(
 /// which a condition inside the locking statement would not.
 const FOREIGN_LEASE_SQL: &str =
     "SELECT session FROM leases WHERE dir = ? AND session <> 0 AND session <> ? AND expires_ns > ?";
+/// A directory's default ACL, as its xattr holds it (None: it has none).
+type DefaultAcl = Option<Vec<u8>>;
+
+/// An inode's xattr's value: (ino, name).
+const XATTR_VALUE_SQL: &str = "SELECT value FROM xattrs WHERE ino = ? AND name = ?";
 /// A row if the directory `?` (4th) is the directory `?` (1st) or one of its ancestors: the
 /// walk up the `parent` column stops at the root (2nd) or at that directory (3rd), and after
 /// 100,000 steps should a damaged volume hold a loop.
@@ -476,10 +481,7 @@ pub fn readlink(tx: &mut dyn Tx, ino: u64) -> Result<Vec<u8>, Errno> {
 }
 
 pub fn getxattr(tx: &mut dyn Tx, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
-    let row = tx.query_opt(
-        "SELECT value FROM xattrs WHERE ino = ? AND name = ?",
-        &args![ino, name],
-    )?;
+    let row = tx.query_opt(XATTR_VALUE_SQL, &args![ino, name])?;
     Ok(row.ok_or(libc::ENODATA)?.bytes(0)?)
 }
 
@@ -851,34 +853,55 @@ impl<C: Tx> Writer<C> {
 
     /// As `touch_dir`, returning the directory's row as it left it (recorded in
     /// `attr_events`); with `unleased_at_ns`, only if no other mount's lease on it is live
-    /// then (else `FOREIGN_LEASE`, changing nothing).
+    /// then (else `FOREIGN_LEASE`, changing nothing), and with its default ACL as it is
+    /// once the row is locked (Some(None): none; None when not asked for, with
+    /// `default_acl` false or no `unleased_at_ns`).
     fn touch_dir_returning(
         &mut self,
         dir: u64,
         now_ns: i64,
         nlink_delta: i64,
         unleased_at_ns: Option<i64>,
-    ) -> Result<InodeRec, Errno> {
+        default_acl: bool,
+    ) -> Result<(InodeRec, Option<DefaultAcl>), Errno> {
         let touch_args = args![now_ns, now_ns, nlink_delta, dir];
-        let row = match unleased_at_ns {
-            None => self.tx().query_opt(TOUCH_DIR_RETURNING_SQL, &touch_args)?,
+        let (row, default) = match unleased_at_ns {
+            None => (
+                self.tx().query_opt(TOUCH_DIR_RETURNING_SQL, &touch_args)?,
+                None,
+            ),
             Some(at_ns) => {
                 // In one round trip, the lock first.
                 let me = self.session;
-                let [touched, leased] = <[Vec<Row>; 2]>::try_from(self.tx().queries(&[
-                    (TOUCH_DIR_RETURNING_SQL, &touch_args),
-                    (FOREIGN_LEASE_SQL, &args![dir, me, at_ns]),
-                ])?)
-                .map_err(|_| DbError::Other("two queries, not two answers".into()))?;
+                let lease_args = args![dir, me, at_ns];
+                let acl_args = args![dir, acl::DEFAULT_XATTR];
+                let mut steps = vec![
+                    (TOUCH_DIR_RETURNING_SQL, &touch_args[..]),
+                    (FOREIGN_LEASE_SQL, &lease_args[..]),
+                ];
+                if default_acl {
+                    steps.push((XATTR_VALUE_SQL, &acl_args[..]));
+                }
+                let mut answers = self.tx().queries(&steps)?.into_iter();
+                let (Some(touched), Some(leased)) = (answers.next(), answers.next()) else {
+                    return Err(DbError::Other("fewer answers than queries".into()).into());
+                };
                 if !leased.is_empty() {
                     return Err(FOREIGN_LEASE);
                 }
-                touched.into_iter().next()
+                let default = match answers.next() {
+                    Some(rows) => Some(match rows.first() {
+                        Some(row) => Some(row.bytes(0)?),
+                        None => None,
+                    }),
+                    None => None,
+                };
+                (touched.into_iter().next(), default)
             }
         };
         let rec = attr_from_row(&row.ok_or(libc::ENOENT)?, 0)?;
         self.record_attr(rec.clone());
-        Ok(rec)
+        Ok((rec, default))
     }
 
     /// An inode's row as a statement of this transaction left it (see `attr_events`).
@@ -1148,6 +1171,8 @@ impl<C: Tx> Writer<C> {
 // ---- Changes -----------------------------------------------------------------------------
 
 pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errno> {
+    let remade;
+    let mut node = node;
     let dir = node.mode & libc::S_IFMT == libc::S_IFDIR;
     let ino = match node.ino {
         Some(delegated) => delegated,
@@ -1177,9 +1202,26 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
         )?;
         // The directory's row first: its mode and group make the new inode's, and the
         // name's row goes out with the statements that follow it.
-        let parent =
-            w.touch_dir_returning(node.parent, node.now_ns, dir as i64, node.unleased_at_ns)?;
+        let (parent, default_there) = w.touch_dir_returning(
+            node.parent,
+            node.now_ns,
+            dir as i64,
+            node.unleased_at_ns,
+            node.inherit.is_some(),
+        )?;
         w.insert_entry(node.parent, &node.name, ino, node.mode)?;
+        // Another mount changed the directory's default ACL since this mount read it.
+        if let (Some(inherit), Some(there)) = (&node.inherit, default_there)
+            && there != inherit.default
+        {
+            let (mode, xattrs) = acl::inherit(there.as_deref(), inherit.mode, inherit.umask);
+            remade = NewNode {
+                mode,
+                xattrs,
+                ..node.clone()
+            };
+            node = &remade;
+        }
         (parent.mode, parent.gid)
     };
     if parent_mode & libc::S_IFMT != libc::S_IFDIR {
@@ -1470,7 +1512,14 @@ pub fn rename<C: Tx>(
     Ok(renamed)
 }
 
-pub fn setattr<C: Tx>(w: &mut Writer<C>, ino: u64, c: &AttrChange) -> Result<InodeRec, Errno> {
+/// `unleased_at_ns`: see `MetaStore::setattr`; checked once the update holds the inode's
+/// row lock (`Writer::refuse_foreign_leases`).
+pub fn setattr<C: Tx>(
+    w: &mut Writer<C>,
+    ino: u64,
+    c: &AttrChange,
+    unleased_at_ns: Option<i64>,
+) -> Result<InodeRec, Errno> {
     let update = (
         "UPDATE inodes SET mode = coalesce(?, mode), uid = coalesce(?, uid), gid = coalesce(?, gid),
          atime_ns = coalesce(?, atime_ns), mtime_ns = coalesce(?, mtime_ns), ctime_ns = ? WHERE ino = ?
@@ -1481,6 +1530,7 @@ pub fn setattr<C: Tx>(w: &mut Writer<C>, ino: u64, c: &AttrChange) -> Result<Ino
         if w.tx().query(update.0, &update.1)?.is_empty() {
             return Err(libc::ENOENT);
         }
+        w.refuse_foreign_leases(&[ino], unleased_at_ns)?;
         w.log(ChangeKind::Inode, ino, 0, None, c.ctime_ns)?;
         return w.attr(ino);
     };
@@ -1489,15 +1539,13 @@ pub fn setattr<C: Tx>(w: &mut Writer<C>, ino: u64, c: &AttrChange) -> Result<Ino
     // with the update.
     let [changed, acl] = <[Vec<Row>; 2]>::try_from(w.tx().queries(&[
         (update.0, &update.1),
-        (
-            "SELECT value FROM xattrs WHERE ino = ? AND name = ?",
-            &args![ino, acl::ACCESS_XATTR],
-        ),
+        (XATTR_VALUE_SQL, &args![ino, acl::ACCESS_XATTR]),
     ])?)
     .map_err(|_| DbError::Other("two queries, not two answers".into()))?;
     if changed.is_empty() {
         return Err(libc::ENOENT);
     }
+    w.refuse_foreign_leases(&[ino], unleased_at_ns)?;
     if let Some(row) = acl.first()
         && let Some(value) = acl::chmod(&row.bytes(0)?, mode)
     {
@@ -1586,7 +1634,13 @@ pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>,
 
 /// `set.kill_sgid`: setting an access ACL also clears the set-group-ID bit (the kernel's
 /// SETXATTR_ACL_KILL_SGID: the caller is neither in the file's group nor privileged).
-pub fn setxattr<C: Tx>(w: &mut Writer<C>, ino: u64, set: &XattrSet) -> Result<(), Errno> {
+/// `unleased_at_ns`: as `setattr`'s.
+pub fn setxattr<C: Tx>(
+    w: &mut Writer<C>,
+    ino: u64,
+    set: &XattrSet,
+    unleased_at_ns: Option<i64>,
+) -> Result<(), Errno> {
     let (name, value, flags, kill_sgid) = (&set.name[..], &set.value[..], set.flags, set.kill_sgid);
     let now_ns = crate::now_ns();
     // An access ACL sets the mode's permission bits (posix_acl_update_mode), and one that
@@ -1620,6 +1674,7 @@ pub fn setxattr<C: Tx>(w: &mut Writer<C>, ino: u64, set: &XattrSet) -> Result<()
     if changed.is_empty() {
         return Err(libc::ENOENT);
     }
+    w.refuse_foreign_leases(&[ino], unleased_at_ns)?;
     let exists = !found.is_empty();
     if flags & libc::XATTR_CREATE as u32 != 0 && exists {
         return Err(libc::EEXIST);
@@ -1638,10 +1693,17 @@ pub fn setxattr<C: Tx>(w: &mut Writer<C>, ino: u64, set: &XattrSet) -> Result<()
     w.log(ChangeKind::Inode, ino, 0, None, now_ns)
 }
 
-pub fn removexattr<C: Tx>(w: &mut Writer<C>, ino: u64, name: &[u8]) -> Result<(), Errno> {
+/// `unleased_at_ns`: as `setattr`'s.
+pub fn removexattr<C: Tx>(
+    w: &mut Writer<C>,
+    ino: u64,
+    name: &[u8],
+    unleased_at_ns: Option<i64>,
+) -> Result<(), Errno> {
     if w.set_ctime(ino, crate::now_ns())? == 0 {
         return Err(libc::ENOENT);
     }
+    w.refuse_foreign_leases(&[ino], unleased_at_ns)?;
     let n = w.tx().execute(
         "DELETE FROM xattrs WHERE ino = ? AND name = ?",
         &args![ino, name],
@@ -1873,10 +1935,7 @@ pub fn set_fileattr_flags<C: Tx>(
     if !may_guard {
         let old = w
             .tx()
-            .query_opt(
-                "SELECT value FROM xattrs WHERE ino = ? AND name = ?",
-                &args![ino, FILEATTR_XATTR],
-            )?
+            .query_opt(XATTR_VALUE_SQL, &args![ino, FILEATTR_XATTR])?
             .map_or(Ok(0), |r| r.bytes(0).map(|v| fileattr_flags_of(&v)))?;
         if (old ^ flags) & lanefs_fuse::fileattr::GUARD_FLAGS != 0 {
             return Err(libc::EPERM);

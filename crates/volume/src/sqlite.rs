@@ -618,7 +618,59 @@ mod tests {
             lease_expires_ns: None,
             unleased_at_ns,
             xattrs: Vec::new(),
+            inherit: None,
         }
+    }
+
+    /// A create outside this mount's lease (`unleased_at_ns`) makes its mode and ACLs
+    /// again from the directory's default ACL as its transaction finds it when the caller
+    /// built them from another one (another mount changed it since this mount read it); one
+    /// built from the default ACL there, or made under a lease, is stored as built.
+    #[test]
+    fn an_unleased_create_inherits_the_default_acl_its_transaction_reads() {
+        use crate::meta::{Inherit, NewNode, XattrSet};
+        let f = Fixture::new("inheritacl");
+        // u::rw-, g::r--, o::--- (each entry: tag, permissions, id; the id undefined).
+        let mut default = 2u32.to_le_bytes().to_vec();
+        for (tag, perm) in [(0x01u16, 6u16), (0x04, 4), (0x20, 0)] {
+            default.extend(tag.to_le_bytes());
+            default.extend(perm.to_le_bytes());
+            default.extend(u32::MAX.to_le_bytes());
+        }
+        let set = XattrSet {
+            name: crate::acl::DEFAULT_XATTR.to_vec(),
+            value: default.clone(),
+            flags: 0,
+            kill_sgid: false,
+        };
+        wait(|done| f.store.setxattr(ROOT_INO, set, None, done)).unwrap();
+        // Built as if the directory had no default ACL: 0666 less the umask 022.
+        let node = |name: &[u8], kind: u32, known: Option<&[u8]>, unleased: bool| NewNode {
+            mode: kind | 0o644,
+            inherit: Some(Inherit {
+                mode: kind | 0o666,
+                umask: 0o022,
+                default: known.map(<[u8]>::to_vec),
+            }),
+            ..root_file(name, unleased.then_some(150))
+        };
+        let create = |n: NewNode| wait(|done| f.store.create(n, done)).unwrap();
+        let stale = create(node(b"stale", libc::S_IFREG, None, true));
+        assert_eq!(stale.mode, libc::S_IFREG | 0o640);
+        assert_eq!(f.store.getattr(0, stale.ino).unwrap().mode, stale.mode);
+        let leased = create(node(b"leased", libc::S_IFREG, None, false));
+        assert_eq!(leased.mode, libc::S_IFREG | 0o644);
+        let current = create(node(b"current", libc::S_IFREG, Some(&default), true));
+        assert_eq!(current.mode, libc::S_IFREG | 0o644);
+        // A directory also takes the default ACL itself.
+        let dir = create(node(b"dir", libc::S_IFDIR, None, true));
+        assert_eq!(dir.mode & 0o777, 0o640);
+        assert_eq!(
+            f.store
+                .getxattr(0, dir.ino, crate::acl::DEFAULT_XATTR)
+                .unwrap(),
+            default
+        );
     }
 
     /// A create or an unlink checked against other mounts' leases (`NewNode::unleased_at_ns`,
@@ -737,6 +789,7 @@ mod tests {
                         flags: 0,
                         kill_sgid: false,
                     },
+                    None,
                     done,
                 )
             })

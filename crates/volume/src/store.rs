@@ -1412,7 +1412,7 @@ fn apply_intent<C: Conn>(
             ops::remove(w, *parent, name, *dir, *now_ns, None, &none_open).map(drop)
         }
         Intent::Inline(update) => ops::update_data(w, &update.clone().into_data_update()).map(drop),
-        Intent::Setattr { ino, change } => ops::setattr(w, *ino, change).map(drop),
+        Intent::Setattr { ino, change } => ops::setattr(w, *ino, change, None).map(drop),
     }
 }
 
@@ -1539,7 +1539,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             false,
             false,
             record,
-            move |w| ops::setattr(w, ino, &change),
+            move |w| ops::setattr(w, ino, &change, None),
             done,
         )
     }
@@ -1692,20 +1692,38 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         )
     }
 
-    fn setattr(&self, ino: u64, change: AttrChange, done: Done<InodeRec>) {
-        self.submit(false, move |w| ops::setattr(w, ino, &change), done)
+    fn setattr(
+        &self,
+        ino: u64,
+        change: AttrChange,
+        unleased_at_ns: Option<i64>,
+        done: Done<InodeRec>,
+    ) {
+        self.submit(
+            false,
+            move |w| ops::setattr(w, ino, &change, unleased_at_ns),
+            done,
+        )
     }
 
     fn update_data(&self, update: DataUpdate, done: Done<Vec<u64>>) {
         self.submit(update.durable, move |w| ops::update_data(w, &update), done)
     }
 
-    fn setxattr(&self, ino: u64, set: XattrSet, done: Done<()>) {
-        self.submit(false, move |w| ops::setxattr(w, ino, &set), done)
+    fn setxattr(&self, ino: u64, set: XattrSet, unleased_at_ns: Option<i64>, done: Done<()>) {
+        self.submit(
+            false,
+            move |w| ops::setxattr(w, ino, &set, unleased_at_ns),
+            done,
+        )
     }
 
-    fn removexattr(&self, ino: u64, name: Vec<u8>, done: Done<()>) {
-        self.submit(false, move |w| ops::removexattr(w, ino, &name), done)
+    fn removexattr(&self, ino: u64, name: Vec<u8>, unleased_at_ns: Option<i64>, done: Done<()>) {
+        self.submit(
+            false,
+            move |w| ops::removexattr(w, ino, &name, unleased_at_ns),
+            done,
+        )
     }
 
     fn free_orphan(&self, ino: u64, done: Done<Vec<u64>>) {
@@ -1906,6 +1924,18 @@ impl<C: Conn> MetaStore for SqlStore<C> {
         if let LeaseChange::Recall { .. } = change {
             return self.queue_ahead(true, move |w| ops::change_lease(w, change), done);
         }
+        // This mount's record of a directory it takes the lease of may be older than
+        // another mount's change of it that the change log has not brought yet: creates
+        // under the lease build their inodes from the directory's group and mode.
+        let done: Done<bool> = match (&change, self.recent_dirs.clone()) {
+            (&LeaseChange::Take { dir, .. }, Some(recent)) => Box::new(move |r| {
+                if let Ok(true) = r {
+                    recent.forget_foreign(dir);
+                }
+                done(r)
+            }),
+            _ => done,
+        };
         self.queue(
             false,
             false,

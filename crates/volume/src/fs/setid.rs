@@ -78,7 +78,7 @@ impl VolumeFs {
                 ctime_ns: crate::now_ns(),
                 ..AttrChange::default()
             };
-            wait(|done| self.store.setattr(ino, change, done))?;
+            wait(|done| self.store.setattr(ino, change, None, done))?;
             // A fallocate's answer carries no attributes, and the kernel keeps the mode it
             // had: tell it to look again.
             if let Some(&fd) = self.session_fd.get()
@@ -105,7 +105,10 @@ impl VolumeFs {
         }
         // It may have gone meanwhile.
         self.xattr_names.forget(ino);
-        let removed = wait(|done| self.store.removexattr(ino, CAPABILITY_XATTR.to_vec(), done));
+        let removed = wait(|done| {
+            self.store
+                .removexattr(ino, CAPABILITY_XATTR.to_vec(), None, done)
+        });
         self.xattr_names.forget(ino);
         match removed {
             Ok(()) | Err(libc::ENODATA) => Ok(()),
