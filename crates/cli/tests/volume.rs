@@ -3670,6 +3670,26 @@ fn wait_for_sessions(volume: &Volume, live: usize) {
 }
 
 /// The volume with its metadata on a PostgreSQL server of the test's own (issue 14).
+/// `path`'s attributes as the daemon answers a GETATTR now (statx with
+/// AT_STATX_FORCE_SYNC: the kernel's cached copy is not used).
+fn statx_of_the_store(path: &Path) -> libc::statx {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a statx buffer the call fills.
+    unsafe {
+        let mut stx: libc::statx = std::mem::zeroed();
+        let rc = libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_BASIC_STATS,
+            &mut stx,
+        );
+        assert_eq!(rc, 0, "statx: {}", std::io::Error::last_os_error());
+        stx
+    }
+}
+
 mod on_postgres {
     use super::*;
 
@@ -4301,23 +4321,8 @@ mod on_postgres {
         let long = ["-o", "attr_timeout=60,entry_timeout=60"];
         let a = volume.mount(&long);
         let b = volume.mount(&long);
-        let mode_on = |m: &common::Mount| -> u32 {
-            use std::os::unix::ffi::OsStringExt;
-            let path = std::ffi::CString::new(m.path("d").into_os_string().into_vec()).unwrap();
-            // SAFETY: a NUL-terminated path and a statx buffer the call fills.
-            unsafe {
-                let mut stx: libc::statx = std::mem::zeroed();
-                let rc = libc::statx(
-                    libc::AT_FDCWD,
-                    path.as_ptr(),
-                    libc::AT_STATX_FORCE_SYNC,
-                    libc::STATX_MODE,
-                    &mut stx,
-                );
-                assert_eq!(rc, 0, "statx: {}", std::io::Error::last_os_error());
-                u32::from(stx.stx_mode) & 0o7777
-            }
-        };
+        let mode_on =
+            |m: &common::Mount| u32::from(statx_of_the_store(&m.path("d")).stx_mode) & 0o7777;
         let chmod = |m: &common::Mount, mode: u32| {
             std::fs::set_permissions(
                 m.path("d"),
@@ -4561,7 +4566,13 @@ mod on_postgres {
             .unwrap()
             .sync_all()
             .unwrap();
-        assert_eq!(a.counter("async_backlog"), 0);
+        // The count goes down once the committer is done with the batch, just after it
+        // answered the fsync's wait.
+        assert!(
+            common::wait_until(Duration::from_secs(5), || a.counter("async_backlog") == 0),
+            "{} changes left after the directory's fsync",
+            a.counter("async_backlog")
+        );
         // All committed: the overlay has nothing left of them, the listing answers.
         for i in 0..OLD {
             assert_eq!(
@@ -6414,6 +6425,66 @@ mod on_postgres {
             "a let go {} leases at recalls",
             a.counter("leases_let_go_at_recall") - recalls_before
         );
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
+    /// Creates answered early commit in batches in which a directory's row, locked by the
+    /// batch's first create there, is updated by the others without waiting for the answer,
+    /// as is a new file's row by its bytes: the directory's link count and times as a
+    /// answers them (from its own copy of the row) are the database's, which b reads, the
+    /// files' bytes are there, and fsck finds the link counts right.
+    #[test]
+    fn creates_committed_together_leave_the_directory_as_their_statements_do() {
+        use std::os::unix::fs::MetadataExt;
+        let Some(volume) = Volume::format_on_postgres("unwaited") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::write(a.path("d/first"), b"takes the lease").unwrap();
+        // Held back from their commit, so that they commit together after.
+        let held = volume
+            .server()
+            .hold("vol", "LOCK TABLE entries IN EXCLUSIVE MODE");
+        for i in 0..400 {
+            if i % 4 == 0 {
+                std::fs::create_dir(a.path(&format!("d/sub{i}"))).unwrap();
+            } else {
+                std::fs::write(a.path(&format!("d/f{i}")), format!("file {i}")).unwrap();
+            }
+        }
+        assert!(a.counter("async_backlog") > 0, "nothing was pending");
+        drop(held);
+        // An fsync of the directory waits for the changes in it to commit.
+        std::fs::File::open(a.path("d"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        assert!(
+            a.counter("commit_updates_unwaited") > 0,
+            "no batch sent an update without waiting for it"
+        );
+        // As a's daemon answers them (the kernel's and the overlay's copies are older).
+        let on_a = statx_of_the_store(&a.path("d"));
+        let on_b = std::fs::metadata(b.path("d")).unwrap();
+        assert_eq!((on_a.stx_nlink, on_b.nlink()), (102, 102));
+        let time = |t: libc::statx_timestamp| (t.tv_sec, i64::from(t.tv_nsec));
+        assert_eq!(
+            (time(on_a.stx_mtime), time(on_a.stx_ctime)),
+            (
+                (on_b.mtime(), on_b.mtime_nsec()),
+                (on_b.ctime(), on_b.ctime_nsec())
+            )
+        );
+        for i in (1..400).filter(|i| i % 4 != 0) {
+            assert_eq!(
+                std::fs::read(b.path(&format!("d/f{i}"))).unwrap(),
+                format!("file {i}").as_bytes()
+            );
+        }
         a.unmount();
         b.unmount();
         volume.assert_clean();

@@ -305,6 +305,7 @@ impl AsyncDirops {
         counters.push(("commit_wakes", commits.wakes));
         counters.push(("commit_rate", commits.rate));
         counters.push(("async_room_waits", commits.room_waits));
+        counters.push(("commit_updates_unwaited", commits.updates_unwaited));
         if let Some(leases) = &self.leases {
             counters.extend(leases.counters());
         }

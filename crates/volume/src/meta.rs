@@ -400,6 +400,9 @@ pub struct CommitCounts {
     pub rate: u64,
     /// Changes answered early that found the backlog full and waited for room in it.
     pub room_waits: u64,
+    /// Updates of a directory's or a new inode's row a batch sent without waiting for
+    /// their answer (`ops::Writer::locked_dirs`, `created_inodes`).
+    pub updates_unwaited: u64,
 }
 
 pub trait MetaStore: Send + Sync + 'static {

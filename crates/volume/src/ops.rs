@@ -8,7 +8,7 @@ use crate::acl;
 use crate::meta::*;
 use crate::schema::counter;
 use crate::sql::{Arg, DbError, Row, Tx, args};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
 /// Inode numbers taken from the counter at a time (one row in `inode_ranges` each).
@@ -78,6 +78,9 @@ const TOUCH_DIR_RETURNING_SQL: &str = concat!(
     "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0",
     returning_attr_columns!()
 );
+/// `TOUCH_DIR_RETURNING_SQL` without its answer.
+const TOUCH_DIR_SQL: &str =
+    "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0";
 /// Another session's lease on a directory, live at a time: (dir, me, at_ns). A change that
 /// must not pass other mounts' leases runs it as a statement of its own after the one that
 /// took the directory's row lock: on PostgreSQL each statement reads what committed before
@@ -666,6 +669,26 @@ pub struct Writer<C> {
     /// (`write_deferred_log`) when it runs without savepoints; None: each is written at
     /// once (a batch with savepoints, where rolling back to one must take its rows along).
     deferred_log: Option<Vec<LogRow>>,
+    /// Directories whose row the running batch holds locked from a create's UPDATE …
+    /// RETURNING, as that statement and the creates after it left them: a create there
+    /// sends its UPDATE without waiting for its answer (`touch_dir_returning`), the same
+    /// update applied to this copy. On PostgreSQL that round trip was a create's one wait
+    /// inside a batch, and bounded the rate at which a shared volume commits creates
+    /// answered early. Kept only while the batch's change-log rows are deferred (a batch
+    /// without savepoints on a shared volume: a rollback to a savepoint would release the
+    /// lock) and only for as long as no change-log row names the directory, as the inode
+    /// changed or as the parent of a changed name: every change of a directory's row logs
+    /// one of the two (the change log's own contract with the other mounts' caches), and
+    /// the create that logs one takes the directory out before and puts it back after.
+    locked_dirs: HashMap<u64, InodeRec>,
+    /// Inodes the running batch created, kept as `locked_dirs` is (no change-log row has
+    /// named them since their create's): their row is this transaction's, so a data update
+    /// of one (a small file's bytes after its create) sends its UPDATE without waiting for
+    /// the count of rows it changed.
+    created_inodes: HashSet<u64>,
+    /// Updates sent without waiting for their answer thanks to the two above, since the
+    /// start (for `lanefs stats`).
+    pub updates_unwaited: u64,
 }
 
 /// A change-log row not yet written.
@@ -709,6 +732,9 @@ impl<C: Tx> Writer<C> {
             attr_events: Vec::new(),
             fenced: false,
             deferred_log: None,
+            locked_dirs: HashMap::new(),
+            created_inodes: HashSet::new(),
+            updates_unwaited: 0,
         }
     }
 
@@ -717,6 +743,8 @@ impl<C: Tx> Writer<C> {
     /// rolled back).
     pub fn defer_log(&mut self, defer: bool) {
         self.deferred_log = defer.then(Vec::new);
+        self.locked_dirs.clear();
+        self.created_inodes.clear();
     }
 
     /// Writes the change-log rows the batch kept (inside its transaction, before COMMIT).
@@ -724,6 +752,8 @@ impl<C: Tx> Writer<C> {
         let Some(rows) = self.deferred_log.take() else {
             return Ok(());
         };
+        self.locked_dirs.clear();
+        self.created_inodes.clear();
         for chunk in rows.chunks(LOG_ROWS_PER_INSERT) {
             let mut values = Vec::with_capacity(chunk.len() * 6);
             for r in chunk {
@@ -762,6 +792,13 @@ impl<C: Tx> Writer<C> {
         name: Option<&[u8]>,
         now_ns: i64,
     ) -> Result<(), Errno> {
+        if !self.locked_dirs.is_empty() {
+            self.locked_dirs.remove(&ino);
+            self.locked_dirs.remove(&parent);
+        }
+        if !self.created_inodes.is_empty() {
+            self.created_inodes.remove(&ino);
+        }
         if !self.log_changes {
             return Ok(());
         }
@@ -843,11 +880,19 @@ impl<C: Tx> Writer<C> {
         self.end_ino = 0;
     }
 
+    /// `dir`'s row as the running batch left it, taken out of `locked_dirs` (None outside
+    /// a batch that defers its change-log rows: nothing holds the lock then).
+    fn locked_dir(&mut self, dir: u64) -> Option<InodeRec> {
+        self.deferred_log.as_ref()?;
+        self.locked_dirs.remove(&dir)
+    }
+
     fn touch_dir(&mut self, dir: u64, now_ns: i64, nlink_delta: i64) -> Result<(), Errno> {
-        let n = self.tx().execute(
-            "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ? AND nlink > 0",
-            &args![now_ns, now_ns, nlink_delta, dir],
-        )?;
+        // Its change logs the directory too; dropped here whatever the order.
+        self.locked_dirs.remove(&dir);
+        let n = self
+            .tx()
+            .execute(TOUCH_DIR_SQL, &args![now_ns, now_ns, nlink_delta, dir])?;
         if n == 0 { Err(libc::ENOENT) } else { Ok(()) }
     }
 
@@ -856,6 +901,9 @@ impl<C: Tx> Writer<C> {
     /// then (else `FOREIGN_LEASE`, changing nothing), and with its default ACL as it is
     /// once the row is locked (Some(None): none; None when not asked for, with
     /// `default_acl` false or no `unleased_at_ns`).
+    /// `locked`: the directory's row as this batch left it, its lock held (`locked_dirs`):
+    /// the update goes without waiting for its answer.
+    #[allow(clippy::too_many_arguments)]
     fn touch_dir_returning(
         &mut self,
         dir: u64,
@@ -863,8 +911,19 @@ impl<C: Tx> Writer<C> {
         nlink_delta: i64,
         unleased_at_ns: Option<i64>,
         default_acl: bool,
+        locked: Option<InodeRec>,
     ) -> Result<(InodeRec, Option<DefaultAcl>), Errno> {
         let touch_args = args![now_ns, now_ns, nlink_delta, dir];
+        if let (Some(mut rec), None) = (locked, unleased_at_ns) {
+            self.tx().execute_later(TOUCH_DIR_SQL, &touch_args)?;
+            self.updates_unwaited += 1;
+            rec.mtime_ns = now_ns;
+            rec.ctime_ns = now_ns;
+            rec.nlink = (i64::from(rec.nlink) + nlink_delta) as u32;
+            self.record_attr(rec.clone());
+            self.locked_dirs.insert(dir, rec.clone());
+            return Ok((rec, None));
+        }
         let (row, default) = match unleased_at_ns {
             None => (
                 self.tx().query_opt(TOUCH_DIR_RETURNING_SQL, &touch_args)?,
@@ -901,6 +960,9 @@ impl<C: Tx> Writer<C> {
         };
         let rec = attr_from_row(&row.ok_or(libc::ENOENT)?, 0)?;
         self.record_attr(rec.clone());
+        if self.deferred_log.is_some() && self.log_changes {
+            self.locked_dirs.insert(dir, rec.clone());
+        }
         Ok((rec, default))
     }
 
@@ -1192,7 +1254,9 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
         (parent.mode, parent.gid)
     } else {
         // Logged first: the directory's row as the statement below leaves it is then its
-        // latest attribute event (see `Writer::attr_events`).
+        // latest attribute event (see `Writer::attr_events`). The log forgets the
+        // directory's locked row, taken before it.
+        let locked = w.locked_dir(node.parent);
         w.log(
             ChangeKind::Entry,
             ino,
@@ -1208,6 +1272,7 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
             dir as i64,
             node.unleased_at_ns,
             node.inherit.is_some(),
+            locked,
         )?;
         w.insert_entry(node.parent, &node.name, ino, node.mode)?;
         // Another mount changed the directory's default ACL since this mount read it.
@@ -1229,6 +1294,9 @@ pub fn create<C: Tx>(w: &mut Writer<C>, node: &NewNode) -> Result<InodeRec, Errn
     }
     let attr = node.record(ino, parent_mode, parent_gid);
     insert_inode(w.tx(), &attr, None)?;
+    if w.deferred_log.is_some() && w.log_changes {
+        w.created_inodes.insert(ino);
+    }
     if let Some(target) = &node.target {
         w.tx().execute_later(
             "INSERT INTO symlinks (ino, target) VALUES (?, ?)",
@@ -1559,19 +1627,23 @@ pub fn setattr<C: Tx>(
 }
 
 pub fn update_data<C: Tx>(w: &mut Writer<C>, u: &DataUpdate) -> Result<Vec<u64>, Errno> {
-    let n = if u.keep_times {
+    let (sql, args): (&'static str, Vec<Arg>) = if u.keep_times {
         // The inode row's lock only (it orders this against other data commits).
-        w.tx().execute(
+        (
             "UPDATE inodes SET nlink = nlink WHERE ino = ?",
-            &args![u.ino],
-        )?
+            args![u.ino].into(),
+        )
     } else {
-        w.tx().execute(
+        (
             "UPDATE inodes SET size = ?, mtime_ns = ?, ctime_ns = ?, inline_data = ? WHERE ino = ?",
-            &args![u.size, u.mtime_ns, u.ctime_ns, u.inline.as_ref(), u.ino],
-        )?
+            args![u.size, u.mtime_ns, u.ctime_ns, u.inline.as_ref(), u.ino].into(),
+        )
     };
-    if n == 0 {
+    // An inode this batch created is there: its row is this transaction's.
+    if w.deferred_log.is_some() && w.created_inodes.contains(&u.ino) {
+        w.tx().execute_later(sql, &args)?;
+        w.updates_unwaited += 1;
+    } else if w.tx().execute(sql, &args)? == 0 {
         return Err(libc::ENOENT);
     }
     w.log(ChangeKind::Inode, u.ino, 0, None, u.ctime_ns)?;
@@ -1912,6 +1984,8 @@ pub fn touch_atimes<C: Tx>(w: &mut Writer<C>, atimes: &[(u64, i64)]) -> Result<(
         if w.log_changes {
             w.attr_events.push((ino, None));
         }
+        // Not logged: its copy of a locked directory's row would keep the old atime.
+        w.locked_dirs.remove(&ino);
         w.tx().execute_later(
             "UPDATE inodes SET atime_ns = ? WHERE ino = ?",
             &args![atime_ns, ino],

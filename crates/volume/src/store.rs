@@ -394,6 +394,8 @@ pub struct SqlStore<C: Conn> {
     /// Changes the database commits per second, as recent batches measured it (0: not
     /// measured yet); written by the committer only. See `BACKLOG_DRAIN_MAX`.
     commit_rate: Arc<AtomicU64>,
+    /// See `CommitCounts::updates_unwaited`; written by the committer only.
+    updates_unwaited: Arc<AtomicU64>,
     /// The writer thread, joined by `close`. Taken once.
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Stops and joins the engine's background thread; taken once, by `close`.
@@ -435,6 +437,7 @@ impl<C: Conn> SqlStore<C> {
         let intent = Arc::new(OnceLock::new());
         let batches = Arc::new(AtomicU64::new(0));
         let commit_rate = Arc::new(AtomicU64::new(0));
+        let updates_unwaited = Arc::new(AtomicU64::new(0));
         let (jobs, rx) = std::sync::mpsc::channel();
         let (ahead, ahead_rx) = std::sync::mpsc::channel();
         let recent_dirs = parts
@@ -453,6 +456,7 @@ impl<C: Conn> SqlStore<C> {
             unrecorded: false,
             batches: batches.clone(),
             commit_rate: commit_rate.clone(),
+            updates_unwaited: updates_unwaited.clone(),
         }));
         let (wake, wake_rx) = std::sync::mpsc::channel();
         let gathering = Arc::new(AtomicBool::new(false));
@@ -475,6 +479,7 @@ impl<C: Conn> SqlStore<C> {
             batches,
             wakes,
             commit_rate,
+            updates_unwaited,
             writer: Mutex::new(Some(writer)),
             background: Mutex::new(parts.background),
             session,
@@ -919,6 +924,8 @@ struct Committer<C: Conn> {
     batches: Arc<AtomicU64>,
     /// See `SqlStore::commit_rate`.
     commit_rate: Arc<AtomicU64>,
+    /// See `SqlStore::updates_unwaited`.
+    updates_unwaited: Arc<AtomicU64>,
 }
 
 impl<C: Conn> Committer<C> {
@@ -979,6 +986,8 @@ impl<C: Conn> Committer<C> {
                     let committed =
                         commit_batch(w, batch, self.recent_dirs.as_deref(), finished.as_ref());
                     self.batches.fetch_add(1, Ordering::Relaxed);
+                    self.updates_unwaited
+                        .store(w.updates_unwaited, Ordering::Relaxed);
                     self.measure_rate(ops, started.elapsed());
                     if let Some(finished) = finished {
                         self.finished = finished;
@@ -1560,6 +1569,7 @@ impl<C: Conn> MetaStore for SqlStore<C> {
             batches: self.batches.load(Ordering::Relaxed),
             wakes: self.wakes.load(Ordering::Relaxed),
             rate: self.commit_rate.load(Ordering::Relaxed),
+            updates_unwaited: self.updates_unwaited.load(Ordering::Relaxed),
             room_waits: self.room_waits.load(Ordering::Relaxed),
         }
     }
