@@ -6430,6 +6430,43 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// A create that takes its directory's lease after another mount changed the directory's
+    /// default ACL, before this mount heard of the change (its change-log poll comes every
+    /// 100 ms, and it remembers the default ACL for the attribute timeout): the create is
+    /// answered early with the mode the new default ACL gives, read under the lease, not the
+    /// one this mount remembered.
+    #[test]
+    fn a_create_that_takes_the_lease_inherits_the_default_acl_under_it() {
+        use std::os::unix::fs::MetadataExt;
+        let Some(volume) = Volume::format_on_postgres("acl-take") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime", "-o", "attr_timeout=60,entry_timeout=60"]);
+        let b = volume.mount(&["--noatime"]);
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::write(a.path("d/before"), b"x").unwrap();
+        let mode =
+            |m: &common::Mount, name: &str| std::fs::metadata(m.path(name)).unwrap().mode() & 0o777;
+        let plain = mode(&a, "d/before");
+        assert_ne!(plain, 0o640);
+        // b's look in d recalls a's lease; past the cooldown after it, a may take it again.
+        assert!(b.path("d/before").exists());
+        std::thread::sleep(Duration::from_millis(2500));
+        common::run_ok(
+            std::process::Command::new("setfacl")
+                .args(["-d", "-m", "u::rw,g::r,o::-"])
+                .arg(b.path("d")),
+        );
+        let early = a.counter("async_dirops");
+        std::fs::write(a.path("d/after"), b"x").unwrap();
+        assert!(a.counter("async_dirops") > early, "not answered early");
+        assert_eq!(mode(&a, "d/after"), 0o640, "the mode a answered");
+        assert_eq!(mode(&b, "d/after"), 0o640, "the mode stored");
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// Creates answered early commit in batches in which a directory's row, locked by the
     /// batch's first create there, is updated by the others without waiting for the answer,
     /// as is a new file's row by its bytes: the directory's link count and times as a

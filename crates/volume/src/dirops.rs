@@ -870,31 +870,6 @@ impl AsyncDirops {
         }
     }
 
-    /// Before a create in `dir` builds its new inode from `dir`'s group, mode and default
-    /// ACL: on a shared volume where this mount may answer it early, takes `dir`'s lease
-    /// first if it does not hold it; whether it took it now. While this mount holds the
-    /// lease no other mount changes those (`change_of_dir` recalls it first), but what this
-    /// mount remembers of them from before the take may be older than another mount's
-    /// change: the caller reads them again (the store forgets its record of `dir` at the
-    /// take). A take refused leaves the create to wait for its commit, as `use_lease` would.
-    /// None is tried while the backlog is full: the take would commit behind it, and the
-    /// create is not answered early then anyway (`active`).
-    pub fn lease_ahead(&self, dir: u64) -> bool {
-        let Some(leases) = &self.leases else {
-            return false;
-        };
-        let now = self.inner.volume_now_ns();
-        if !self.enabled
-            || self.hooks.get().is_none()
-            || leases.holds(dir, now)
-            || leases.refused_recently(dir, now)
-            || self.inner.backlog_has_room(false) != Some(true)
-        {
-            return false;
-        }
-        self.take_lease(leases, dir, now).is_some()
-    }
-
     /// An attribute or xattr change of directory `dir` (`run(unleased_at_ns, done)`, the
     /// store's change): on a shared volume, made under this mount's lease on `dir` when it
     /// holds it, else checked against other mounts' leases on it and recalling them (see
@@ -1186,11 +1161,87 @@ impl AsyncDirops {
     /// A directory this mount is creating (answered early): nobody else can know it before
     /// its create commits, so it holds the lease at once; the lease's expiry, for the row
     /// the create writes with the directory (None: a volume one mount holds needs none).
-    fn lease_new_directory(&self, dir: u64) -> Option<i64> {
+    fn lease_new_directory(&self, dir: u64, node: &NewNode) -> Option<i64> {
         let leases = self.leases.as_ref()?;
         let now = self.inner.volume_now_ns();
-        drop(leases.taken_with_create(dir, now));
+        let lease = leases.taken_with_create(dir, now);
+        // Its default ACL is the one it is born with.
+        if let (Some(held), Some(_)) = (lease.held(), &node.inherit) {
+            let default = node
+                .xattrs
+                .iter()
+                .find(|(name, _)| name == acl::DEFAULT_XATTR)
+                .map(|(_, value)| value.clone());
+            held.set_default_acl(default, 0);
+        }
+        drop(lease);
         Some(now + crate::ops::LEASE_TTL.as_nanos() as i64)
+    }
+
+    /// `node`, to be answered early under `lease`, with the mode and ACLs that its
+    /// directory's default ACL as it is under the lease hands down (read once per lease,
+    /// under it, or known from the directory's own create). The caller built them from
+    /// what this mount knew of it, which may predate the lease's take and another mount's
+    /// change made before it: a create that took the lease itself, or that built its inode
+    /// just before another request's take, would otherwise answer, and commit, the old
+    /// mode for good.
+    fn inherited_under(&self, lease: &LeaseUse, node: NewNode) -> Result<NewNode, Errno> {
+        let (Some(held), Some(inherit)) = (lease.held(), &node.inherit) else {
+            return Ok(node);
+        };
+        let under = match held.default_acl() {
+            Ok(known) => known,
+            Err(forgets) => {
+                let read = match self.inner.getxattr(0, node.parent, acl::DEFAULT_XATTR) {
+                    Ok(value) => Some(value),
+                    Err(libc::ENODATA) => None,
+                    Err(e) => return Err(e),
+                };
+                held.set_default_acl(read.clone(), forgets);
+                read
+            }
+        };
+        if under == inherit.default {
+            return Ok(node);
+        }
+        let (mode, xattrs) = acl::inherit(under.as_deref(), inherit.mode, inherit.umask);
+        let inherit = Some(Inherit {
+            default: under,
+            ..inherit.clone()
+        });
+        Ok(NewNode {
+            mode,
+            xattrs,
+            inherit,
+            ..node
+        })
+    }
+
+    /// `done` of a change of xattr `name` of `ino`: when it is a directory's default ACL,
+    /// what this mount's lease on it knew of it goes, now and again once the change is made
+    /// (a read may have come between).
+    fn forgetting_leased_default_acl(&self, ino: u64, name: &[u8], done: Done<()>) -> Done<()> {
+        if name != acl::DEFAULT_XATTR || self.leases.is_none() {
+            return done;
+        }
+        self.forget_leased_default_acl(ino);
+        let this = self.me.clone();
+        Box::new(move |r| {
+            if let Some(this) = this.upgrade() {
+                this.forget_leased_default_acl(ino);
+            }
+            done(r)
+        })
+    }
+
+    fn forget_leased_default_acl(&self, dir: u64) {
+        if let Some(held) = self
+            .leases
+            .as_ref()
+            .and_then(|leases| leases.valid_held(dir, self.inner.volume_now_ns()))
+        {
+            held.forget_default_acl();
+        }
     }
 
     /// Queues the release of the leases of `dirs` (revoked already, so no change is
@@ -1596,6 +1647,13 @@ impl MetaStore for AsyncDirops {
             return done(Err(WAIT_OFF_QUEUE));
         }
         let lease = self.active(true).and_then(|_| self.use_lease(node.parent));
+        let node = match &lease {
+            Some(lease) => match self.inherited_under(lease, node) {
+                Ok(node) => node,
+                Err(e) => return done(Err(e)),
+            },
+            None => node,
+        };
         let Some((parent, rec)) = lease.as_ref().and_then(|_| self.early_create(&node)) else {
             let unleased = lease.is_none();
             drop(lease);
@@ -1630,7 +1688,7 @@ impl MetaStore for AsyncDirops {
             rec.is_dir() as i64,
         );
         let lease_expires_ns = if rec.is_dir() {
-            self.lease_new_directory(ino)
+            self.lease_new_directory(ino, &node)
         } else {
             None
         };
@@ -1895,6 +1953,7 @@ impl MetaStore for AsyncDirops {
     }
 
     fn setxattr(&self, ino: u64, set: XattrSet, unleased_at_ns: Option<i64>, done: Done<()>) {
+        let done = self.forgetting_leased_default_acl(ino, &set.name, done);
         if let Some(change) = self.acl_as_chmod(ino, &set) {
             return self.setattr(
                 ino,
@@ -1908,6 +1967,7 @@ impl MetaStore for AsyncDirops {
     }
 
     fn removexattr(&self, ino: u64, name: Vec<u8>, unleased_at_ns: Option<i64>, done: Done<()>) {
+        let done = self.forgetting_leased_default_acl(ino, &name, done);
         // Nothing to remove (`cp -a` removes a new directory's default ACL when its source
         // has none).
         if self.known_without_xattrs(ino) {

@@ -889,12 +889,6 @@ impl VolumeFs {
             return Err(libc::ENAMETOOLONG);
         }
         self.fileattrs.may_add_to(parent)?;
-        // What this mount remembers of `parent` may predate another mount's change of it
-        // that its lease, taken now, orders before this create (an O_TMPFILE, unnamed, is
-        // answered after its commit, under no lease).
-        if self.options.shared && !name.is_empty() && self.dirops.lease_ahead(parent) {
-            self.default_acls.forget(parent);
-        }
         let default = if mode & libc::S_IFMT == libc::S_IFLNK {
             None
         } else {
@@ -1839,8 +1833,10 @@ impl Filesystem for VolumeFs {
             })
         };
         // A directory's group and set-group-ID bit are what the files created in it take,
-        // which another mount may be answering early under its lease.
-        if !(self.options.shared && old.is_dir() && (mode.is_some() || change.gid.is_some())) {
+        // which another mount may be answering early under its lease (nothing else of its
+        // attributes: a chmod -R that leaves the bit alone recalls nothing).
+        let sgid_changes = mode.is_some_and(|m| (m ^ old.mode) & libc::S_ISGID != 0);
+        if !(self.options.shared && old.is_dir() && (sgid_changes || change.gid.is_some())) {
             let reply = LeaseReply { reply, again: None };
             return self.store.setattr(ino, change, None, answer_with(reply));
         }

@@ -62,6 +62,11 @@ pub struct Held {
     store_lookups: AtomicU32,
     /// ...and whether the directory had too many names to list.
     unlistable: AtomicBool,
+    /// The directory's default ACL as it is under this lease (None inside: it has none),
+    /// once read or known (see `AsyncDirops::inherited_under`), and a count of forgets
+    /// (this mount's own changes of it), so that a read a forget overtook is not kept. A
+    /// leaf lock, held to copy or set the value.
+    default_acl: Mutex<(Option<Option<Vec<u8>>>, u64)>,
 }
 
 impl Held {
@@ -74,6 +79,29 @@ impl Held {
 
     pub fn set_unlistable(&self) {
         self.unlistable.store(true, Ordering::Relaxed);
+    }
+
+    /// The directory's default ACL under this lease, if known; else the forget count for
+    /// `set_default_acl`.
+    pub fn default_acl(&self) -> Result<Option<Vec<u8>>, u64> {
+        let known = self.default_acl.lock().unwrap_or_else(|e| e.into_inner());
+        known.0.clone().ok_or(known.1)
+    }
+
+    /// Keeps `value`, read (or made) when the forget count was `forgets`, unless a forget
+    /// came since.
+    pub fn set_default_acl(&self, value: Option<Vec<u8>>, forgets: u64) {
+        let mut known = self.default_acl.lock().unwrap_or_else(|e| e.into_inner());
+        if known.1 == forgets {
+            known.0 = Some(value);
+        }
+    }
+
+    /// This mount changes the directory's default ACL under the lease.
+    pub fn forget_default_acl(&self) {
+        let mut known = self.default_acl.lock().unwrap_or_else(|e| e.into_inner());
+        known.0 = None;
+        known.1 += 1;
     }
 }
 
@@ -93,6 +121,11 @@ impl LeaseUse {
         self.0
             .as_ref()
             .is_none_or(|held| held.until_ns.load(Ordering::Acquire) > now_ns)
+    }
+
+    /// The lease in use (None on a volume that needs none).
+    pub fn held(&self) -> Option<&Held> {
+        self.0.as_deref()
     }
 }
 
@@ -223,6 +256,7 @@ impl Leases {
             committed: AtomicBool::new(committed),
             store_lookups: AtomicU32::new(0),
             unlistable: AtomicBool::new(false),
+            default_acl: Mutex::new((None, 0)),
         });
         self.held.shard(dir).insert(dir, held.clone());
         self.taken.fetch_add(1, Ordering::Relaxed);

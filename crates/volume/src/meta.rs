@@ -103,9 +103,10 @@ pub struct NewNode {
     /// ACL hands down (`acl::inherit`), inserted in the create's own transaction.
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     /// What `mode` and `xattrs` were made of, when they came from the directory's default
-    /// ACL as this mount knew it: a create outside this mount's lease on the directory
-    /// (`unleased_at_ns`) makes them again in its transaction from the default ACL there,
-    /// if another mount changed it since this mount read it.
+    /// ACL as this mount knew it, which may be older than another mount's change of it:
+    /// they are made again from the default ACL under the directory's lease when answered
+    /// early (`AsyncDirops::inherited_under`), and from the one its transaction reads when
+    /// made outside the lease (`unleased_at_ns`), if it is another.
     pub inherit: Option<Inherit>,
 }
 

@@ -676,7 +676,9 @@ pub struct Writer<C> {
     /// inside a batch, and bounded the rate at which a shared volume commits creates
     /// answered early. Kept only while the batch's change-log rows are deferred (a batch
     /// without savepoints on a shared volume: a rollback to a savepoint would release the
-    /// lock) and only for as long as no change-log row names the directory, as the inode
+    /// lock; the replay of a dead mount's intent log, which runs each change in a savepoint
+    /// of its own inside such a batch, forgets them at its rollback: `forget_locked_rows`)
+    /// and only for as long as no change-log row names the directory, as the inode
     /// changed or as the parent of a changed name: every change of a directory's row logs
     /// one of the two (the change log's own contract with the other mounts' caches), and
     /// the create that logs one takes the directory out before and puts it back after.
@@ -743,8 +745,7 @@ impl<C: Tx> Writer<C> {
     /// rolled back).
     pub fn defer_log(&mut self, defer: bool) {
         self.deferred_log = defer.then(Vec::new);
-        self.locked_dirs.clear();
-        self.created_inodes.clear();
+        self.forget_locked_rows();
     }
 
     /// Writes the change-log rows the batch kept (inside its transaction, before COMMIT).
@@ -752,8 +753,7 @@ impl<C: Tx> Writer<C> {
         let Some(rows) = self.deferred_log.take() else {
             return Ok(());
         };
-        self.locked_dirs.clear();
-        self.created_inodes.clear();
+        self.forget_locked_rows();
         for chunk in rows.chunks(LOG_ROWS_PER_INSERT) {
             let mut values = Vec::with_capacity(chunk.len() * 6);
             for r in chunk {
@@ -878,6 +878,13 @@ impl<C: Tx> Writer<C> {
     pub fn forget_range(&mut self) {
         self.next_ino = 0;
         self.end_ino = 0;
+    }
+
+    /// Forgets `locked_dirs` and `created_inodes` (a rollback to a savepoint takes their
+    /// locks and changes back).
+    pub fn forget_locked_rows(&mut self) {
+        self.locked_dirs.clear();
+        self.created_inodes.clear();
     }
 
     /// `dir`'s row as the running batch left it, taken out of `locked_dirs` (None outside

@@ -621,7 +621,11 @@ impl<C: Conn> SqlStore<C> {
                         let outcome = apply_intent(w, &intent, shared.then(|| clock.now_ns()));
                         let end = match outcome {
                             Ok(()) => "RELEASE replay",
-                            Err(_) => "ROLLBACK TO replay; RELEASE replay",
+                            Err(_) => {
+                                // Its row locks and updates go with the savepoint.
+                                w.forget_locked_rows();
+                                "ROLLBACK TO replay; RELEASE replay"
+                            }
                         };
                         w.conn.batch(end)?;
                         w.conn.execute(
