@@ -933,16 +933,22 @@ impl VolumeFs {
     }
 
     /// A setxattr or removexattr (`run(store, unleased_at_ns, done)`) of xattr `name` of
-    /// `ino`; `of_dir`: a directory's on a shared volume, whose change must recall another
-    /// mount's lease on it (`AsyncDirops::change_of_dir`).
+    /// `ino`; `inherited`: it changes what the files created in a directory inherit (its
+    /// default ACL, its set-group-ID bit), so that on a shared volume a directory's change
+    /// must recall another mount's lease on it, under which that mount answers creates
+    /// there early (`AsyncDirops::change_of_dir`).
     fn change_xattr(
         &self,
+        queue: usize,
         ino: u64,
         name: Vec<u8>,
-        of_dir: bool,
+        inherited: bool,
         reply: Reply,
         run: impl Fn(&Arc<dyn MetaStore>, Option<i64>, Done<()>) + Send + Sync + 'static,
     ) {
+        let of_dir = inherited
+            && self.options.shared
+            && self.store.getattr(queue, ino).is_ok_and(|rec| rec.is_dir());
         if !of_dir {
             let done = self.xattr_change_done(ino, &name, LeaseReply { reply, again: None });
             return run(&self.store, None, done);
@@ -2357,20 +2363,14 @@ impl Filesystem for VolumeFs {
             kill_sgid: setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0
                 && name.as_bytes() == acl::ACCESS_XATTR,
         };
-        // A directory's default ACL is what the files created in it inherit, and an access
-        // ACL may drop its set-group-ID bit: another mount may be answering creates there
-        // early under its lease.
-        let of_dir = (name.as_bytes() == acl::DEFAULT_XATTR || set.kill_sgid)
-            && self.options.shared
-            && self
-                .store
-                .getattr(req.queue, ino)
-                .is_ok_and(|rec| rec.is_dir());
+        // An access ACL may drop the set-group-ID bit.
+        let inherited = name.as_bytes() == acl::DEFAULT_XATTR || set.kill_sgid;
         let name = name.as_bytes().to_vec();
         self.change_xattr(
+            req.queue,
             ino,
             name,
-            of_dir,
+            inherited,
             reply,
             move |store, unleased_at_ns, done| {
                 store.setxattr(ino, set.clone(), unleased_at_ns, done)
@@ -2446,18 +2446,13 @@ impl Filesystem for VolumeFs {
         if let Err(e) = self.fileattrs.may_change_entry(ino) {
             return reply.error(e);
         }
-        // As in `setxattr`.
-        let of_dir = name.as_bytes() == acl::DEFAULT_XATTR
-            && self.options.shared
-            && self
-                .store
-                .getattr(req.queue, ino)
-                .is_ok_and(|rec| rec.is_dir());
+        let inherited = name.as_bytes() == acl::DEFAULT_XATTR;
         let name = name.as_bytes().to_vec();
         self.change_xattr(
+            req.queue,
             ino,
             name.clone(),
-            of_dir,
+            inherited,
             reply,
             move |store, at_ns, done| store.removexattr(ino, name.clone(), at_ns, done),
         )
