@@ -6430,6 +6430,49 @@ mod on_postgres {
         volume.assert_clean();
     }
 
+    /// Another mount's chmod of a directory that takes away a user's write permission while
+    /// this mount answers that user's creates there early, under its lease: the user's
+    /// creates stop within the bound of the kernel's attribute cache and the change-log
+    /// poll. (The chmod also recalls the lease, so that this mount's own record of the
+    /// directory, which answers the kernel's permission checks while creates there are
+    /// pending, goes; here the commits keep up, and the record goes without the recall too.)
+    #[test]
+    fn a_directorys_chmod_on_another_mount_stops_creates_there_within_a_bound() {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(volume) = Volume::format_on_postgres("chmod-recall") else {
+            return;
+        };
+        let a = volume.mount(&["--noatime"]);
+        let b = volume.mount(&["--noatime"]);
+        std::fs::create_dir(a.path("d")).unwrap();
+        std::fs::set_permissions(a.path("d"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dir = a.path("d");
+        let script = format!(
+            "i=0; while [ $i -lt 50000 ]; do true > '{}'/f$i 2>/dev/null || exit 3; i=$((i+1)); done",
+            dir.display()
+        );
+        let creating = std::thread::spawn(move || {
+            let status = common::sh_as(65534, 65534, &script).status;
+            (status, std::time::Instant::now())
+        });
+        assert!(
+            common::wait_until(Duration::from_secs(10), || a.counter("async_dirops") > 200),
+            "the creates of uid 65534 were not answered early"
+        );
+        std::fs::set_permissions(b.path("d"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let changed = std::time::Instant::now();
+        let (status, ended) = creating.join().unwrap();
+        assert_eq!(status.code(), Some(3), "the creates never failed");
+        let after = ended.saturating_duration_since(changed);
+        assert!(
+            after < Duration::from_secs(3),
+            "creates went on for {after:?} after the chmod returned"
+        );
+        a.unmount();
+        b.unmount();
+        volume.assert_clean();
+    }
+
     /// A create that takes its directory's lease after another mount changed the directory's
     /// default ACL, before this mount heard of the change (its change-log poll comes every
     /// 100 ms, and it remembers the default ACL for the attribute timeout): the create is

@@ -949,8 +949,13 @@ impl AsyncDirops {
             return self.inner.create(node, done);
         };
         // Under this mount's lease, used until the change is queued: a let-go queues behind.
+        // Its mode and ACLs as an early create's would be (held back by a full backlog, it
+        // commits under the lease, outside any check of the transaction's own).
         if let Some(lease) = leases.use_held(node.parent, self.inner.volume_now_ns()) {
-            self.inner.create(node, done);
+            match self.inherited_under(&lease, node) {
+                Ok(node) => self.inner.create(node, done),
+                Err(e) => done(Err(e)),
+            }
             drop(lease);
             return;
         }
@@ -1192,7 +1197,8 @@ impl AsyncDirops {
         let under = match held.default_acl() {
             Ok(known) => known,
             Err(forgets) => {
-                let read = match self.inner.getxattr(0, node.parent, acl::DEFAULT_XATTR) {
+                // Through the overlay: this mount's own change of it may be pending.
+                let read = match self.getxattr(0, node.parent, acl::DEFAULT_XATTR) {
                     Ok(value) => Some(value),
                     Err(libc::ENODATA) => None,
                     Err(e) => return Err(e),
@@ -1235,11 +1241,8 @@ impl AsyncDirops {
     }
 
     fn forget_leased_default_acl(&self, dir: u64) {
-        if let Some(held) = self
-            .leases
-            .as_ref()
-            .and_then(|leases| leases.valid_held(dir, self.inner.volume_now_ns()))
-        {
+        // Whether valid or not: a heartbeat may renew it yet.
+        if let Some(held) = self.leases.as_ref().and_then(|leases| leases.recorded(dir)) {
             held.forget_default_acl();
         }
     }

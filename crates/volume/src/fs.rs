@@ -1839,10 +1839,9 @@ impl Filesystem for VolumeFs {
             })
         };
         // A directory's group and set-group-ID bit are what the files created in it take,
-        // which another mount may be answering early under its lease (nothing else of its
-        // attributes: a chmod -R that leaves the bit alone recalls nothing).
-        let sgid_changes = mode.is_some_and(|m| (m ^ old.mode) & libc::S_ISGID != 0);
-        if !(self.options.shared && old.is_dir() && (sgid_changes || change.gid.is_some())) {
+        // and its owner and mode who may create there: another mount may be answering
+        // creates there early under its lease, from its own record of the directory.
+        if !(self.options.shared && old.is_dir() && (mode.is_some() || chown)) {
             let reply = LeaseReply { reply, again: None };
             return self.store.setattr(ino, change, None, answer_with(reply));
         }

@@ -203,6 +203,11 @@ impl Leases {
         lease.0.clone()
     }
 
+    /// The lease this mount has recorded on `dir`, valid or not.
+    pub fn recorded(&self, dir: u64) -> Option<Arc<Held>> {
+        self.held.shard(dir).get(&dir).cloned()
+    }
+
     /// Whether this mount holds a valid lease on `dir` at `now_ns`.
     pub fn holds(&self, dir: u64, now_ns: i64) -> bool {
         self.use_held(dir, now_ns).is_some()
@@ -320,9 +325,18 @@ impl Leases {
         // whose let-go must not pass an early answer still under way there.
         let lapsed = std::mem::take(&mut *self.lapsed.lock().unwrap_or_else(|e| e.into_inner()));
         for h in revoked.iter().map(|(_, h)| h).chain(&lapsed) {
-            // An answer between its check and the queueing of its change: microseconds.
+            // An answer between its check and the queueing of its change: microseconds, but
+            // for a create that reads its directory's default ACL under the lease, once per
+            // lease (a round trip, longer with the database in trouble): past a thousand
+            // yields, it sleeps.
+            let mut spins = 0u32;
             while h.users.load(Ordering::Acquire) != 0 {
-                std::thread::yield_now();
+                spins += 1;
+                if spins < 1000 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
         }
         revoked.into_iter().map(|(dir, _)| dir).collect()

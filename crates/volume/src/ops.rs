@@ -677,7 +677,7 @@ pub struct Writer<C> {
     /// answered early. Kept only while the batch's change-log rows are deferred (a batch
     /// without savepoints on a shared volume: a rollback to a savepoint would release the
     /// lock; the replay of a dead mount's intent log, which runs each change in a savepoint
-    /// of its own inside such a batch, forgets them at its rollback: `forget_locked_rows`)
+    /// of its own inside such a batch, forgets them at its rollback: `roll_back_to`)
     /// and only for as long as no change-log row names the directory, as the inode
     /// changed or as the parent of a changed name: every change of a directory's row logs
     /// one of the two (the change log's own contract with the other mounts' caches), and
@@ -880,9 +880,27 @@ impl<C: Tx> Writer<C> {
         self.end_ino = 0;
     }
 
+    /// Where the running batch's records stand (its attribute events and deferred
+    /// change-log rows), for `roll_back_to` after a rollback to a savepoint taken here.
+    pub fn mark(&self) -> (usize, usize) {
+        (
+            self.attr_events.len(),
+            self.deferred_log.as_ref().map_or(0, Vec::len),
+        )
+    }
+
+    /// A rollback to the savepoint taken at `mark`: what the changes since recorded goes.
+    pub fn roll_back_to(&mut self, mark: (usize, usize)) {
+        self.truncate_attr_events(mark.0);
+        if let Some(rows) = &mut self.deferred_log {
+            rows.truncate(mark.1);
+        }
+        self.forget_locked_rows();
+    }
+
     /// Forgets `locked_dirs` and `created_inodes` (a rollback to a savepoint takes their
     /// locks and changes back).
-    pub fn forget_locked_rows(&mut self) {
+    fn forget_locked_rows(&mut self) {
         self.locked_dirs.clear();
         self.created_inodes.clear();
     }

@@ -617,13 +617,15 @@ impl<C: Conn> SqlStore<C> {
                             )?;
                             return Ok(Err(REPLAY_LEASE_LAPSED));
                         }
+                        let mark = w.mark();
                         w.conn.batch("SAVEPOINT replay")?;
                         let outcome = apply_intent(w, &intent, shared.then(|| clock.now_ns()));
                         let end = match outcome {
                             Ok(()) => "RELEASE replay",
                             Err(_) => {
-                                // Its row locks and updates go with the savepoint.
-                                w.forget_locked_rows();
+                                // What it recorded (directories' rows, change-log rows,
+                                // rows it locked) goes with the savepoint.
+                                w.roll_back_to(mark);
                                 "ROLLBACK TO replay; RELEASE replay"
                             }
                         };
